@@ -1,0 +1,195 @@
+"""The `doppler-gen` command line.
+
+Exit codes: 0 ok; 1 a check or validation failed; 2 usage, config, template or environment
+error. Every expected error prints one line (``error: location: message``) and no traceback.
+Heavy modules (numpy, wgpu) are imported inside the commands that need them, so `check` and
+`generate` stay fast enough for a pre-commit hook.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from doppler_gen import __version__
+from doppler_gen.config import Project, find_root, load_project
+from doppler_gen.errors import DopplerGenError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _fail(error: DopplerGenError) -> None:
+    click.echo(f"error: {error}", err=True)
+    sys.exit(error.exit_code)
+
+
+def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn DopplerGenError into one line on stderr and its exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except DopplerGenError as error:
+            _fail(error)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+class State:
+    """Lazily loaded project shared by the subcommands."""
+
+    def __init__(self, root: Path | None) -> None:
+        self._root = root
+        self._project: Project | None = None
+
+    @property
+    def project(self) -> Project:
+        if self._project is None:
+            root = self._root if self._root is not None else find_root(Path.cwd())
+            self._project = load_project(root)
+        return self._project
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "--version", prog_name="doppler-gen")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Project directory (holding variants.toml). Default: found from the current directory.",
+)
+@click.pass_context
+def cli(ctx: click.Context, root: Path | None) -> None:
+    """Generate, check and validate Doppler's WGSL attention kernels.
+
+    Templates under templates/ expand into every variant declared in variants.toml; the results
+    live in generated/ together with generated/manifest.json (bindings, uniform layout, overrides
+    and host metadata of every variant).
+    """
+    ctx.obj = State(root)
+
+
+@cli.command()
+@click.argument("names", nargs=-1)
+@pass_state
+@handle_errors
+def generate(state: State, names: tuple[str, ...]) -> None:
+    """Render all variants (or NAMES / globs) and update generated/.
+
+    Nothing is written unless every variant renders and passes its interface check. Files are
+    replaced atomically and only when changed; a file in generated/ that no variant produces is
+    removed only if it carries doppler-gen's generated header.
+    """
+    from doppler_gen.outputs import plan, write
+
+    result = write(plan(state.project, names))
+    for path in result.written:
+        click.echo(f"wrote     {path}")
+    for path in result.removed:
+        click.echo(f"removed   {path}")
+    click.echo(
+        f"{len(result.written)} written, {len(result.unchanged)} unchanged, "
+        f"{len(result.removed)} removed"
+    )
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@pass_state
+@handle_errors
+def check(state: State, as_json: bool) -> None:
+    """Exit 0 if generated/ is exactly what `generate` would write, else 1 with the differences."""
+    from doppler_gen.outputs import compare, plan
+
+    status = compare(plan(state.project))
+    fix = "doppler-gen generate"
+    if as_json:
+        report = {
+            "ok": status.clean,
+            "stale": sorted(status.stale),
+            "missing": status.missing,
+            "orphaned": status.orphaned,
+            "diffs": status.stale,
+            "fix": None if status.clean else fix,
+        }
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        sys.exit(0 if status.clean else 1)
+    if status.clean:
+        click.echo(f"generated/ is up to date ({len(status.unchanged)} files)")
+        return
+    for path, diff in sorted(status.stale.items()):
+        click.echo(f"stale:    {path}")
+        click.echo(diff, nl=False)
+    for path in status.missing:
+        click.echo(f"missing:  {path}")
+    for path in status.orphaned:
+        click.echo(f"orphaned: {path} (no variant produces it)")
+    problems = len(status.stale) + len(status.missing) + len(status.orphaned)
+    click.echo(f"generated/ is out of date ({problems} file(s)); fix with: {fix}", err=True)
+    sys.exit(1)
+
+
+@cli.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable listing on stdout.")
+@pass_state
+@handle_errors
+def list_(state: State, as_json: bool) -> None:
+    """List variants: template, output, dtypes, features, workgroup storage."""
+    from doppler_gen.listing import format_listing, listing_rows
+
+    rows = listing_rows(state.project)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        click.echo(format_listing(rows))
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--raw", is_flag=True, help="Print the WGSL exactly, without line numbers.")
+@click.option("--origins", is_flag=True, help="Show the template line behind each generated line.")
+@pass_state
+@handle_errors
+def show(state: State, name: str, raw: bool, origins: bool) -> None:
+    """Print the rendered WGSL of variant NAME (with line numbers unless --raw)."""
+    from doppler_gen.render import Renderer
+
+    variant = state.project.variant(name)
+    kernel = Renderer(state.project).render(variant, with_origins=origins)
+    if raw:
+        click.echo(kernel.text, nl=False)
+        return
+    lines = kernel.text.split("\n")[:-1]
+    width = len(str(len(lines)))
+    wheres = [""] * len(lines)
+    if origins:
+        if kernel.origins is None:
+            click.echo("note: no source map for this variant; showing lines only", err=True)
+        wheres = [_where(kernel.origin(n)) for n in range(1, len(lines) + 1)]
+    where_width = max(map(len, wheres))
+    for number, (line, where) in enumerate(zip(lines, wheres, strict=True), start=1):
+        margin = f" {where:<{where_width}}" if where_width else ""
+        click.echo(f"{number:>{width}}{margin} | {line}".rstrip())
+
+
+def _where(origin: tuple[str, int] | None) -> str:
+    return f"{origin[0]}:{origin[1]}" if origin else ""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="doppler-gen")
+

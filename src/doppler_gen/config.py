@@ -1,0 +1,438 @@
+"""variants.toml -> typed objects.
+
+The first stage of the pipeline. Everything a later stage needs to know about a kernel family
+(its template, parameters with their defaults and allowed values, dispatch rule) or about a
+variant (its output file, parameters, required features) is validated here, so rendering and
+validation can trust it. Errors name the file and, where the TOML text lets us find it, the line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from doppler_gen.errors import ConfigError
+
+CONFIG_NAME = "variants.toml"
+TEMPLATES_DIR = "templates"
+GENERATED_DIR = "generated"
+
+FAMILIES = ("tiled", "tiered")
+KNOWN_FEATURES = ("shader-f16", "subgroups", "timestamp-query")
+MASKED_ROW_CONTRACTS = ("zero", "mean_v")
+
+# Parameters every template must define: they are the host-facing metadata of each variant,
+# cross-checked against the WGSL the template renders (see manifest.check_metadata).
+METADATA_PARAMS = ("q_dtype", "kv_dtype", "out_dtype", "max_head_dim", "masked_row")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_TEMPLATE_KEYS = {"source", "family", "description", "dispatch", "params", "choices", "tunable"}
+_VARIANT_KEYS = {"name", "template", "output", "description", "requires", "params"}
+ParamValue = int | float | str | bool
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """A kernel family: one Jinja template and the parameters it accepts."""
+
+    name: str
+    source: str  # path relative to templates/
+    family: str
+    description: str
+    dispatch: str  # workgroup-count expression over uniform fields and override constants
+    params: Mapping[str, ParamValue]  # defaults; the key set is the accepted parameter set
+    choices: Mapping[str, tuple[ParamValue, ...]]
+    tunable: Mapping[str, tuple[ParamValue, ...]]
+    line: int
+
+    @property
+    def source_path(self) -> str:
+        return f"{TEMPLATES_DIR}/{self.source}"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One generated kernel: a template plus parameter values."""
+
+    name: str
+    template: TemplateSpec
+    output: str  # path relative to the project root, always under generated/
+    description: str
+    requires: tuple[str, ...]
+    params: Mapping[str, ParamValue]  # template defaults merged with the variant's own values
+    line: int
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What a host needs to pick, size and dispatch this kernel."""
+        meta: dict[str, Any] = {key: self.params[key] for key in METADATA_PARAMS}
+        meta["max_kv_len"] = self.params.get("max_kv_len")
+        meta["dispatch"] = self.template.dispatch
+        meta["requires"] = list(self.requires)
+        return meta
+
+
+@dataclass(frozen=True)
+class Project:
+    """A doppler-gen project: its root, templates and variants (in declaration order)."""
+
+    root: Path
+    templates: Mapping[str, TemplateSpec]
+    variants: tuple[Variant, ...]
+    config_text: str = field(repr=False, default="")
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_NAME
+
+    @property
+    def templates_dir(self) -> Path:
+        return self.root / TEMPLATES_DIR
+
+    @property
+    def generated_dir(self) -> Path:
+        return self.root / GENERATED_DIR
+
+    def variant(self, name: str) -> Variant:
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        known = ", ".join(v.name for v in self.variants)
+        raise ConfigError(f"unknown variant {name!r} (known: {known})")
+
+
+def find_root(start: Path) -> Path:
+    """The nearest directory at or above ``start`` holding a variants.toml."""
+    start = start.resolve()
+    for candidate in (start, *start.parents):
+        if (candidate / CONFIG_NAME).is_file():
+            return candidate
+    raise ConfigError(f"no {CONFIG_NAME} found in {start} or any parent directory (use --root)")
+
+
+def load_project(root: Path) -> Project:
+    """Read and validate ``root/variants.toml``."""
+    path = root / CONFIG_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    locator = _Locator(text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _toml_syntax_error(exc) from None
+    return _Parser(root, locator).project(data, text)
+
+
+def _toml_syntax_error(exc: tomllib.TOMLDecodeError) -> ConfigError:
+    message = str(exc)
+    match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    if match:
+        where = f"{CONFIG_NAME}:{match.group(1)}:{match.group(2)}"
+        return ConfigError(f"invalid TOML: {message[: match.start()]}", location=where)
+    return ConfigError(f"invalid TOML: {message}", location=CONFIG_NAME)
+
+
+class _Locator:
+    """Finds the line of a table or key in the TOML text; tomllib does not report positions."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+
+    def _table_line(self, header: str, occurrence: int = 0) -> int | None:
+        pattern = re.compile(r"^\s*" + re.escape(header) + r"\s*(#.*)?$")
+        seen = 0
+        for number, line in enumerate(self.lines, start=1):
+            if pattern.match(line):
+                if seen == occurrence:
+                    return number
+                seen += 1
+        return None
+
+    def _key_line(self, start: int | None, key: str, stop: str = r"^\s*\[") -> int | None:
+        """The first line at or after ``start`` assigning ``key``, before a line matching ``stop``."""
+        if start is None:
+            return None
+        pattern = re.compile(r"(^|[{,\s])" + re.escape(key) + r"\s*=")
+        for number in range(start, len(self.lines) + 1):
+            line = self.lines[number - 1]
+            if number > start and re.match(stop, line):
+                return None
+            if pattern.search(line.split("#", 1)[0]):
+                return number
+        return None
+
+    def variant(self, index: int, key: str | None = None) -> int | None:
+        start = self._table_line("[[variant]]", index)
+        if key is None:
+            return start
+        # a variant's keys may sit in its own sub-tables ([variant.params]), so only the next
+        # [[variant]] or [templates.*] header ends the search
+        return self._key_line(start, key, r"^\s*\[(\[|templates)") or start
+
+    def template(self, name: str, key: str | None = None, sub: str | None = None) -> int | None:
+        start = self._table_line(f"[templates.{name}]")
+        if sub is not None:
+            sub_start = self._table_line(f"[templates.{name}.{sub}]")
+            if sub_start is not None:
+                return (self._key_line(sub_start, key) if key else None) or sub_start
+            found = self._key_line(start, sub)
+            if found:
+                return found
+        if key is not None:
+            return self._key_line(start, key) or start
+        return start
+
+
+class _Parser:
+    """Turns the decoded TOML into a Project, raising ConfigError at the first problem."""
+
+    def __init__(self, root: Path, locator: _Locator) -> None:
+        self.root = root
+        self.locate = locator
+
+    def fail(self, message: str, line: int | None) -> ConfigError:
+        where = f"{CONFIG_NAME}:{line}" if line else CONFIG_NAME
+        return ConfigError(message, location=where)
+
+    def project(self, data: dict[str, Any], text: str) -> Project:
+        unknown = sorted(set(data) - {"templates", "variant"})
+        if unknown:
+            raise self.fail(
+                f"unknown top-level key {unknown[0]!r} (expected [templates.NAME] tables and "
+                "[[variant]] entries)",
+                self.locate._key_line(1, unknown[0]) or self.locate._table_line(f"[{unknown[0]}]"),
+            )
+        templates_data = data.get("templates", {})
+        if not isinstance(templates_data, dict) or not templates_data:
+            raise self.fail("no [templates.NAME] table declared", None)
+        templates = {name: self.template(name, spec) for name, spec in templates_data.items()}
+        variants_data = data.get("variant", [])
+        if not isinstance(variants_data, list) or not variants_data:
+            raise self.fail("no [[variant]] entries declared", None)
+        variants = tuple(self.variant(i, entry, templates) for i, entry in enumerate(variants_data))
+        self.check_unique(variants)
+        return Project(root=self.root, templates=templates, variants=variants, config_text=text)
+
+    def template(self, name: str, spec: Any) -> TemplateSpec:
+        line = self.locate.template(name)
+        if not _NAME_RE.match(name):
+            raise self.fail(f"template name {name!r} must match [a-z][a-z0-9_]*", line)
+        if not isinstance(spec, dict):
+            raise self.fail(f"[templates.{name}] must be a table", line)
+        for key in sorted(set(spec) - _TEMPLATE_KEYS):
+            raise self.fail(
+                f"unknown key {key!r} in [templates.{name}] (allowed: "
+                f"{', '.join(sorted(_TEMPLATE_KEYS))})",
+                self.locate.template(name, key),
+            )
+        source = self.string(spec, "source", f"[templates.{name}]", self.locate.template(name))
+        self.check_template_source(name, source)
+        family = self.string(spec, "family", f"[templates.{name}]", line)
+        if family not in FAMILIES:
+            raise self.fail(
+                f"[templates.{name}] family {family!r} is not one of {', '.join(FAMILIES)}",
+                self.locate.template(name, "family"),
+            )
+        params = self.template_params(name, spec.get("params"))
+        choices = self.value_lists(name, spec.get("choices", {}), params, "choices")
+        tunable = self.value_lists(name, spec.get("tunable", {}), params, "tunable")
+        for param, allowed in choices.items():
+            self.check_choice(param, params[param], allowed, self.locate.template(name, param, "params"))
+        return TemplateSpec(
+            name=name,
+            source=source,
+            family=family,
+            description=self.optional_string(spec, "description", name),
+            dispatch=self.string(spec, "dispatch", f"[templates.{name}]", line),
+            params=params,
+            choices=choices,
+            tunable=tunable,
+            line=line or 0,
+        )
+
+    def check_template_source(self, name: str, source: str) -> None:
+        line = self.locate.template(name, "source")
+        relative = PurePosixPath(source)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise self.fail(f"[templates.{name}] source {source!r} must be a path inside templates/", line)
+        if not (self.root / TEMPLATES_DIR / relative).is_file():
+            raise self.fail(f"template file templates/{source} not found", line)
+
+    def template_params(self, name: str, params: Any) -> dict[str, ParamValue]:
+        line = self.locate.template(name, None, "params")
+        if not isinstance(params, dict):
+            raise self.fail(f"[templates.{name}.params] must be a table of parameter defaults", line)
+        for param, value in params.items():
+            if not isinstance(value, ParamValue):
+                raise self.fail(
+                    f"[templates.{name}.params] {param} must be an integer, float, string or "
+                    f"boolean, not {type(value).__name__}",
+                    self.locate.template(name, param, "params"),
+                )
+        missing = [p for p in METADATA_PARAMS if p not in params]
+        if missing:
+            raise self.fail(
+                f"[templates.{name}.params] must define {', '.join(missing)} (host metadata)", line
+            )
+        return dict(params)
+
+    def value_lists(
+        self, name: str, table: Any, params: Mapping[str, ParamValue], sub: str
+    ) -> dict[str, tuple[ParamValue, ...]]:
+        if not isinstance(table, dict):
+            raise self.fail(f"[templates.{name}.{sub}] must be a table", self.locate.template(name, None, sub))
+        result: dict[str, tuple[ParamValue, ...]] = {}
+        for param, values in table.items():
+            line = self.locate.template(name, param, sub)
+            if param not in params:
+                raise self.fail(f"[templates.{name}.{sub}] names unknown parameter {param!r}", line)
+            if not isinstance(values, list) or not values:
+                raise self.fail(f"[templates.{name}.{sub}] {param} must be a non-empty list", line)
+            for value in values:
+                self.check_type(param, value, params[param], line, f"[templates.{name}.{sub}]")
+            result[param] = tuple(values)
+        return result
+
+    def variant(self, index: int, entry: Any, templates: Mapping[str, TemplateSpec]) -> Variant:
+        line = self.locate.variant(index)
+        where = f"[[variant]] #{index + 1}"
+        if not isinstance(entry, dict):
+            raise self.fail(f"{where} must be a table", line)
+        name = self.string(entry, "name", where, line)
+        where = f"variant {name!r}"
+        if not _NAME_RE.match(name):
+            raise self.fail(f"{where}: name must match [a-z][a-z0-9_]*", self.locate.variant(index, "name"))
+        for key in sorted(set(entry) - _VARIANT_KEYS):
+            raise self.fail(
+                f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(_VARIANT_KEYS))})",
+                self.locate.variant(index, key),
+            )
+        template_name = self.string(entry, "template", where, line)
+        if template_name not in templates:
+            raise self.fail(
+                f"{where}: unknown template {template_name!r} (declared: {', '.join(templates)})",
+                self.locate.variant(index, "template"),
+            )
+        template = templates[template_name]
+        output = self.output_path(self.string(entry, "output", where, line), where, self.locate.variant(index, "output"))
+        requires = entry.get("requires", [])
+        if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+            raise self.fail(f"{where}: requires must be a list of feature names", self.locate.variant(index, "requires"))
+        for feature in requires:
+            if feature not in KNOWN_FEATURES:
+                raise self.fail(
+                    f"{where}: unknown feature {feature!r} (known: {', '.join(KNOWN_FEATURES)})",
+                    self.locate.variant(index, "requires"),
+                )
+        return Variant(
+            name=name,
+            template=template,
+            output=output,
+            description=self.optional_string(entry, "description", where),
+            requires=tuple(sorted(set(requires))),
+            params=self.variant_params(index, where, entry.get("params", {}), template),
+            line=line or 0,
+        )
+
+    def variant_params(
+        self, index: int, where: str, params: Any, template: TemplateSpec
+    ) -> dict[str, ParamValue]:
+        if not isinstance(params, dict):
+            raise self.fail(f"{where}: params must be a table", self.locate.variant(index, "params"))
+        merged = dict(template.params)
+        for param, value in params.items():
+            line = self.locate.variant(index, param)
+            if param not in template.params:
+                raise self.fail(
+                    f"{where}: unknown parameter {param!r} for template {template.name!r} "
+                    f"(accepted: {', '.join(sorted(template.params))})",
+                    line,
+                )
+            self.check_type(param, value, template.params[param], line, where)
+            if param in template.choices:
+                self.check_choice(param, value, template.choices[param], line, where)
+            merged[param] = value
+        return merged
+
+    def check_type(self, param: str, value: Any, default: ParamValue, line: int | None, where: str) -> None:
+        expected = type(default)
+        ok = type(value) is expected or (expected is float and type(value) is int)
+        if not ok:
+            raise self.fail(
+                f"{where}: parameter {param} must be {expected.__name__}, got "
+                f"{type(value).__name__} {value!r}",
+                line,
+            )
+        if expected is int and value <= 0:
+            raise self.fail(f"{where}: parameter {param} must be a positive integer, got {value}", line)
+
+    def check_choice(
+        self, param: str, value: Any, allowed: tuple[ParamValue, ...], line: int | None, where: str = ""
+    ) -> None:
+        if value not in allowed:
+            prefix = f"{where}: " if where else ""
+            raise self.fail(
+                f"{prefix}parameter {param}={value!r} is not one of "
+                f"{', '.join(repr(a) for a in allowed)}",
+                line,
+            )
+
+    def output_path(self, output: str, where: str, line: int | None) -> str:
+        path = PurePosixPath(output)
+        if (
+            path.is_absolute()
+            or ".." in path.parts
+            or len(path.parts) != 2
+            or path.parts[0] != GENERATED_DIR
+            or "\\" in output
+        ):
+            raise self.fail(
+                f"{where}: output {output!r} must be a file directly inside {GENERATED_DIR}/ "
+                f"(e.g. {GENERATED_DIR}/NAME.wgsl)",
+                line,
+            )
+        if path.suffix != ".wgsl":
+            raise self.fail(f"{where}: output {output!r} must end in .wgsl", line)
+        return output
+
+    def check_unique(self, variants: tuple[Variant, ...]) -> None:
+        names: dict[str, Variant] = {}
+        outputs: dict[str, Variant] = {}
+        for index, variant in enumerate(variants):
+            if variant.name in names:
+                raise self.fail(
+                    f"duplicate variant name {variant.name!r} (first declared at line "
+                    f"{names[variant.name].line})",
+                    self.locate.variant(index, "name"),
+                )
+            key = variant.output.lower()
+            if key in outputs:
+                raise self.fail(
+                    f"variant {variant.name!r}: output {variant.output!r} is already produced by "
+                    f"variant {outputs[key].name!r}",
+                    self.locate.variant(index, "output"),
+                )
+            names[variant.name] = variant
+            outputs[key] = variant
+
+    def string(self, table: Mapping[str, Any], key: str, where: str, line: int | None) -> str:
+        if key not in table:
+            raise self.fail(f"{where}: missing required key {key!r}", line)
+        value = table[key]
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(f"{where}: {key} must be a non-empty string, got {value!r}", line)
+        return value
+
+    def optional_string(self, table: Mapping[str, Any], key: str, where: str) -> str:
+        value = table.get(key, "")
+        if not isinstance(value, str):
+            raise self.fail(f"{where}: {key} must be a string", None)
+        return value

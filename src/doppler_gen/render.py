@@ -1,0 +1,353 @@
+"""Render a variant's Jinja template into WGSL.
+
+Second stage of the pipeline. Rendering is strict (an undefined name is an error, never an empty
+string) and deterministic (LF line ends, no trailing whitespace, at most one blank line in a row,
+exactly one trailing newline). Every error is reported at the template line that caused it.
+
+Each rendered line also carries the template line it came from (a *source map*), so that a WGSL
+compiler's complaint about ``generated/X.wgsl:120`` can be shown at ``templates/Y:42``. The map is
+built by rendering a second time from a copy of the templates with an invisible marker at the end
+of every text line; it is used only when the marked render, markers removed, is identical to the
+real one, so it can never change what is generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NoReturn
+
+import jinja2
+import jinja2.meta
+
+from doppler_gen.config import TEMPLATES_DIR, Project, Variant
+from doppler_gen.errors import TemplateError
+
+HEADER_MARK = "AUTO-GENERATED from"
+GENERATOR = "doppler-gen"
+HEADER_LINES = 3
+
+# private-use characters: never whitespace to Jinja's trimming, never in a real template
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+_MARK_RE = re.compile(f"{_MARK_OPEN}([0-9]+):([0-9]+){_MARK_CLOSE}")
+
+Origin = tuple[str, int]  # (template path relative to the project root, 1-based line)
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    """The generated text of one variant and where each of its lines came from."""
+
+    variant: Variant
+    text: str
+    source_hash: str
+    sources: tuple[str, ...]  # every template file the variant's rendering read
+    origins: tuple[Origin | None, ...] | None  # per generated line (1-based index - 1); None: unknown
+
+    def origin(self, line: int) -> Origin | None:
+        """The template line that produced generated line ``line`` (1-based), if known."""
+        if self.origins is None or not 1 <= line <= len(self.origins):
+            return None
+        return self.origins[line - 1]
+
+
+def header(template_path: str, variant_name: str, source_hash: str) -> list[str]:
+    """The banner every generated file starts with; ``HEADER_MARK`` identifies ours."""
+    return [
+        f"// {HEADER_MARK} {template_path} for variant {variant_name} by {GENERATOR} - do not edit.",
+        f"// Edit the template and variants.toml, then run `{GENERATOR} generate`.",
+        f"// source-hash: sha256:{source_hash}",
+    ]
+
+
+def is_generated_file(path: Path) -> bool:
+    """True when ``path`` starts with our header: only such files may be removed as orphans."""
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as handle:
+            first = handle.readline()
+    except OSError:
+        return False
+    return first.startswith(f"// {HEADER_MARK} ") and f" by {GENERATOR} " in first
+
+
+class Renderer:
+    """Renders the variants of one project; templates are compiled once and reused."""
+
+    def __init__(self, project: Project) -> None:
+        self.project = project
+        self.env = self._environment(jinja2.FileSystemLoader(str(project.templates_dir)))
+        self._marked_env: jinja2.Environment | None = None
+        self._file_ids: dict[str, int] = {}
+        self._source_cache: dict[str, str] = {}
+
+    def _environment(self, loader: jinja2.BaseLoader) -> jinja2.Environment:
+        env = jinja2.Environment(
+            loader=loader,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+            autoescape=False,
+            auto_reload=False,
+        )
+        env.globals["fail"] = _template_fail
+        env.filters["u32"] = _wgsl_u32
+        env.filters["wgsl_float"] = _wgsl_float
+        return env
+
+    # -- public -----------------------------------------------------------------------------
+
+    def render(self, variant: Variant, *, with_origins: bool = False) -> RenderedKernel:
+        """Render one variant; raises TemplateError pointing at the template line."""
+        context = self.context(variant)
+        body = self._render(self.env, variant, context)
+        lines = normalize([(line, None) for line in body.split("\n")])
+        sources = self.sources(variant.template.source)
+        source_hash = self.source_hash(variant, sources)
+        head = header(variant.template.source_path, variant.name, source_hash)
+        text = "\n".join([*head, "", *(line for line, _ in lines)]) + "\n"
+        origins = None
+        if with_origins:
+            body_origins = self._origins(variant, context, [line for line, _ in lines])
+            if body_origins is not None:
+                origins = tuple([None] * (len(head) + 1) + body_origins)
+        return RenderedKernel(
+            variant=variant,
+            text=text,
+            source_hash=source_hash,
+            sources=tuple(f"{TEMPLATES_DIR}/{s}" for s in sources),
+            origins=origins,
+        )
+
+    def context(self, variant: Variant) -> dict[str, Any]:
+        """The names a template sees: its parameters, plus the variant's identity."""
+        return {
+            **variant.params,
+            "variant_name": variant.name,
+            "requires": list(variant.requires),
+        }
+
+    def sources(self, template: str) -> tuple[str, ...]:
+        """The template and everything it includes, imports or extends, transitively (sorted)."""
+        seen: set[str] = set()
+        pending = [template]
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            source = self._read(name)
+            try:
+                ast = self.env.parse(source, name=name, filename=self._filename(name))
+            except jinja2.TemplateSyntaxError as exc:
+                raise _syntax_error(exc, None) from None
+            pending.extend(ref for ref in jinja2.meta.find_referenced_templates(ast) if ref)
+        return tuple(sorted(seen))
+
+    def source_hash(self, variant: Variant, sources: Iterable[str]) -> str:
+        """sha256 over the template sources and the parameters: changes iff the output may."""
+        digest = hashlib.sha256()
+        payload = {
+            "template": variant.template.source,
+            "params": dict(sorted(variant.params.items())),
+            "requires": list(variant.requires),
+            "sources": {name: hashlib.sha256(self._read(name).encode()).hexdigest() for name in sources},
+        }
+        digest.update(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
+        return digest.hexdigest()
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def _render(self, env: jinja2.Environment, variant: Variant, context: dict[str, Any]) -> str:
+        try:
+            template = env.get_template(variant.template.source)
+            return template.render(context)
+        except jinja2.TemplateSyntaxError as exc:
+            raise _syntax_error(exc, variant.name) from None
+        except jinja2.TemplateNotFound as exc:
+            where = _template_frame(sys.exc_info()[2], self.project.templates_dir)
+            raise TemplateError(
+                f"included template {exc.name!r} not found in {TEMPLATES_DIR}/ (variant {variant.name})",
+                location=where,
+            ) from None
+        except _TemplateFailure as exc:
+            where = _template_frame(exc.__traceback__, self.project.templates_dir)
+            raise TemplateError(f"{exc} (variant {variant.name})", location=where) from None
+        except (jinja2.UndefinedError, jinja2.TemplateRuntimeError) as exc:
+            where = _template_frame(exc.__traceback__, self.project.templates_dir)
+            raise TemplateError(f"{exc.message} (variant {variant.name})", location=where) from None
+        except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
+            where = _template_frame(exc.__traceback__, self.project.templates_dir)
+            raise TemplateError(
+                f"{type(exc).__name__}: {exc} (variant {variant.name})", location=where
+            ) from None
+
+    def _read(self, name: str) -> str:
+        if name not in self._source_cache:
+            path = self.project.templates_dir / name
+            try:
+                self._source_cache[name] = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise TemplateError(f"template {TEMPLATES_DIR}/{name} not found") from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TemplateError(f"cannot read {TEMPLATES_DIR}/{name}: {exc}") from None
+        return self._source_cache[name]
+
+    def _filename(self, name: str) -> str:
+        return str(self.project.templates_dir / name)
+
+    # -- source map ---------------------------------------------------------------------------
+
+    def _origins(
+        self, variant: Variant, context: dict[str, Any], expected: list[str]
+    ) -> list[Origin | None] | None:
+        """Per normalized body line, the template line it came from; None if unavailable."""
+        if self._marked_env is None:
+            self._marked_env = self._environment(
+                jinja2.FunctionLoader(self._marked_source)
+            )
+        try:
+            marked = self._marked_env.get_template(variant.template.source).render(context)
+        except Exception:  # the real render succeeded; a map is a convenience, never a blocker
+            return None
+        names = {index: name for name, index in self._file_ids.items()}
+        raw: list[tuple[str, Origin | None]] = []
+        for line in marked.split("\n"):
+            match = _MARK_RE.search(line)
+            origin = None
+            if match:
+                origin = (f"{TEMPLATES_DIR}/{names[int(match.group(1))]}", int(match.group(2)))
+            raw.append((_MARK_RE.sub("", line), origin))
+        lines = normalize(raw)
+        if [text for text, _ in lines] != expected:
+            return None
+        return [origin for _, origin in lines]
+
+    def _marked_source(self, name: str) -> tuple[str, str, Callable[[], bool]]:
+        file_id = self._file_ids.setdefault(name, len(self._file_ids))
+        return mark_lines(self._read(name), file_id), self._filename(name), lambda: True
+
+
+_WS_CONTROL_RE = re.compile(r"\s*\{[{%#]-")
+
+
+def mark_lines(source: str, file_id: int) -> str:
+    """Append an origin marker to every template line that emits text.
+
+    Markers go only into text (never inside ``{{ }}``, ``{% %}`` or ``{# #}``), not on lines
+    ending in a block or comment tag, whose newline ``trim_blocks`` removes, and not before a
+    ``{%-``-style tag that strips the newline (the body of an inline macro belongs to its caller).
+    """
+    closers = {"{{": "}}", "{%": "%}", "{#": "#}"}
+    opener = re.compile(r"\{\{|\{%|\{#|\n")
+    out: list[str] = []
+    current = ""  # the source text of the line being scanned, up to the scan position
+    line = 1
+    position = 0
+    while position < len(source):
+        match = opener.search(source, position)
+        if match is None:
+            out.append(source[position:])
+            break
+        text = source[position : match.start()]
+        out.append(text)
+        current += text
+        if match.group() == "\n":
+            tail = current.rstrip()
+            stripped_by_next = _WS_CONTROL_RE.match(source, match.end()) is not None
+            if tail and not tail.endswith(("%}", "#}")) and not stripped_by_next:
+                out.append(f"{_MARK_OPEN}{file_id}:{line}{_MARK_CLOSE}")
+            out.append("\n")
+            line += 1
+            current = ""
+            position = match.end()
+            continue
+        end = source.find(closers[match.group()], match.end())
+        end = len(source) if end < 0 else end + 2
+        tag = source[match.start() : end]
+        out.append(tag)
+        line += tag.count("\n")
+        current = current + tag if "\n" not in tag else tag[tag.rfind("\n") + 1 :]
+        position = end
+    return "".join(out)
+
+
+def normalize(lines: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Strip trailing whitespace, collapse blank-line runs and drop blank lines at block edges.
+
+    Carries a payload (the origin) along with each line so the source map stays aligned.
+    """
+    cleaned = [(text.rstrip(), payload) for text, payload in lines]
+    result: list[tuple[str, Any]] = []
+    for index, (text, payload) in enumerate(cleaned):
+        if text:
+            result.append((text, payload))
+            continue
+        previous = result[-1][0] if result else ""
+        following = next((t for t, _ in cleaned[index + 1 :] if t), "")
+        if not previous or not following:
+            continue  # leading/trailing blank line, or a run already holding one blank
+        if previous.endswith("{") or following.lstrip().startswith("}"):
+            continue
+        result.append((text, payload))
+    return result
+
+
+# -- template helpers -----------------------------------------------------------------------
+
+
+class _TemplateFailure(Exception):
+    """Raised by ``fail()`` in a template: a parameter combination the template rejects."""
+
+
+def _template_fail(message: str) -> NoReturn:
+    raise _TemplateFailure(message)
+
+
+def _wgsl_u32(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 0xFFFFFFFF:
+        raise _TemplateFailure(f"u32 filter needs an integer in 0..2^32-1, got {value!r}")
+    return f"{value}u"
+
+
+def _wgsl_float(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _TemplateFailure(f"wgsl_float filter needs a number, got {value!r}")
+    text = repr(float(value))
+    return text if ("." in text or "e" in text) else f"{text}.0"
+
+
+# -- error locations ------------------------------------------------------------------------
+
+
+def _syntax_error(exc: jinja2.TemplateSyntaxError, variant: str | None) -> TemplateError:
+    name = exc.name or (Path(exc.filename).name if exc.filename else "?")
+    suffix = f" (variant {variant})" if variant else ""
+    return TemplateError(f"{exc.message}{suffix}", location=f"{TEMPLATES_DIR}/{name}:{exc.lineno}")
+
+
+def _template_frame(tb: TracebackType | None, templates_dir: Path) -> str | None:
+    """The innermost traceback frame inside a template file, as ``templates/X:LINE``.
+
+    Jinja rewrites tracebacks so that frames executing template code carry the template's
+    filename and line number; the innermost such frame is where the error happened.
+    """
+    where = None
+    root = str(templates_dir.resolve())
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        try:
+            resolved = str(Path(filename).resolve())
+        except (OSError, ValueError):
+            resolved = filename
+        if resolved.startswith(root):
+            relative = Path(resolved).relative_to(root).as_posix()
+            where = f"{TEMPLATES_DIR}/{relative}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
