@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cd831ac34187fc89a9d9cb34f9cf9eae5c2e4e29071fecd630d21e2c900072a7
+// source-hash: sha256:955a4d8f6db90e21be5432ee9ae570b3069feaf07e2711848be6a21ecc5cd1a7
 
 // Fused Multi-Head Attention Kernel (f32 Q/K/V and output)
 //
@@ -200,7 +200,6 @@ fn main(
                 if (u.attn_softcap > 0.0) {
                     score = tanh(score / u.attn_softcap) * u.attn_softcap;
                 }
-
                 block_max = max(block_max, score);
                 shared_scores[thread_idx * BLOCK_SIZE + k] = score;
             }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:53c9d88f70c004bca52071a4d9bc521be8d51dadee168c607ea9cf962f7a6916
+// source-hash: sha256:4e0b00ae8af46a4789b6d3acf6b3a7207dfb5b861a30c861693bf3dd1936098d
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //
@@ -202,7 +202,6 @@ fn main(
                 if (u.attn_softcap > 0.0) {
                     score = tanh(score / u.attn_softcap) * u.attn_softcap;
                 }
-
                 block_max = max(block_max, score);
                 shared_scores[thread_idx * BLOCK_SIZE + k] = score;
             }

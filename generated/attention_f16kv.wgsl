@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4324f54d8e3cc0d68f442e5b001affac7f51398d51cc982eaad2519c77d08a35
+// source-hash: sha256:e7a67cca7c4f6e2f14c0daa9566e7bd327cc6cf96f44f3399cfbc4d9e9120ecd
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //
@@ -202,7 +202,6 @@ fn main(
                 if (u.attn_softcap > 0.0) {
                     score = tanh(score / u.attn_softcap) * u.attn_softcap;
                 }
-
                 block_max = max(block_max, score);
                 shared_scores[thread_idx * BLOCK_SIZE + k] = score;
             }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f795172f0f24cebb3ba6927330bab8b20ead650f292bcde2299c5679c4182a4
+// source-hash: sha256:bed2dc8cbb8b2f7a1d8d9472865b5b9d58348ceb6acd59ee21892a158da648d9
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //
@@ -202,7 +202,6 @@ fn main(
                 if (u.attn_softcap > 0.0) {
                     score = tanh(score / u.attn_softcap) * u.attn_softcap;
                 }
-
                 block_max = max(block_max, score);
                 shared_scores[thread_idx * BLOCK_SIZE + k] = score;
             }

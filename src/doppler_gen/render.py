@@ -28,6 +28,7 @@ import jinja2.meta
 
 from doppler_gen.config import TEMPLATES_DIR, Project, Variant
 from doppler_gen.errors import TemplateError
+from doppler_gen.formats import QUANT_BITS
 
 HEADER_MARK = "AUTO-GENERATED from"
 GENERATOR = "doppler-gen"
@@ -97,6 +98,7 @@ class Renderer:
             auto_reload=False,
         )
         env.globals["fail"] = _template_fail
+        env.globals["QUANT_BITS"] = dict(QUANT_BITS)
         env.filters["u32"] = _wgsl_u32
         env.filters["wgsl_float"] = _wgsl_float
         return env
@@ -157,6 +159,7 @@ class Renderer:
             "template": variant.template.source,
             "params": dict(sorted(variant.params.items())),
             "requires": list(variant.requires),
+            "globals": {"QUANT_BITS": dict(sorted(QUANT_BITS.items()))},
             "sources": {name: hashlib.sha256(self._read(name).encode()).hexdigest() for name in sources},
         }
         digest.update(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())

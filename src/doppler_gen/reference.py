@@ -1,0 +1,408 @@
+"""Numpy reference attention for the tiled and tiered kernel families (DESIGN-NOTES §1.1, §1.2).
+
+The validator holds every generated kernel to these functions, so they model the *seed kernels'*
+semantics, including their odd corners, not an idealised attention:
+
+* positions: every logical key gets an absolute position and a physical buffer row (contiguous,
+  sliding-window ring, paged, hot ring), computed with exact integers and gathered up front;
+* masks (causal, sliding window) use the kernels' u32 comparisons on absolute positions;
+* scores are ``dot(q, k) * scale``, then ``tanh(s / cap) * cap`` when ``attn_softcap > 0``;
+  ``scale`` and ``attn_softcap`` are first rounded to f32, because that is what the uniform holds;
+* masked keys are excluded from the softmax. A tiled row with no visible key writes 0. The tiered
+  kernels mask with the finite score -3.402823e38 instead of skipping, so a tiered row whose keys
+  are *all* masked averages V over every key (``masked_row="mean_v"``, the seed's behaviour);
+  ``masked_row="zero"`` is the alternative contract where such a row writes 0.
+
+Tensors arrive already rounded to the kernel's storage dtype; they are upcast to
+``compute_dtype``. float64 is the reference; float32 is "a plain same-precision implementation"
+(same algorithm, every intermediate in float32, max-subtracted softmax), the error baseline for
+tolerances. Kernel-side shape limits (``MAX_HEAD_DIM``, ``MAX_KV_LEN``, workgroup size) are not
+modelled: a kernel refuses those shapes without writing, and the validator refuses them earlier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+MASKED_SCORE = -3.402823e38
+"""The finite score the tiered kernels give a masked key (not -inf); see ``masked_row``."""
+
+MASKED_ROW_CONTRACTS = ("mean_v", "zero")
+
+_U32_LIMIT = 2**32
+
+_TILED_U32 = (
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "seq_len",
+    "query_len",
+    "is_causal",
+    "start_pos",
+    "sliding_window",
+    "kv_len_source",
+    "kv_start",
+    "page_size",
+    "kv_layout",
+)
+_TIERED_U32 = (
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "cold_len",
+    "hot_len",
+    "is_causal",
+    "start_pos",
+    "sliding_window",
+    "hot_window",
+    "hot_start",
+)
+_TIERED_LAYOUT_U32 = ("cold_page_size", "cold_layout", "hot_layout")
+_F32_FIELDS = ("scale", "attn_softcap")
+
+_LAYOUT_RING = 1
+_LAYOUT_PAGED = 2
+
+
+# --- uniforms and argument checks -------------------------------------------------------------
+
+
+def _u32_field(u: Mapping[str, float], name: str) -> int:
+    """A u32 uniform as an exact Python int; a fractional or out-of-range value is a caller bug."""
+    value = u[name]
+    as_int = int(value)
+    if as_int != value or not 0 <= as_int < _U32_LIMIT:
+        raise ValueError(f"uniform field {name!r} must be a u32, got {value!r}")
+    return as_int
+
+
+def _f32_field(u: Mapping[str, float], name: str) -> float:
+    """An f32 uniform rounded to f32 first: the kernel never sees more precision than that."""
+    return float(np.float32(u[name]))
+
+
+def _read_uniforms(u: Mapping[str, float], u32_names: Sequence[str]) -> dict[str, Any]:
+    """The uniforms the math reads; every missing one is named at once."""
+    missing = [name for name in (*u32_names, *_F32_FIELDS) if name not in u]
+    if missing:
+        raise ValueError(f"uniform fields missing: {', '.join(map(repr, missing))}")
+    fields: dict[str, Any] = {name: _u32_field(u, name) for name in u32_names}
+    fields.update({name: _f32_field(u, name) for name in _F32_FIELDS})
+    return fields
+
+
+def _check_compute_dtype(dtype: Any) -> np.dtype:
+    resolved = np.dtype(dtype)
+    if resolved not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"compute_dtype must be float32 or float64, got {resolved}")
+    return resolved
+
+
+def _kv_head_of(num_heads: int, num_kv_heads: int) -> np.ndarray:
+    """GQA map, query head -> KV head, as the kernels' ``h / (num_heads / num_kv_heads)``."""
+    if num_heads < 1 or num_kv_heads < 1:
+        raise ValueError(f"num_heads={num_heads} and num_kv_heads={num_kv_heads} must be >= 1")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}")
+    return np.arange(num_heads) // (num_heads // num_kv_heads)
+
+
+def _check_shape(array: Any, expected: tuple[int, ...], name: str) -> np.ndarray:
+    array = np.asarray(array)
+    if array.shape != expected:
+        raise ValueError(f"{name} must have shape {expected}, got {array.shape}")
+    return array
+
+
+def _check_kv_buffer(array: Any, num_kv_heads: int, head_dim: int, name: str) -> np.ndarray:
+    """A physical K/V buffer: any number of rows, each ``[num_kv_heads, head_dim]``."""
+    array = np.asarray(array)
+    if array.ndim != 3 or array.shape[1:] != (num_kv_heads, head_dim):
+        raise ValueError(
+            f"{name} must have shape [rows, num_kv_heads={num_kv_heads}, head_dim={head_dim}], "
+            f"got {array.shape}"
+        )
+    return array
+
+
+# --- positions, masks, physical rows ----------------------------------------------------------
+
+
+def _positions(start: int, count: int, what: str) -> np.ndarray:
+    """Absolute positions ``start + i``; refuse ones the kernel's u32 arithmetic would wrap."""
+    if count and start + count - 1 >= _U32_LIMIT:
+        raise ValueError(f"{what} positions reach {start + count - 1}, past the u32 range")
+    return start + np.arange(count, dtype=np.int64)
+
+
+def _mask(abs_query: np.ndarray, abs_key: np.ndarray, is_causal: int, window: int) -> np.ndarray:
+    """True where a key is hidden from a query, ``[queries, keys]``, as the kernels' is_masked."""
+    query = abs_query[:, None]
+    key = abs_key[None, :]
+    masked = np.zeros((query.shape[0], key.shape[1]), dtype=bool)
+    if is_causal != 0:
+        masked |= key > query
+    if window > 0:
+        masked |= (query >= window) & (key < query - window + 1)
+    return masked
+
+
+def _paged_rows(abs_pos: np.ndarray, table: Any, page_size: int, name: str) -> np.ndarray:
+    """``table[pos // page_size] * page_size + pos % page_size``, with the table checked."""
+    if page_size == 0:
+        raise ValueError(f"paged layout needs a nonzero page size for {name}")
+    if table is None:
+        raise ValueError(f"paged layout needs {name}")
+    table = np.asarray(table)
+    if table.ndim != 1 or not np.issubdtype(table.dtype, np.integer):
+        raise ValueError(f"{name} must be a 1-D integer (u32) array, got {table.dtype}")
+    pages = abs_pos // page_size
+    if pages.size and pages.max() >= table.size:
+        raise ValueError(
+            f"{name} is too short: position {abs_pos.max()} needs page {pages.max()}, "
+            f"the table has {table.size} entries"
+        )
+    return table[pages].astype(np.int64) * page_size + abs_pos % page_size
+
+
+def _tiled_rows(fields: Mapping[str, Any], abs_key: np.ndarray, page_table: Any) -> np.ndarray:
+    """Physical K/V row of each key, following the seed's ``get_kv_pos`` branch order."""
+    window, layout = fields["sliding_window"], fields["kv_layout"]
+    if layout == _LAYOUT_RING and window > 0:
+        return abs_key % window
+    if layout == _LAYOUT_PAGED:
+        return _paged_rows(abs_key, page_table, fields["page_size"], "page_table")
+    return abs_key
+
+
+def _tiled_kv_len(fields: Mapping[str, Any], kv_len_buffer: Any) -> int:
+    """KV length from the uniform, or from ``kv_len_buffer[0]`` when ``kv_len_source != 0``."""
+    if fields["kv_len_source"] == 0:
+        return fields["seq_len"]
+    if kv_len_buffer is None:
+        raise ValueError("kv_len_source != 0 needs kv_len_buffer")
+    buffer = np.asarray(kv_len_buffer)
+    if buffer.ndim != 1 or buffer.size == 0 or not np.issubdtype(buffer.dtype, np.integer):
+        raise ValueError("kv_len_buffer must be a non-empty 1-D integer (u32) array")
+    return int(buffer[0])
+
+
+def _gather(
+    buffer: np.ndarray, rows: np.ndarray, kv_head_of: np.ndarray, name: str, dtype: np.dtype
+) -> np.ndarray:
+    """Logical keys per query head, ``[num_heads, keys, head_dim]``, bounds-checked.
+
+    Every key the kernel loads is checked, masked or not: the kernel reads them all.
+    """
+    if rows.size and rows.max() >= buffer.shape[0]:
+        raise ValueError(
+            f"{name}: physical row {int(rows.max())} is outside the buffer of "
+            f"{buffer.shape[0]} rows"
+        )
+    per_key = buffer[rows][:, kv_head_of, :]
+    return per_key.transpose(1, 0, 2).astype(dtype)
+
+
+# --- the arithmetic ---------------------------------------------------------------------------
+
+
+def _scores(
+    q: np.ndarray, keys: np.ndarray, scale: float, softcap: float, dtype: np.dtype
+) -> np.ndarray:
+    """``[heads, queries, keys]`` = softcap(q · k * scale), all in ``dtype``."""
+    scores = np.matmul(q, keys.transpose(0, 2, 1)) * dtype.type(scale)
+    if softcap > 0:
+        cap = dtype.type(softcap)
+        scores = np.tanh(scores / cap) * cap
+    return scores
+
+
+def _softmax_excluding(scores: np.ndarray, masked: np.ndarray) -> np.ndarray:
+    """Softmax over the unmasked keys; a row with none left is all zeros.
+
+    Masked entries are replaced by -inf *before* exp, so they contribute exactly 0 and never
+    overflow, and the row max is taken over visible keys only (large logits stay finite).
+    """
+    hidden = np.broadcast_to(masked, scores.shape)
+    visible_scores = np.where(hidden, -np.inf, scores)
+    row_max = visible_scores.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0)
+    weights = np.exp(visible_scores - row_max)
+    total = weights.sum(axis=-1, keepdims=True)
+    return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+
+
+# --- tiled ------------------------------------------------------------------------------------
+
+
+def tiled_attention(
+    u: Mapping[str, float],
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    kv_len_buffer: np.ndarray | None = None,
+    page_table: np.ndarray | None = None,
+    compute_dtype: Any = np.float64,
+) -> np.ndarray:
+    """Reference for ``attention``, ``attention_f16`` and ``attention_f16kv``.
+
+    ``q`` is ``[query_len, num_heads, head_dim]``; ``k``/``v`` are physical buffers
+    ``[rows, num_kv_heads, head_dim]``. Returns ``[query_len, num_heads, head_dim]`` in
+    ``compute_dtype``.
+    """
+    dtype = _check_compute_dtype(compute_dtype)
+    fields = _read_uniforms(u, _TILED_U32)
+    heads, kv_heads, head_dim = fields["num_heads"], fields["num_kv_heads"], fields["head_dim"]
+    kv_head_of = _kv_head_of(heads, kv_heads)
+    q = _check_shape(q, (fields["query_len"], heads, head_dim), "q")
+    k = _check_kv_buffer(k, kv_heads, head_dim, "k")
+    v = _check_kv_buffer(v, kv_heads, head_dim, "v")
+    kv_len = _tiled_kv_len(fields, kv_len_buffer)
+    out = np.zeros(q.shape, dtype=dtype)
+    if kv_len == 0 or q.shape[0] == 0:
+        return out
+    abs_key = _positions(fields["kv_start"], kv_len, "key")
+    abs_query = _positions(fields["start_pos"], q.shape[0], "query")
+    rows = _tiled_rows(fields, abs_key, page_table)
+    keys = _gather(k, rows, kv_head_of, "k", dtype)
+    values = _gather(v, rows, kv_head_of, "v", dtype)
+    masked = _mask(abs_query, abs_key, fields["is_causal"], fields["sliding_window"])
+    query = q.transpose(1, 0, 2).astype(dtype)
+    scores = _scores(query, keys, fields["scale"], fields["attn_softcap"], dtype)
+    probs = _softmax_excluding(scores, masked[None])
+    return np.matmul(probs, values).transpose(1, 0, 2).astype(dtype)
+
+
+# --- tiered -----------------------------------------------------------------------------------
+
+
+def _as_single_query(q: Any, heads: int, head_dim: int) -> np.ndarray:
+    """Accept ``[num_heads, head_dim]`` or ``[1, num_heads, head_dim]``; return the 2-D view."""
+    q = np.asarray(q)
+    if q.shape == (heads, head_dim):
+        return q
+    if q.shape == (1, heads, head_dim):
+        return q[0]
+    raise ValueError(
+        f"q must have shape ({heads}, {head_dim}) or (1, {heads}, {head_dim}), got {q.shape}"
+    )
+
+
+def _cold_rows(
+    fields: Mapping[str, Any], count: int, quantized: bool, cold_page_table: Any
+) -> np.ndarray:
+    """Cold key i sits at row i, or goes through the page table when ``cold_layout == 2``."""
+    positions = np.arange(count, dtype=np.int64)
+    if quantized:
+        if cold_page_table is not None:
+            raise ValueError("the quantized tiered kernels have no cold page table")
+        return positions
+    if fields["cold_layout"] == _LAYOUT_PAGED:
+        return _paged_rows(positions, cold_page_table, fields["cold_page_size"], "cold_page_table")
+    return positions
+
+
+def _hot_rows(fields: Mapping[str, Any], abs_hot: np.ndarray, quantized: bool) -> np.ndarray:
+    """Hot key i at row ``(hot_start + i) % hot_window`` when the ring applies, else row i.
+
+    The quantized kernels have no ``hot_layout`` field and ring whenever ``hot_window > 0``.
+    """
+    window = fields["hot_window"]
+    ring = window > 0 and (quantized or fields["hot_layout"] == _LAYOUT_RING)
+    if ring:
+        return abs_hot % window
+    return np.arange(abs_hot.size, dtype=np.int64)
+
+
+def _concat_tiers(
+    cold: np.ndarray,
+    hot: np.ndarray,
+    cold_rows: np.ndarray,
+    hot_rows: np.ndarray,
+    kv_head_of: np.ndarray,
+    name: str,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """Cold keys then hot keys, ``[num_heads, cold_len + hot_len, head_dim]``."""
+    cold_part = _gather(cold, cold_rows, kv_head_of, f"{name}_cold", dtype)
+    hot_part = _gather(hot, hot_rows, kv_head_of, f"{name}_hot", dtype)
+    return np.concatenate([cold_part, hot_part], axis=1)
+
+
+def tiered_attention(
+    u: Mapping[str, float],
+    q: np.ndarray,
+    k_hot: np.ndarray,
+    v_hot: np.ndarray,
+    k_cold: np.ndarray,
+    v_cold: np.ndarray,
+    *,
+    cold_page_table: np.ndarray | None = None,
+    masked_row: str = "mean_v",
+    quantized: bool = False,
+    compute_dtype: Any = np.float64,
+) -> np.ndarray:
+    """Reference for ``attention_decode_tiered_{f16,f16kv,int8_f16kv,int4_f16kv}``.
+
+    One query at absolute position ``start_pos``; cold keys first (absolute positions
+    ``0..cold_len-1``), then hot keys (``hot_start + i``). For ``quantized=True`` pass the cold
+    tier already dequantized (:func:`doppler_gen.quant.dequantize_kv`), ``[cold rows,
+    num_kv_heads, head_dim]``. ``q`` is ``[num_heads, head_dim]`` or ``[1, num_heads,
+    head_dim]``; the result has ``q``'s rank and is in ``compute_dtype``. ``seq_len`` and
+    ``packed_stride`` are not read: neither changes the math.
+    """
+    dtype = _check_compute_dtype(compute_dtype)
+    if masked_row not in MASKED_ROW_CONTRACTS:
+        raise ValueError(f"masked_row must be one of {MASKED_ROW_CONTRACTS}, got {masked_row!r}")
+    fields = _read_uniforms(u, _TIERED_U32 if quantized else _TIERED_U32 + _TIERED_LAYOUT_U32)
+    heads, kv_heads, head_dim = fields["num_heads"], fields["num_kv_heads"], fields["head_dim"]
+    kv_head_of = _kv_head_of(heads, kv_heads)
+    query = _as_single_query(q, heads, head_dim)
+    k_hot = _check_kv_buffer(k_hot, kv_heads, head_dim, "k_hot")
+    v_hot = _check_kv_buffer(v_hot, kv_heads, head_dim, "v_hot")
+    k_cold = _check_kv_buffer(k_cold, kv_heads, head_dim, "k_cold")
+    v_cold = _check_kv_buffer(v_cold, kv_heads, head_dim, "v_cold")
+    cold_len, hot_len = fields["cold_len"], fields["hot_len"]
+    out = np.zeros(query.shape, dtype=dtype)  # total length 0: the kernel's inv_sum select
+    if cold_len + hot_len:
+        abs_hot = _positions(fields["hot_start"], hot_len, "hot key")
+        cold_rows = _cold_rows(fields, cold_len, quantized, cold_page_table)
+        hot_rows = _hot_rows(fields, abs_hot, quantized)
+        keys = _concat_tiers(k_cold, k_hot, cold_rows, hot_rows, kv_head_of, "k", dtype)
+        values = _concat_tiers(v_cold, v_hot, cold_rows, hot_rows, kv_head_of, "v", dtype)
+        abs_key = np.concatenate([np.arange(cold_len, dtype=np.int64), abs_hot])
+        masked = _mask(
+            np.array([fields["start_pos"]]), abs_key, fields["is_causal"], fields["sliding_window"]
+        )
+        out = _tiered_softmax(fields, query, keys, values, masked, masked_row, dtype)
+    return out if np.ndim(q) == 2 else out[None]
+
+
+def _tiered_softmax(
+    fields: Mapping[str, Any],
+    query: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    masked: np.ndarray,
+    masked_row: str,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """``[num_heads, head_dim]`` for one query, with the fully-masked contract applied.
+
+    The seed gives a masked key the finite score -3.4e38: next to any visible key its weight
+    underflows to exactly 0 (so it is simply excluded), but when *every* key is masked all
+    scores tie, every weight is exp(0) = 1, and the row is the plain mean of V.
+    """
+    if masked.all():
+        if masked_row == "zero":
+            return np.zeros(query.shape, dtype=dtype)
+        return values.mean(axis=1, dtype=dtype)
+    scores = _scores(
+        query[:, None, :].astype(dtype), keys, fields["scale"], fields["attn_softcap"], dtype
+    )
+    probs = _softmax_excluding(scores, masked[None])
+    return np.matmul(probs, values)[:, 0, :].astype(dtype)
