@@ -1,0 +1,553 @@
+"""The wgpu-py (wgpu-native + naga) implementation of the GPU runtime interface.
+
+wgpu-py 0.32 has no error scopes (``push_error_scope`` raises NotImplementedError). Instead it
+wraps every wgpu-native call: an error reported during the call is raised as
+``GPUValidationError`` (or another ``GPUError``) by that call, e.g. by
+``create_shader_module``, ``create_compute_pipeline``, ``create_bind_group`` or, for errors
+recorded in a command encoder, by ``GPUCommandEncoder.finish``. Errors arriving outside a call
+(device loss, the poller thread) are only *logged* to the "wgpu" logger; so every operation
+here also watches that logger and raises what it logs at ERROR level.
+
+wgpu is imported lazily: importing doppler_gen must not pay for (or require) it.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from doppler_gen.backends.base import (
+    ALIGNMENT_LIMITS,
+    AdapterInfo,
+    Backend,
+    Buffer,
+    Device,
+    Pipeline,
+    effective_limits,
+)
+from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
+
+BACKEND_NAME = "wgpu"
+# wgpu-native names the WebGPU "subgroups" feature "subgroup"; we report both so callers can
+# ask with the WebGPU name (wgpu-py translates "subgroups" back when requesting a device).
+_FEATURE_ALIASES = {"subgroup": "subgroups"}
+# wgpu-core refuses query sets above 4096 queries; two timestamps per timed pass.
+_MAX_TIMED_PASSES_PER_SUBMIT = 1024
+
+
+def _import_wgpu() -> Any:
+    """Import wgpu-py, turning its absence into an error that says how to get it."""
+    try:
+        import wgpu
+        import wgpu.backends.wgpu_native  # the only wgpu-py backend that runs outside a browser
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise BackendUnavailable(
+            f"wgpu-py is not importable ({exc}); install it: pip install wgpu==0.32.0"
+        ) from None
+    return wgpu
+
+
+# --------------------------------------------------------------------------- error capture
+
+
+class _ErrorLogCapture(logging.Filter):
+    """Collects (and withholds) ERROR records from the "wgpu" logger during one operation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            self.messages.append(record.getMessage())
+            return False
+        return True
+
+
+@contextmanager
+def _watch_wgpu_log() -> Iterator[list[str]]:
+    """Yield the list of errors wgpu logs (instead of raising) while the block runs.
+
+    Records are withheld from stderr: either the block raises the same error as an exception
+    (wgpu sometimes logs a duplicate), or the caller raises what was collected.
+    """
+    logger = logging.getLogger("wgpu")
+    capture = _ErrorLogCapture()
+    logger.addFilter(capture)
+    try:
+        yield capture.messages
+    finally:
+        logger.removeFilter(capture)
+
+
+# Lines of wgpu's error text that carry no information for a user.
+_NOISE = re.compile(r"^(Validation Error|Caused by:|In wgpu\w+.*)$")
+# codespan-reporting layout used by naga: location header, gutter, source, markers, notes.
+_LOCATION = re.compile(r"┌─ (?P<file>.*):(?P<line>\d+):(?P<col>\d+)[ \t]*$", re.MULTILINE)
+_SOURCE = re.compile(r"^\s*(?P<line>\d+)\s+│")
+_MARKER = re.compile(r"^(?P<gutter>\s*│)(?P<pad>\s*)[\^-]+\s*(?P<label>.*)$")
+_NOTE = re.compile(r"^\s*=\s*(?:note:\s*)?(?P<note>.*)$")
+_SNIPPET = re.compile(r"^\s*(┌─|│|\d+\s+│|=\s)")
+_SHADER_PREFIX = re.compile(r"^Shader (?:'[^']*' )?(?=\w+ error: )")
+
+
+def _summary_lines(text: str) -> list[str]:
+    """The message lines of a wgpu error: the cause chain and naga's notes, deduplicated."""
+    lines: list[str] = []
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        note = _NOTE.match(raw) if raw.lstrip().startswith("=") else None
+        if note:
+            stripped = note.group("note").strip()
+        elif not stripped or _NOISE.match(stripped) or _SNIPPET.match(raw):
+            continue
+        stripped = _SHADER_PREFIX.sub("", stripped)
+        if stripped and stripped not in lines:
+            lines.append(stripped)
+    return lines
+
+
+def one_line(text: str) -> str:
+    """Collapse wgpu's multi-line error text into one line a user can read in a log."""
+    lines = _summary_lines(text)
+    return ": ".join(lines) if lines else " ".join(text.split())
+
+
+def parse_diagnostics(text: str) -> list[tuple[int, int, str]]:
+    """``(line, column, message)`` for every location naga marks in ``text``.
+
+    naga prints codespan snippets: a header ``┌─ FILE:LINE:COL`` (FILE is ``wgsl`` for parse
+    errors and the module label for validation errors), then source lines with their line
+    numbers and marker lines (``^^^ label``). The header gives the primary location; each
+    marker adds one, its column measured from the gutter. Lines and columns are 1-based.
+    """
+    summary = one_line(text)
+    found: list[tuple[int, int, str]] = []
+    header = _LOCATION.search(text)
+    if header:
+        found.append((int(header["line"]), int(header["col"]), summary))
+    source_line: int | None = None
+    for raw in text.splitlines():
+        src = _SOURCE.match(raw)
+        if src:
+            source_line = int(src["line"])
+            continue
+        marker = _MARKER.match(raw)
+        if marker and source_line is not None:
+            column = len(marker["pad"])  # one space follows the gutter bar
+            label = marker["label"].strip()
+            _add_marker(found, source_line, column, f"{summary} ({label})" if label else summary)
+    return found
+
+
+def _add_marker(found: list[tuple[int, int, str]], line: int, col: int, message: str) -> None:
+    """Record a marker; one at the header's location labels the header's entry instead."""
+    places = [(d[0], d[1]) for d in found]
+    if (line, col) not in places:
+        found.append((line, col, message))
+    elif places.index((line, col)) == 0:
+        found[0] = (line, col, message)
+
+
+def _hint(text: str) -> str:
+    """The fix for errors whose cause is the device, not the WGSL."""
+    if "`f16` extension is not supported" in text:
+        return " (open the device with features=['shader-f16'])"
+    return ""
+
+
+def _compile_error(text: str, label: str) -> ShaderCompileError:
+    """A one-line ShaderCompileError from wgpu's error text, with naga's locations."""
+    diagnostics = parse_diagnostics(text)
+    where = f" at line {diagnostics[0][0]}:{diagnostics[0][1]}" if diagnostics else ""
+    name = f" {label!r}" if label else ""
+    message = f"wgpu rejected kernel{name}{where}: {one_line(text)}{_hint(text)}"
+    return ShaderCompileError(message, diagnostics=diagnostics, backend=BACKEND_NAME)
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+def _neutral_features(features: Iterable[str]) -> frozenset[str]:
+    names = set(features)
+    names.update(alias for native, alias in _FEATURE_ALIASES.items() if native in names)
+    return frozenset(names)
+
+
+def _adapter_info(index: int, native: Any) -> AdapterInfo:
+    """Describe a wgpu GPUAdapter in the neutral vocabulary."""
+    info = native.info
+    vendor = info.get("vendor") or f"0x{int(info.get('vendor_id', 0)):04x}"
+    return AdapterInfo(
+        index=index,
+        name=info.get("device") or info.get("description") or "unknown adapter",
+        backend=info.get("backend_type") or "Unknown",
+        adapter_type=info.get("adapter_type") or "Unknown",
+        vendor=vendor,
+        driver=info.get("description") or "",
+        features=_neutral_features(native.features),
+        limits={name: int(value) for name, value in native.limits.items()},
+    )
+
+
+def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).tobytes()
+    return bytes(data)
+
+
+def _pad(data: bytes, multiple: int) -> bytes:
+    """Pad to a non-zero multiple of ``multiple``: WebGPU copies and bindings need 4 B units."""
+    size = max(multiple, -(-len(data) // multiple) * multiple)
+    return data + bytes(size - len(data))
+
+
+def _override_value(name: str, value: Any) -> bool | int | float:
+    """Plain Python numbers for wgpu (it asserts on numpy scalars)."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise ShaderCompileError(
+        f"override constant {name!r} must be a number, got {value!r}",
+        diagnostics=[],
+        backend=BACKEND_NAME,
+    )
+
+
+def _check_request(adapter: AdapterInfo, features: list[str], limits: Mapping[str, int]) -> None:
+    """Refuse, with the name, a feature or limit the adapter cannot grant."""
+    missing = [f for f in features if f not in adapter.features]
+    if missing:
+        raise BackendUnavailable(
+            f"adapter {adapter.short()} lacks feature(s) {', '.join(missing)}; "
+            "pick another adapter (--adapter) or do not require them"
+        )
+    for name, value in limits.items():
+        offered = adapter.limits.get(name)
+        if offered is None:
+            raise BackendUnavailable(f"wgpu does not know the limit {name!r}")
+        too_good = value < offered if name in ALIGNMENT_LIMITS else value > offered
+        if too_good:
+            raise BackendUnavailable(
+                f"adapter {adapter.short()} offers {name} = {offered}, {value} was requested"
+            )
+
+
+# --------------------------------------------------------------------------- objects
+
+
+class WgpuBuffer(Buffer):
+    """A Buffer holding a wgpu GPUBuffer (allocated ``padded_size`` bytes)."""
+
+    def __init__(self, native: Any, size: int, kind: str, *, read_write: bool, label: str) -> None:
+        super().__init__(size, kind, read_write=read_write, label=label)
+        self.native = native
+        self.padded_size = int(native.size)
+
+
+class WgpuPipeline(Pipeline):
+    """A Pipeline holding a wgpu GPUComputePipeline."""
+
+    def __init__(self, native: Any, label: str, entry_point: str) -> None:
+        super().__init__(label, entry_point)
+        self.native = native
+
+
+class WgpuDevice(Device):
+    """A wgpu GPUDevice behind the neutral Device interface."""
+
+    def __init__(self, adapter: AdapterInfo, native: Any) -> None:
+        self._wgpu = _import_wgpu()
+        self.adapter = adapter
+        self.native = native
+        self.features = _neutral_features(native.features)
+        self.limits = {name: int(value) for name, value in native.limits.items()}
+
+    # -- compile
+
+    def compile(
+        self,
+        wgsl: str,
+        *,
+        entry_point: str = "main",
+        constants: Mapping[str, float | int] | None = None,
+        label: str = "",
+    ) -> WgpuPipeline:
+        """Create module and pipeline; any error wgpu reports becomes ShaderCompileError."""
+        stage: dict[str, Any] = {"entry_point": entry_point}
+        if constants:
+            stage["constants"] = {k: _override_value(k, v) for k, v in constants.items()}
+        with _watch_wgpu_log() as logged:
+            try:
+                stage["module"] = self.native.create_shader_module(code=wgsl, label=label)
+                native = self.native.create_compute_pipeline(
+                    label=label, layout="auto", compute=stage
+                )
+            except self._wgpu.GPUError as exc:
+                raise _compile_error(str(exc), label) from None
+        if logged:
+            raise _compile_error("\n".join(logged), label)
+        return WgpuPipeline(native, label, entry_point)
+
+    # -- buffers
+
+    def storage_buffer(
+        self, data: bytes | np.ndarray, *, read_write: bool = False, label: str = ""
+    ) -> WgpuBuffer:
+        usage = self._wgpu.BufferUsage
+        flags = usage.STORAGE | usage.COPY_DST | usage.COPY_SRC
+        return self._buffer(data, flags, "storage", 4, read_write=read_write, label=label)
+
+    def uniform_buffer(self, data: bytes, label: str = "") -> WgpuBuffer:
+        usage = self._wgpu.BufferUsage
+        flags = usage.UNIFORM | usage.COPY_DST | usage.COPY_SRC
+        return self._buffer(data, flags, "uniform", 16, read_write=False, label=label)
+
+    def _buffer(
+        self, data: Any, flags: int, kind: str, multiple: int, *, read_write: bool, label: str
+    ) -> WgpuBuffer:
+        raw = _as_bytes(data)
+        with self._gpu_errors(f"creating {kind} buffer {label!r}"):
+            native = self.native.create_buffer_with_data(
+                label=label, data=_pad(raw, multiple), usage=flags
+            )
+        return WgpuBuffer(native, len(raw), kind, read_write=read_write, label=label)
+
+    def write_buffer(self, buffer: Buffer, data: bytes | np.ndarray) -> None:
+        target = self._own(buffer)
+        raw = _as_bytes(data)
+        if len(raw) > target.size:
+            raise DopplerGenError(
+                f"{len(raw)} bytes do not fit buffer {target.label!r} of {target.size} bytes"
+            )
+        with self._gpu_errors(f"writing buffer {target.label!r}"):
+            self.native.queue.write_buffer(target.native, 0, _pad(raw, 4))
+
+    def read_buffer(self, buffer: Buffer) -> bytes:
+        source = self._own(buffer)
+        with self._gpu_errors(f"reading buffer {source.label!r}"):
+            data = self.native.queue.read_buffer(source.native)
+        return bytes(data)[: source.size]
+
+    # -- dispatch
+
+    def dispatch(
+        self,
+        pipeline: Pipeline,
+        bindings: Mapping[int, Buffer],
+        workgroups: tuple[int, int, int],
+    ) -> None:
+        """Encode one compute pass and submit it; validation errors are raised here."""
+        compiled = self._own_pipeline(pipeline)
+        with self._gpu_errors(f"dispatching {compiled.label!r}"):
+            bind_group = self._bind_group(compiled, bindings)
+            encoder = self.native.create_command_encoder()
+            self._encode_pass(encoder, compiled, bind_group, workgroups)
+            self.native.queue.submit([encoder.finish()])
+
+    def timed_dispatch(
+        self,
+        pipeline: Pipeline,
+        bindings: Mapping[int, Buffer],
+        workgroups: tuple[int, int, int],
+        *,
+        repeats: int,
+        warmup: int,
+    ) -> list[float]:
+        """GPU ns per dispatch from begin/end-of-pass timestamps, one pass per repeat."""
+        if repeats < 1 or warmup < 0:
+            raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+        self._require_timestamps()
+        compiled = self._own_pipeline(pipeline)
+        with self._gpu_errors(f"timing {compiled.label!r}"):
+            bind_group = self._bind_group(compiled, bindings)
+            if warmup:
+                encoder = self.native.create_command_encoder()
+                for _ in range(warmup):
+                    self._encode_pass(encoder, compiled, bind_group, workgroups)
+                self.native.queue.submit([encoder.finish()])
+            times: list[float] = []
+            while len(times) < repeats:
+                count = min(repeats - len(times), _MAX_TIMED_PASSES_PER_SUBMIT)
+                times.extend(self._timed_batch(compiled, bind_group, workgroups, count))
+        return times
+
+    def _timed_batch(
+        self, pipeline: WgpuPipeline, bind_group: Any, workgroups: tuple[int, int, int], count: int
+    ) -> list[float]:
+        """``count`` timestamped passes in one submit; returns their durations in ns."""
+        usage = self._wgpu.BufferUsage
+        query_set = self.native.create_query_set(type="timestamp", count=2 * count)
+        resolved = self.native.create_buffer(
+            size=16 * count, usage=usage.QUERY_RESOLVE | usage.COPY_SRC
+        )
+        encoder = self.native.create_command_encoder()
+        for i in range(count):
+            writes = {
+                "query_set": query_set,
+                "beginning_of_pass_write_index": 2 * i,
+                "end_of_pass_write_index": 2 * i + 1,
+            }
+            self._encode_pass(encoder, pipeline, bind_group, workgroups, writes)
+        encoder.resolve_query_set(query_set, 0, 2 * count, resolved, 0)
+        self.native.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(self.native.queue.read_buffer(resolved), np.uint64).astype(np.int64)
+        query_set.destroy()
+        resolved.destroy()
+        period = self.timestamp_period()
+        return [float(d) * period for d in ticks[1::2] - ticks[0::2]]
+
+    def timestamp_period(self) -> float:
+        """Nanoseconds per timestamp tick.
+
+        wgpu-py 0.32 has no public accessor and does not enable wgpu-native's automatic
+        timestamp normalisation, so resolved values are raw ticks; the period comes from the
+        C function ``wgpuQueueGetTimestampPeriod`` through wgpu-py's private cffi handle
+        (1.0 on lavapipe and on NVIDIA/Vulkan). Falls back to 1.0 if that handle moved.
+        """
+        try:
+            from wgpu.backends.wgpu_native._ffi import lib
+
+            return float(lib.wgpuQueueGetTimestampPeriod(self.native.queue._internal))
+        except (ImportError, AttributeError):  # pragma: no cover - other wgpu-py versions
+            return 1.0
+
+    def _require_timestamps(self) -> None:
+        if "timestamp-query" in self.features:
+            return
+        offered = "timestamp-query" in self.adapter.features
+        fix = (
+            "open the device with features=['timestamp-query']"
+            if offered
+            else "this adapter does not offer it; time on another adapter"
+        )
+        raise BackendUnavailable(
+            f"GPU timing needs the timestamp-query feature, which device on "
+            f"{self.adapter.short()} lacks: {fix}"
+        )
+
+    def _bind_group(self, pipeline: WgpuPipeline, bindings: Mapping[int, Buffer]) -> Any:
+        entries = []
+        for slot, buffer in sorted(bindings.items()):
+            native = self._own(buffer)
+            resource = {"buffer": native.native, "offset": 0, "size": native.padded_size}
+            entries.append({"binding": int(slot), "resource": resource})
+        layout = pipeline.native.get_bind_group_layout(0)
+        return self.native.create_bind_group(layout=layout, entries=entries)
+
+    @staticmethod
+    def _encode_pass(
+        encoder: Any,
+        pipeline: WgpuPipeline,
+        bind_group: Any,
+        workgroups: tuple[int, int, int],
+        timestamp_writes: dict[str, Any] | None = None,
+    ) -> None:
+        compute_pass = encoder.begin_compute_pass(timestamp_writes=timestamp_writes)
+        compute_pass.set_pipeline(pipeline.native)
+        compute_pass.set_bind_group(0, bind_group)
+        x, y, z = (int(n) for n in workgroups)
+        compute_pass.dispatch_workgroups(x, y, z)
+        compute_pass.end()
+
+    # -- plumbing
+
+    @contextmanager
+    def _gpu_errors(self, doing: str) -> Iterator[None]:
+        """Raise wgpu's errors (thrown or merely logged) as one-line DopplerGenErrors."""
+        with _watch_wgpu_log() as logged:
+            try:
+                yield
+            except self._wgpu.GPUError as exc:
+                raise DopplerGenError(f"wgpu error while {doing}: {one_line(str(exc))}") from None
+        if logged:
+            raise DopplerGenError(f"wgpu error while {doing}: {one_line(logged[0])}")
+
+    def _own(self, buffer: Buffer) -> WgpuBuffer:
+        if not isinstance(buffer, WgpuBuffer):
+            raise TypeError(f"{buffer!r} was not created by a wgpu device")
+        return buffer
+
+    @staticmethod
+    def _own_pipeline(pipeline: Pipeline) -> WgpuPipeline:
+        if not isinstance(pipeline, WgpuPipeline):
+            raise TypeError(f"{pipeline!r} was not compiled by a wgpu device")
+        return pipeline
+
+    def close(self) -> None:
+        """Destroy the wgpu device (stopping its poller thread)."""
+        if self.native is not None:
+            self.native.destroy()
+            self.native = None
+
+
+class WgpuBackend(Backend):
+    """wgpu-py: naga compiles WGSL, wgpu-native runs it on Vulkan/Metal/DX12/GL."""
+
+    name = BACKEND_NAME
+
+    def __init__(self) -> None:
+        self._wgpu = _import_wgpu()
+        self._natives: list[Any] | None = None
+
+    def version(self) -> str:
+        native = getattr(self._wgpu.backends.wgpu_native, "__version__", "unknown")
+        return f"wgpu-py {self._wgpu.__version__} (wgpu-native {native})"
+
+    def _native_adapters(self) -> list[Any]:
+        """wgpu's adapters, enumerated once: enumeration costs ~1 s on lavapipe."""
+        if self._natives is None:
+            self._natives = list(self._wgpu.gpu.enumerate_adapters_sync())
+        return self._natives
+
+    def adapters(self) -> list[AdapterInfo]:
+        return [_adapter_info(i, a) for i, a in enumerate(self._native_adapters())]
+
+    def _native_for(self, adapter: AdapterInfo) -> Any:
+        natives = self._native_adapters()
+        if 0 <= adapter.index < len(natives):
+            native = natives[adapter.index]
+            info = _adapter_info(adapter.index, native)
+            if (info.name, info.backend) == (adapter.name, adapter.backend):
+                return native
+        raise BackendUnavailable(f"adapter {adapter.short()} is not one wgpu enumerates here")
+
+    def open_device(
+        self,
+        adapter: AdapterInfo,
+        *,
+        features: Iterable[str] = (),
+        limits: Mapping[str, int] | None = None,
+    ) -> WgpuDevice:
+        """Request exactly ``features``; unnamed limits get WebGPU defaults, not maxima.
+
+        wgpu-py on its own requests the adapter's maximum for every limit not given, which
+        hides kernels that exceed browser defaults; filling in the defaults here keeps the
+        device as strict as a browser's unless the caller asks otherwise.
+        """
+        native = self._native_for(adapter)
+        wanted = sorted(set(features))
+        requested = effective_limits(adapter, "webgpu-default")
+        requested.update({name: int(value) for name, value in (limits or {}).items()})
+        _check_request(adapter, wanted, requested)
+        with _watch_wgpu_log() as logged:
+            try:
+                device = native.request_device_sync(
+                    label="doppler-gen", required_features=wanted, required_limits=requested
+                )
+            except (RuntimeError, self._wgpu.GPUError) as exc:
+                raise BackendUnavailable(
+                    f"wgpu could not open {adapter.short()}: {one_line(str(exc))}"
+                ) from None
+        if logged:
+            raise BackendUnavailable(f"wgpu could not open {adapter.short()}: {logged[0]}")
+        return WgpuDevice(adapter, device)

@@ -1,0 +1,402 @@
+"""The GPU runtime layer: adapter choice and limits (pure), then wgpu-py on a real adapter."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from doppler_gen.backends import (
+    WEBGPU_DEFAULT_LIMITS,
+    AdapterInfo,
+    Backend,
+    Device,
+    effective_limits,
+    get_backend,
+    select_adapter,
+)
+from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
+
+# --------------------------------------------------------------------------- synthetic adapters
+
+LAVAPIPE_LIMITS = {
+    "max-compute-workgroup-storage-size": 32768,
+    "max-compute-invocations-per-workgroup": 1024,
+    "min-storage-buffer-offset-alignment": 32,
+    "min-uniform-buffer-offset-alignment": 32,
+    "max-buffer-size": 2147483647,
+}
+
+
+def fake(index: int, name: str, backend: str, kind: str, **limits: int) -> AdapterInfo:
+    return AdapterInfo(
+        index=index,
+        name=name,
+        backend=backend,
+        adapter_type=kind,
+        vendor="v",
+        driver="d",
+        features=frozenset({"shader-f16"}),
+        limits={**LAVAPIPE_LIMITS, **limits},
+    )
+
+
+GL_GPU = fake(0, "NVIDIA H200/PCIe/SSE2", "OpenGL", "DiscreteGPU")
+VK_CPU = fake(1, "llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan", "CPU")
+VK_IGPU = fake(2, "Intel(R) Graphics", "Vulkan", "IntegratedGPU")
+VK_DGPU = fake(3, "NVIDIA H200", "Vulkan", "DiscreteGPU")
+GL_CPU = fake(4, "llvmpipe (LLVM 15.0.6, 256 bits)", "OpenGL", "CPU")
+ALL = [GL_GPU, VK_CPU, VK_IGPU, VK_DGPU, GL_CPU]
+
+
+def test_default_prefers_first_vulkan_gpu_over_cpu_and_opengl() -> None:
+    assert select_adapter(ALL, None) is VK_IGPU
+    assert select_adapter([GL_GPU, VK_CPU, VK_DGPU], None) is VK_DGPU
+
+
+def test_default_falls_back_to_vulkan_cpu_never_opengl() -> None:
+    assert select_adapter([GL_GPU, GL_CPU, VK_CPU], None) is VK_CPU
+
+
+def test_default_without_vulkan_is_one_line_error_with_fix() -> None:
+    with pytest.raises(BackendUnavailable) as info:
+        select_adapter([GL_GPU, GL_CPU], None)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "mesa-vulkan-drivers" in message
+    assert "NVIDIA H200/PCIe/SSE2" in message and "OpenGL" in message
+
+
+def test_default_with_no_adapters_at_all() -> None:
+    with pytest.raises(BackendUnavailable, match=r"none.*mesa-vulkan-drivers"):
+        select_adapter([], None)
+
+
+@pytest.mark.parametrize(
+    ("want", "expected"),
+    [
+        ("0", GL_GPU),  # an index is explicit: OpenGL allowed
+        ("4", GL_CPU),
+        ("cpu", VK_CPU),  # Vulkan lavapipe beats its OpenGL twin
+        ("gpu", VK_IGPU),
+        ("discrete", VK_DGPU),
+        ("integrated", VK_IGPU),
+        ("vulkan", VK_IGPU),
+        ("OpenGL", GL_GPU),
+        ("LLVMPIPE", VK_CPU),
+        ("h200", VK_DGPU),
+        ("H200/PCIe", GL_GPU),
+    ],
+)
+def test_want_selects_by_index_type_backend_or_name(want: str, expected: AdapterInfo) -> None:
+    assert select_adapter(ALL, want) is expected
+
+
+@pytest.mark.parametrize("want", ["7", "radeon", "metal"])
+def test_want_without_match_lists_adapters_in_one_line(want: str) -> None:
+    with pytest.raises(BackendUnavailable) as info:
+        select_adapter(ALL, want)
+    message = str(info.value)
+    assert "\n" not in message and repr(want) in message
+    assert all(a.name in message for a in ALL)
+
+
+def test_describe_and_is_cpu() -> None:
+    assert VK_CPU.is_cpu and not VK_DGPU.is_cpu
+    assert VK_CPU.describe() == "llvmpipe (LLVM 15.0.6, 256 bits) — Vulkan CPU, driver d"
+
+
+def test_adapter_info_is_frozen_and_hashable() -> None:
+    with pytest.raises(TypeError):
+        VK_CPU.limits["max-buffer-size"] = 1  # type: ignore[index]
+    assert len({VK_CPU, fake(1, "llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan", "CPU")}) == 1
+
+
+def test_effective_limits_adapter_profile_takes_maxima_and_minimal_alignment() -> None:
+    limits = effective_limits(VK_CPU, "adapter")
+    assert limits["max-compute-workgroup-storage-size"] == 32768
+    assert limits["max-compute-invocations-per-workgroup"] == 1024
+    assert limits["min-storage-buffer-offset-alignment"] == 32
+    assert limits["max-buffer-size"] == 2147483647
+    # a limit the adapter does not report keeps the WebGPU default
+    assert limits["max-bind-groups"] == 4
+    assert set(limits) == set(WEBGPU_DEFAULT_LIMITS)
+
+
+def test_effective_limits_webgpu_default_profile_is_capped_by_adapter() -> None:
+    limits = effective_limits(VK_CPU, "webgpu-default")
+    assert limits["max-compute-workgroup-storage-size"] == 16384
+    assert limits["max-compute-invocations-per-workgroup"] == 256
+    assert limits["max-compute-workgroup-size-z"] == 64
+    assert limits["min-storage-buffer-offset-alignment"] == 256
+    assert limits["max-buffer-size"] == 268435456
+    weak = fake(
+        0,
+        "weak",
+        "Vulkan",
+        "IntegratedGPU",
+        **{
+            "max-compute-workgroup-storage-size": 8192,
+            "min-uniform-buffer-offset-alignment": 512,
+        },
+    )
+    capped = effective_limits(weak, "webgpu-default")
+    assert capped["max-compute-workgroup-storage-size"] == 8192
+    assert capped["min-uniform-buffer-offset-alignment"] == 512
+
+
+def test_effective_limits_unknown_profile() -> None:
+    with pytest.raises(BackendUnavailable, match="webgpu-default"):
+        effective_limits(VK_CPU, "browser")
+
+
+# --------------------------------------------------------------------------- naga text parsing
+
+NAGA_PARSE_ERROR = """Validation Error
+
+Caused by:
+  In wgpuDeviceCreateShaderModule, label = 'k'
+
+Shader 'k' parsing error: redefinition of `foo`
+  ┌─ wgsl:2:4
+  │
+2 │ fn foo() {}
+  │    ^^^ previous definition of `foo`
+3 │ fn foo() {}
+  │    ^^^ redefinition of `foo`
+
+"""
+NAGA_VALIDATION_ERROR = """Validation Error
+
+Caused by:
+  In wgpuDeviceCreateShaderModule
+
+Shader validation error: Entry point main at Compute is invalid
+  ┌─ :3:13
+  │
+3 │ fn main() { out[0] = 1.0; }
+  │             ^^^^^^ writing to this location is not permitted
+  │
+  = The pointer [1] doesn't relate to a valid destination for a store
+
+
+      The pointer [1] doesn't relate to a valid destination for a store"""
+
+
+def test_parse_naga_parse_error_with_two_spans() -> None:
+    from doppler_gen.backends.wgpu_backend import one_line, parse_diagnostics
+
+    diagnostics = parse_diagnostics(NAGA_PARSE_ERROR)
+    assert [d[:2] for d in diagnostics] == [(2, 4), (3, 4)]
+    assert "previous definition" in diagnostics[0][2]
+    assert one_line(NAGA_PARSE_ERROR) == "parsing error: redefinition of `foo`"
+
+
+def test_parse_naga_validation_error_named_after_label() -> None:
+    from doppler_gen.backends.wgpu_backend import one_line, parse_diagnostics
+
+    assert [d[:2] for d in parse_diagnostics(NAGA_VALIDATION_ERROR)] == [(3, 13)]
+    assert one_line(NAGA_VALIDATION_ERROR) == (
+        "validation error: Entry point main at Compute is invalid: "
+        "The pointer [1] doesn't relate to a valid destination for a store"
+    )
+
+
+def test_parse_header_location_when_markers_are_multiline_art() -> None:
+    from doppler_gen.backends.wgpu_backend import parse_diagnostics
+
+    text = (
+        "Shader 'k' parsing error: oops\n  ┌─ k:7:3\n  │\n7 │ ╭   fn f() {\n"
+        "8 │ │   }\n  │ ╰───^ here\n"
+    )
+    assert parse_diagnostics(text) == [(7, 3, "parsing error: oops")]
+
+
+# --------------------------------------------------------------------------- real adapter
+
+SCALE_WGSL = """override SCALE: f32 = 1.0;
+override OFFSET: f32 = 0.0;
+
+struct Params { count: u32, }
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < params.count) {
+        dst[gid.x] = src[gid.x] * SCALE + OFFSET;
+    }
+}
+"""
+
+# Line 5: a u32 literal assigned to an f32; naga marks the binding `x` at column 9.
+BROKEN_WGSL = """@group(0) @binding(0) var<storage, read_write> dst: array<f32>;
+
+@compute @workgroup_size(1)
+fn main() {
+    let x: f32 = 1u;
+    dst[0] = x;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def backend() -> Backend:
+    try:
+        return get_backend("wgpu")
+    except BackendUnavailable as exc:
+        pytest.skip(f"no Vulkan adapter: {exc}")
+
+
+@pytest.fixture(scope="module")
+def adapter(backend: Backend) -> AdapterInfo:
+    try:
+        return select_adapter(backend.adapters(), None)
+    except BackendUnavailable as exc:
+        pytest.skip(f"no Vulkan adapter: {exc}")
+
+
+@pytest.fixture(scope="module")
+def device(backend: Backend, adapter: AdapterInfo) -> Iterator[Device]:
+    features = [f for f in ("timestamp-query",) if f in adapter.features]
+    dev = backend.open_device(adapter, features=features, limits={})
+    yield dev
+    dev.close()
+
+
+def run_scale(device: Device, n: int, constants: dict[str, float]) -> np.ndarray:
+    pipeline = device.compile(SCALE_WGSL, constants=constants, label="scale")
+    src = device.storage_buffer(np.arange(n, dtype=np.float32), label="src")
+    dst = device.storage_buffer(np.zeros(n, np.float32), read_write=True, label="dst")
+    params = device.uniform_buffer(np.array([n], np.uint32).tobytes(), label="params")
+    device.dispatch(pipeline, {0: params, 1: src, 2: dst}, (-(-n // 64), 1, 1))
+    return np.frombuffer(device.read_buffer(dst), np.float32)
+
+
+@pytest.mark.gpu
+def test_dispatch_with_override_constants(device: Device) -> None:
+    got = run_scale(device, 100, {"SCALE": 3.0, "OFFSET": np.float32(0.5)})
+    np.testing.assert_array_equal(got, np.arange(100, dtype=np.float32) * 3 + 0.5)
+
+
+@pytest.mark.gpu
+def test_write_buffer_then_dispatch_again(device: Device) -> None:
+    pipeline = device.compile(SCALE_WGSL, constants={"SCALE": 2}, label="scale2")
+    src = device.storage_buffer(np.ones(8, np.float32))
+    dst = device.storage_buffer(np.zeros(8, np.float32), read_write=True)
+    params = device.uniform_buffer(np.array([8], np.uint32).tobytes())
+    device.write_buffer(src, np.full(8, 5.0, np.float32))
+    device.dispatch(pipeline, {0: params, 1: src, 2: dst}, (1, 1, 1))
+    assert np.frombuffer(device.read_buffer(dst), np.float32).tolist() == [10.0] * 8
+    assert len(device.read_buffer(params)) == 4  # the caller's size, not the padded one
+
+
+@pytest.mark.gpu
+def test_webgpu_default_limits_unless_asked(device: Device) -> None:
+    assert device.limits["max-compute-workgroup-storage-size"] == 16384
+    assert device.limits["max-compute-invocations-per-workgroup"] == 256
+
+
+@pytest.mark.gpu
+def test_compile_error_carries_line_and_column(device: Device) -> None:
+    with pytest.raises(ShaderCompileError) as info:
+        device.compile(BROKEN_WGSL, label="broken")
+    error = info.value
+    assert error.backend == "wgpu"
+    assert error.diagnostics[0][:2] == (5, 9)
+    assert "expected to be `f32`, but got `u32`" in error.diagnostics[0][2]
+    assert "\n" not in str(error) and "'broken' at line 5:9" in str(error)
+
+
+@pytest.mark.gpu
+def test_pipeline_creation_errors_are_compile_errors(device: Device) -> None:
+    with pytest.raises(ShaderCompileError, match="'NOPE' not found") as info:
+        device.compile(SCALE_WGSL, constants={"NOPE": 1.0})
+    assert info.value.diagnostics == []
+    # over the device's 256 invocations: caught when the pipeline is created
+    too_wide = SCALE_WGSL.replace("@workgroup_size(64)", "@workgroup_size(512)")
+    with pytest.raises(ShaderCompileError, match="max_compute_invocations_per_workgroup"):
+        device.compile(too_wide)
+
+
+@pytest.mark.gpu
+def test_dispatch_errors_are_one_line(device: Device) -> None:
+    pipeline = device.compile(SCALE_WGSL)
+    src = device.storage_buffer(np.zeros(4, np.float32))
+    with pytest.raises(DopplerGenError) as info:
+        device.dispatch(pipeline, {1: src}, (1, 1, 1))
+    assert "\n" not in str(info.value) and "bind group" in str(info.value)
+
+
+@pytest.mark.gpu
+def test_errors_wgpu_only_logs_are_raised_not_printed(
+    device: Device, caplog: pytest.LogCaptureFixture
+) -> None:
+    # wgpu-py logs (rather than raises) errors that arrive outside an API call, e.g. device
+    # loss reported by its poller thread; those must still fail the operation.
+    wgpu_log = logging.getLogger("wgpu")
+    guard = device._gpu_errors("testing")  # type: ignore[attr-defined]
+    with pytest.raises(DopplerGenError, match="simulated device loss"), guard:
+        wgpu_log.warning("a warning passes through")
+        wgpu_log.error("simulated device loss")
+    assert [r.getMessage() for r in caplog.records] == ["a warning passes through"]
+
+
+@pytest.mark.gpu
+def test_timed_dispatch_returns_positive_nanoseconds(device: Device) -> None:
+    if "timestamp-query" not in device.features:
+        pytest.skip(f"{device.adapter.short()} lacks timestamp-query")
+    pipeline = device.compile(SCALE_WGSL)
+    params = device.uniform_buffer(np.array([64], np.uint32).tobytes())
+    src = device.storage_buffer(np.zeros(64, np.float32))
+    dst = device.storage_buffer(np.zeros(64, np.float32), read_write=True)
+    times = device.timed_dispatch(
+        pipeline, {0: params, 1: src, 2: dst}, (1, 1, 1), repeats=3, warmup=1
+    )
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
+@pytest.mark.gpu
+def test_timing_without_the_feature_says_so(backend: Backend, adapter: AdapterInfo) -> None:
+    with backend.open_device(adapter, features=[], limits={}) as plain:
+        pipeline = plain.compile(SCALE_WGSL)
+        with pytest.raises(BackendUnavailable, match="timestamp-query"):
+            plain.timed_dispatch(pipeline, {}, (1, 1, 1), repeats=1, warmup=0)
+
+
+@pytest.mark.gpu
+def test_open_device_refuses_what_the_adapter_lacks(backend: Backend, adapter: AdapterInfo) -> None:
+    missing = next(
+        f
+        for f in ("texture-compression-astc", "texture-compression-etc2", "made-up-feature")
+        if f not in adapter.features
+    )
+    with pytest.raises(BackendUnavailable, match=missing):
+        backend.open_device(adapter, features=[missing], limits={})
+    too_much = adapter.limits["max-compute-workgroup-storage-size"] * 2
+    with pytest.raises(BackendUnavailable, match="max-compute-workgroup-storage-size"):
+        backend.open_device(
+            adapter, features=[], limits={"max-compute-workgroup-storage-size": too_much}
+        )
+
+
+@pytest.mark.gpu
+def test_doctor_report_and_f16_probe(backend: Backend, adapter: AdapterInfo) -> None:
+    import json
+
+    from doppler_gen.doctor import doctor_report, format_doctor
+
+    report = doctor_report(backend)
+    json.dumps(report)
+    assert report["default_adapter"] == adapter.index
+    assert len(report["adapters"]) == len(backend.adapters())
+    text = format_doctor(report)
+    if "shader-f16" not in adapter.features:
+        assert "f16 kernel compiles and runs: no (adapter does not offer shader-f16)" in text
+        return
+    assert report["f16_probe"]["ok"], report["f16_probe"]["detail"]
+    assert "f16 kernel compiles and runs: yes" in text
