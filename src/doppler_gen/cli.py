@@ -193,3 +193,79 @@ def main() -> None:
     """Console-script entry point."""
     cli(prog_name="doppler-gen")
 
+
+
+@cli.command()
+@click.argument("names", nargs=-1)
+@click.option("--adapter", default=None, help="Adapter by index, type (gpu/cpu), backend or name.")
+@click.option(
+    "--limits",
+    type=click.Choice(["adapter", "webgpu-default"]),
+    default="adapter",
+    show_default=True,
+    help="Device limits: the adapter's maxima, or WebGPU's defaults (what a browser grants).",
+)
+@click.option("--quick", is_flag=True, help="A subset of the cases (for the test suite).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the case generator.")
+@click.option(
+    "--storage-overrun",
+    is_flag=True,
+    help="Run variants whose static workgroup storage exceeds the device limit instead of skipping "
+    "them (lavapipe runs 48 KiB tiles correctly while advertising 32 KiB); flagged in the report.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@pass_state
+@handle_errors
+def validate(
+    state: State, names: tuple[str, ...], adapter: str | None, limits: str, quick: bool, seed: int,
+    storage_overrun: bool, as_json: bool,
+) -> None:
+    """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
+
+    Outputs are NaN-poisoned before every dispatch; tolerances are per output dtype (README).
+    Exit 0 only if every variant that ran passed and at least one ran; 1 on any failure.
+    """
+    from doppler_gen.validate import format_report, validate as run_validation
+
+    show_bar = sys.stderr.isatty() and not as_json
+    bar = None
+    if show_bar:
+        from doppler_gen.validate import case_count
+
+        total = case_count(state.project, names, quick=quick, seed=seed)
+        bar = click.progressbar(length=total, label="validating", file=sys.stderr)
+        bar.__enter__()
+
+    def progress(name: str, step: int) -> None:
+        if bar is not None:
+            bar.label = f"{name:<36}"
+            bar.update(step)
+
+    try:
+        run = run_validation(
+            state.project, names, adapter=adapter, limits=limits, quick=quick, seed=seed,
+            storage_overrun=storage_overrun, progress=progress,
+        )
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    if as_json:
+        click.echo(json.dumps(run.as_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo(format_report(run))
+    sys.exit(0 if run.ok else 1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@handle_errors
+def doctor(as_json: bool) -> None:
+    """Adapters, features and limits that matter, and a live f16 kernel probe."""
+    from doppler_gen.backends import get_backend
+    from doppler_gen.doctor import doctor_report, format_doctor
+
+    report = doctor_report(get_backend("wgpu"))
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        click.echo(format_doctor(report))

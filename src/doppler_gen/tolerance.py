@@ -1,0 +1,86 @@
+"""Tolerance policy: how far a kernel's output may be from the float64 reference.
+
+The policy depends on the (input, arithmetic, output) dtypes of the variant. Every kernel here
+does f32 arithmetic; inputs are rounded to their storage dtype *before* the reference sees them,
+and quantized cold tiers reach the reference already dequantized from the very bits the kernel
+reads, so input rounding and quantization never count as kernel error.
+
+* f32 output: a first-order rounding-error bound in units of f32 roundoff ``u = 2^-24``::
+
+      tol = max|V| * u * (16 + 2 * head_dim * S + 2 * L)
+
+  where ``S`` is the largest ``scale * sum_d |q_d k_d|`` over the keys (bounds every logit and
+  its dot-product rounding error, which grows with large logits), ``L`` the number of keys, and
+  the factor 2 the softmax's sensitivity to score errors. Per-case, tight: a few 1e-6 for small
+  problems, never looser than the problem's own conditioning warrants.
+* f16 output: FlashAttention-style. A plain numpy implementation computing in float32 from the
+  same rounded inputs and rounding its result to f16 the same way sets the baseline error ``e``;
+  the kernel may be at most ``2 * e`` plus a rounding floor of half an f16 ulp of the largest
+  output (``2^-11 * max|ref|``).
+
+NaN or Inf anywhere in the output fails regardless (outputs are NaN-poisoned before dispatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+F32_UNIT_ROUNDOFF = 2.0**-24
+F16_UNIT_ROUNDOFF = 2.0**-11
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The comparison of one output with its reference."""
+
+    passed: bool
+    max_abs_error: float
+    max_rel_error: float
+    tolerance: float
+    worst_index: tuple[int, ...]
+    non_finite: int
+    policy: str
+
+    @property
+    def ratio(self) -> float:
+        """Error as a fraction of the tolerance (> 1 fails)."""
+        return self.max_abs_error / self.tolerance if self.tolerance > 0 else float("inf")
+
+
+def logit_magnitude(q: np.ndarray, k_rows: np.ndarray, scale: float) -> float:
+    """max over query rows and keys of ``scale * sum_d |q_d k_d|`` (all heads pooled)."""
+    q2 = np.abs(np.asarray(q, np.float64)).reshape(-1, q.shape[-1])
+    k2 = np.abs(np.asarray(k_rows, np.float64)).reshape(-1, k_rows.shape[-1])
+    if q2.size == 0 or k2.size == 0:
+        return 0.0
+    return float(abs(scale) * (q2 @ k2.T).max())
+
+
+def f32_tolerance(v_max: float, head_dim: int, logits: float, keys: int) -> float:
+    return max(v_max, 1e-30) * F32_UNIT_ROUNDOFF * (16 + 2 * head_dim * logits + 2 * keys)
+
+
+def f16_tolerance(baseline_error: float, ref_max: float) -> float:
+    return 2.0 * baseline_error + F16_UNIT_ROUNDOFF * max(ref_max, 1e-30)
+
+
+def judge(output: np.ndarray, reference: np.ndarray, tolerance: float, policy: str) -> Verdict:
+    """Compare ``output`` with ``reference`` (float64) against an absolute tolerance."""
+    out = np.asarray(output, np.float64)
+    ref = np.asarray(reference, np.float64)
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {out.shape} != reference shape {ref.shape}")
+    finite = np.isfinite(out)
+    non_finite = int(out.size - finite.sum())
+    error = np.where(finite, np.abs(out - ref), np.inf)
+    if error.size == 0:
+        return Verdict(True, 0.0, 0.0, tolerance, (), 0, policy)
+    flat = int(np.argmax(error))
+    worst = tuple(int(i) for i in np.unravel_index(flat, error.shape))
+    max_abs = float(error.reshape(-1)[flat])
+    scale = np.maximum(np.abs(ref), 1e-6 * max(float(np.abs(ref).max()), 1e-30))
+    rel = float(np.max(error / scale))
+    passed = non_finite == 0 and max_abs <= tolerance
+    return Verdict(passed, max_abs, rel, tolerance, worst, non_finite, policy)
