@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c398b6620105cc695dfc1f9486bddb403ad437988b4330b7cad568608d95e9ef
+// source-hash: sha256:bdb9c404774a32de30374e039aedad8ccd5e3a07709c06c00eb1e69ae6f6060e
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f789e8709635a94768526b46ccc01fdbad58eb1734f908906657ea8356fda7dd
+// source-hash: sha256:018ff3149f416aec56d97e6cdec936cba61cff2b984fe379d4e94d7ee3895e74
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8cf8eaed287feed63280bcf4c7bf13ade0df1b257ad061578f9b885cf0c30951
+// source-hash: sha256:dfdd0f4a1057acd6a8d213ac6e068e7b4081e5d8de3d09248010e8b06987ff67
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:487a1185919fe8a183f4cd108d919291b910dcd3c6ff32469fa2f7bc95edd0ff
+// source-hash: sha256:01e66105138959a9b445b3625a6826c9969760006b216210abb3621563482eb1
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4e0b00ae8af46a4789b6d3acf6b3a7207dfb5b861a30c861693bf3dd1936098d
+// source-hash: sha256:70b9361cbd159328916764b0cd3a688d024d2ac930c2bfb5a4d46e1bd3efbddd
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

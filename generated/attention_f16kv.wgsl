@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e7a67cca7c4f6e2f14c0daa9566e7bd327cc6cf96f44f3399cfbc4d9e9120ecd
+// source-hash: sha256:68d785bc70d94efa1e4f117b9eccda47a6f5b4c273a994740faf5ef743a8be7e
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -31,7 +31,7 @@ METADATA_PARAMS = ("q_dtype", "kv_dtype", "out_dtype", "max_head_dim", "masked_r
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _TEMPLATE_KEYS = {"source", "family", "description", "dispatch", "params", "choices", "tunable"}
-_VARIANT_KEYS = {"name", "template", "output", "description", "requires", "params"}
+_VARIANT_KEYS = {"name", "template", "output", "description", "requires", "params", "overrides"}
 ParamValue = int | float | str | bool
 
 
@@ -65,6 +65,9 @@ class Variant:
     requires: tuple[str, ...]
     params: Mapping[str, ParamValue]  # template defaults merged with the variant's own values
     line: int
+    # pipeline-overridable constants the host should set when creating the pipeline (e.g. a
+    # tuned WORKGROUP_SIZE); checked against the WGSL's `override` declarations
+    overrides: Mapping[str, int | float] = field(default_factory=dict)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -145,16 +148,18 @@ class _Locator:
 
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
+        self._tables: dict[str, list[int]] = {}
 
     def _table_line(self, header: str, occurrence: int = 0) -> int | None:
-        pattern = re.compile(r"^\s*" + re.escape(header) + r"\s*(#.*)?$")
-        seen = 0
-        for number, line in enumerate(self.lines, start=1):
-            if pattern.match(line):
-                if seen == occurrence:
-                    return number
-                seen += 1
-        return None
+        # every line holding ``header``, found once: looking up each [[variant]] by scanning the
+        # whole file made loading quadratic in the number of variants
+        if header not in self._tables:
+            pattern = re.compile(r"^\s*" + re.escape(header) + r"\s*(#.*)?$")
+            self._tables[header] = [
+                number for number, line in enumerate(self.lines, start=1) if pattern.match(line)
+            ]
+        found = self._tables[header]
+        return found[occurrence] if occurrence < len(found) else None
 
     def _key_line(self, start: int | None, key: str, stop: str = r"^\s*\[") -> int | None:
         """The first line at or after ``start`` assigning ``key``, before a line matching ``stop``."""
@@ -340,7 +345,17 @@ class _Parser:
             requires=tuple(sorted(set(requires))),
             params=self.variant_params(index, where, entry.get("params", {}), template),
             line=line or 0,
+            overrides=self.variant_overrides(index, where, entry.get("overrides", {})),
         )
+
+    def variant_overrides(self, index: int, where: str, table: Any) -> dict[str, int | float]:
+        line = self.locate.variant(index, "overrides")
+        if not isinstance(table, dict):
+            raise self.fail(f"{where}: overrides must be a table of override-constant values", line)
+        for name, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise self.fail(f"{where}: override {name} must be a number, got {value!r}", line)
+        return dict(sorted(table.items()))
 
     def variant_params(
         self, index: int, where: str, params: Any, template: TemplateSpec

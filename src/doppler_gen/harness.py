@@ -76,7 +76,8 @@ class KernelRunner:
         self.device = device
         self.kernel = kernel
         self.entry = entry
-        self.constants = dict(constants or {})
+        # the variant's recorded pipeline constants, then any the caller sweeps (tune, bench)
+        self.constants = {**entry.get("pipeline_constants", {}), **(constants or {})}
         self.family = entry["family"]
         self.meta = entry["metadata"]
         self.dtypes = {b["name"]: b["element_type"] for b in entry["bindings"] if b["element_type"]}

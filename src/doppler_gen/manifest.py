@@ -71,6 +71,8 @@ def variant_entry(kernel: RenderedKernel, module: Module) -> dict[str, Any]:
             for o in sorted(module.overrides.values(), key=lambda o: o.name)
         ],
         "constants": dict(sorted(module.constants.items())),
+        # values the host passes as pipeline constants (override defaults otherwise apply)
+        "pipeline_constants": dict(variant.overrides),
         "requires": list(variant.requires),
         "workgroup_storage_bytes": module.workgroup_storage_bytes,
         "metadata": variant.metadata,
@@ -120,6 +122,9 @@ def _metadata_problems(variant: Variant, module: Module):
                 f"{key} = {meta[key]!r} but the WGSL binds {binding.name} as "
                 f"{binding.type}"
             )
+    for name in variant.overrides:
+        if name not in module.overrides:
+            yield f"overrides sets {name}, which the WGSL does not declare as `override`"
     max_head_dim = module.constants.get("MAX_HEAD_DIM")
     if max_head_dim is None and "WORKGROUP_SIZE" in module.overrides:
         max_head_dim = module.overrides["WORKGROUP_SIZE"].default

@@ -86,6 +86,7 @@ class Renderer:
         self._marked_env: jinja2.Environment | None = None
         self._file_ids: dict[str, int] = {}
         self._source_cache: dict[str, str] = {}
+        self._references_cache: dict[str, tuple[str, ...]] = {}
 
     def _environment(self, loader: jinja2.BaseLoader) -> jinja2.Environment:
         env = jinja2.Environment(
@@ -144,13 +145,19 @@ class Renderer:
             if name in seen:
                 continue
             seen.add(name)
-            source = self._read(name)
+            pending.extend(self._references(name))
+        return tuple(sorted(seen))
+
+    def _references(self, name: str) -> tuple[str, ...]:
+        """The templates ``name`` itself includes, imports or extends (parsed once per file)."""
+        if name not in self._references_cache:
             try:
-                ast = self.env.parse(source, name=name, filename=self._filename(name))
+                ast = self.env.parse(self._read(name), name=name, filename=self._filename(name))
             except jinja2.TemplateSyntaxError as exc:
                 raise _syntax_error(exc, None) from None
-            pending.extend(ref for ref in jinja2.meta.find_referenced_templates(ast) if ref)
-        return tuple(sorted(seen))
+            found = jinja2.meta.find_referenced_templates(ast)
+            self._references_cache[name] = tuple(ref for ref in found if ref)
+        return self._references_cache[name]
 
     def source_hash(self, variant: Variant, sources: Iterable[str]) -> str:
         """sha256 over the template sources and the parameters: changes iff the output may."""
@@ -159,6 +166,7 @@ class Renderer:
             "template": variant.template.source,
             "params": dict(sorted(variant.params.items())),
             "requires": list(variant.requires),
+            "overrides": dict(variant.overrides),
             "globals": {"QUANT_BITS": dict(sorted(QUANT_BITS.items()))},
             "sources": {name: hashlib.sha256(self._read(name).encode()).hexdigest() for name in sources},
         }
