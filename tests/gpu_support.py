@@ -1,0 +1,19 @@
+"""Whether a WebGPU adapter is available to the GPU tests, and why not."""
+
+from __future__ import annotations
+
+import functools
+
+from doppler_gen.errors import DopplerGenError
+
+
+@functools.cache
+def adapter_problem() -> str | None:
+    """None when wgpu finds a Vulkan adapter (GPU or lavapipe), else the reason to skip."""
+    try:
+        from doppler_gen.backends import get_backend, select_adapter
+
+        select_adapter(get_backend("wgpu").adapters(), None)
+    except (DopplerGenError, ImportError, RuntimeError) as error:
+        return f"no Vulkan WebGPU adapter: {error}"
+    return None

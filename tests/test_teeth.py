@@ -1,0 +1,98 @@
+"""The validator has teeth: every planted semantic bug makes `validate` fail.
+
+Each mutation edits one line of a copy of the templates (the shared macros or a family
+template), regenerates, and validates the variants whose code the line reaches. A mutation that
+no longer applies (its text is gone from the template) fails the test too, so this file cannot
+silently decay into testing nothing. The unmutated copy must pass, otherwise every "caught" bug
+below would prove nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import copy_project
+from gpu_support import adapter_problem
+
+from doppler_gen.config import load_project
+from doppler_gen.outputs import plan, write
+from doppler_gen.validate import validate
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem())),
+]
+
+COMMON = "templates/lib/attention_common.wgsl.j2"
+COLD = "templates/lib/cold_tier.wgsl.j2"
+TILED = "templates/attention.wgsl.j2"
+TIERED = "templates/attention_decode_tiered.wgsl.j2"
+
+SMALL = "attention_small_f16kv"  # the tiled variant inside lavapipe's limits
+
+# (id, file, original text, planted text, variants that must fail)
+MUTATIONS = [
+    ("causal-off-by-one", COMMON, "{{ abs_key }} > {{ abs_query }}) { return true; }",
+     "{{ abs_key }} >= {{ abs_query }}) { return true; }", [SMALL, "attention_decode_tiered_int8_f16kv"]),
+    ("softcap-dropped", COMMON, "{{ score }} = tanh({{ score }} / u.attn_softcap) * u.attn_softcap;",
+     "{{ score }} = {{ score }};", [SMALL, "attention_decode_tiered_f16kv"]),
+    ("gqa-mapping-wrong", COMMON, "return query_head_idx / heads_per_kv;",
+     "return query_head_idx % u.num_kv_heads;", [SMALL, "attention_decode_tiered_f16"]),
+    ("page-table-ignored", COMMON, "let phys_page = {{ table }}[page_idx];",
+     "let phys_page = page_idx;", [SMALL, "attention_decode_tiered_f16kv"]),
+    ("ring-modulo-dropped", COMMON, "{{ abs }} % {{ window }}", "{{ abs }}",
+     [SMALL, "attention_decode_tiered_int4_f16kv"]),
+    ("window-off-by-one", COMMON, "{{ abs_query }} - u.sliding_window + 1u)",
+     "{{ abs_query }} - u.sliding_window)", [SMALL, "attention_decode_tiered_f16"]),
+    ("int8-sign-extension-dropped", COLD, "    if (q >= {{ 2 ** (bits - 1) }}) { q -= {{ 2 ** bits }}; }\n",
+     "", ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"]),
+    ("int4-lane-shift-wrong", COLD, "({{ bits }}u * lane)", "(8u * lane)", ["attention_decode_tiered_int4_f16kv"]),
+    ("output-conversion-wrong", COMMON,
+     "{% if dtype == \"f32\" %}{{ value }}{% else %}{{ dtype }}({{ value }}){% endif %}",
+     "{% if dtype == \"f32\" %}{{ value }}{% else %}{{ dtype }}(f32({{ dtype }}({{ value }})) * 0.999){% endif %}",
+     ["attention_f16", "attention_decode_tiered_f16"]),
+    ("kv-start-ignored", TILED, "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = u.kv_start + key_pos;",
+     "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = key_pos;", [SMALL]),
+    ("kv-len-buffer-ignored", TILED, "return kv_len_buffer[0];", "return u.seq_len;", [SMALL]),
+    ("online-softmax-rescale-dropped", TILED, "acc[d] = acc[d] * correction;", "acc[d] = acc[d];", [SMALL]),
+    ("last-query-not-written", TILED, "    if (valid_query) {\n        let out_offset",
+     "    if (valid_query && query_pos + 1u < query_len) {\n        let out_offset", [SMALL]),
+    ("hot-start-ignored", TIERED, "let abs_key = u.hot_start + hot_pos;", "let abs_key = hot_pos;",
+     ["attention_decode_tiered_f16kv"]),
+    ("masked-score-not-applied", TIERED, "        s = MASKED_SCORE;\n", "",
+     ["attention_decode_tiered_int8_f16kv"]),
+]
+
+
+def _validate(root: Path, names: list[str]):
+    project = load_project(root)
+    write(plan(project))
+    return validate(project, tuple(names), storage_overrun=True)
+
+
+def test_unmutated_templates_pass(tmp_path: Path) -> None:
+    names = sorted({n for *_, variants in MUTATIONS for n in variants})
+    run = _validate(copy_project(tmp_path / "clean"), names)
+    assert run.ok, [(v.name, v.status, v.reason) for v in run.variants]
+    assert all(v.status == "PASS" and v.cases for v in run.variants)
+
+
+@pytest.mark.parametrize(("file", "original", "planted", "variants"),
+                         [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS])
+def test_planted_bug_fails_validation(tmp_path: Path, file: str, original: str, planted: str,
+                                      variants: list[str]) -> None:
+    root = copy_project(tmp_path / "mutant")
+    path = root / file
+    text = path.read_text()
+    assert text.count(original) >= 1, f"mutation no longer applies to {file}: {original!r}"
+    path.write_text(text.replace(original, planted))
+    run = _validate(root, variants)
+    statuses = {v.name: (v.status, v.reason) for v in run.variants}
+    assert not run.ok
+    for name in variants:
+        assert statuses[name][0] == "FAIL", f"{name} did not catch the bug: {statuses[name]}"
+
+
+def test_at_least_eight_distinct_bugs() -> None:
+    assert len({m[0] for m in MUTATIONS}) >= 8

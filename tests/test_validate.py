@@ -1,0 +1,232 @@
+"""`validate`: skips say why, refusals happen before dispatch, failures are reported usefully."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, copy_project, run_cli
+from gpu_support import adapter_problem
+
+from doppler_gen.cases import CaseSpec, tiered_specs, tiled_specs
+from doppler_gen.config import load_project
+from doppler_gen.errors import DopplerGenError, ShapeError
+from doppler_gen.harness import KernelRunner, evaluate_dispatch, pack_uniforms
+from doppler_gen.manifest import parse_kernel, variant_entry
+from doppler_gen.outputs import plan, write
+from doppler_gen.render import Renderer
+from doppler_gen.validate import open_device, validate
+
+needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+SMALL = "attention_small_f16kv"
+
+
+def _entry(name: str) -> tuple:
+    project = load_project(REPO_ROOT)
+    kernel = Renderer(project).render(project.variant(name), with_origins=True)
+    return kernel, variant_entry(kernel, parse_kernel(kernel))
+
+
+# -- no adapter needed -----------------------------------------------------------------------
+
+
+def test_full_matrix_has_at_least_40_cases_per_variant_and_quick_is_a_subset() -> None:
+    project = load_project(REPO_ROOT)
+    for variant in project.variants:
+        _, entry = _entry(variant.name)
+        meta = entry["metadata"]
+        if entry["family"] == "tiled":
+            full, quick = (tiled_specs(meta["max_head_dim"], quick=q, seed=0) for q in (False, True))
+        else:
+            cold = entry["params"]["cold"]
+            full, quick = (tiered_specs(meta["max_head_dim"], meta["max_kv_len"], cold=cold, quick=q, seed=0)
+                           for q in (False, True))
+        assert len(full) >= 40, variant.name
+        assert 5 <= len(quick) < len(full)
+
+
+def test_cases_are_deterministic_per_seed() -> None:
+    assert tiled_specs(64, quick=False, seed=3) == tiled_specs(64, quick=False, seed=3)
+    assert tiled_specs(64, quick=False, seed=3) != tiled_specs(64, quick=False, seed=4)
+
+
+def test_uniforms_are_packed_by_manifest_offsets() -> None:
+    _, entry = _entry("attention_decode_tiered_int8_f16kv")
+    layout = entry["uniforms"]
+    values = {f["name"]: i + 1 for i, f in enumerate(layout["fields"])}
+    values["scale"] = 0.5
+    data = pack_uniforms(layout, values)
+    assert len(data) == 64
+    offsets = {f["name"]: f["offset"] for f in layout["fields"]}
+    assert struct.unpack_from("<I", data, offsets["packed_stride"])[0] == values["packed_stride"]
+    assert struct.unpack_from("<f", data, offsets["scale"])[0] == 0.5
+
+
+def test_missing_or_unknown_uniform_is_an_error_not_a_silent_zero() -> None:
+    _, entry = _entry("attention_decode_tiered_int8_f16kv")
+    layout = entry["uniforms"]
+    values = {f["name"]: 1 for f in layout["fields"]}
+    del values["packed_stride"]
+    with pytest.raises(DopplerGenError, match="packed_stride"):
+        pack_uniforms(layout, values)
+    values.update(packed_stride=1, hot_layout=1)
+    with pytest.raises(DopplerGenError, match="hot_layout"):
+        pack_uniforms(layout, values)
+
+
+def test_dispatch_rule_evaluation() -> None:
+    assert evaluate_dispatch("ceil(query_len / BLOCK_SIZE) * num_heads",
+                             {"query_len": 65, "BLOCK_SIZE": 64, "num_heads": 8}) == 16
+    with pytest.raises(DopplerGenError, match="unknown names"):
+        evaluate_dispatch("nope * 2", {})
+
+
+# -- on an adapter (lavapipe in CI) ----------------------------------------------------------
+
+
+class _NoDispatch:
+    """Wraps a device; any dispatch fails the test (refusals must come first)."""
+
+    def __init__(self, device) -> None:
+        self._device = device
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+    def dispatch(self, *args, **kwargs):
+        raise AssertionError("dispatched a shape that should have been refused")
+
+
+@needs_adapter
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("name", "spec", "message"),
+    [
+        (SMALL, CaseSpec("too wide", head_dim=65, query_len=2, kv_len=2), "head_dim 65 exceeds the kernel's maximum 64"),
+        ("attention_decode_tiered_f16", CaseSpec("too wide", head_dim=257, hot_len=2, hot_window=2),
+         "head_dim 257 exceeds the kernel's maximum 256"),
+        ("attention_decode_tiered_int8_f16kv", CaseSpec("too long", cold_len=2000, hot_len=49, hot_start=2000,
+                                                         hot_window=64, start_pos=2048),
+         "KV length 2049 (cold 2000 + hot 49) exceeds MAX_KV_LEN 2048"),
+    ],
+)
+def test_unsupported_shapes_are_refused_before_dispatch(name: str, spec: CaseSpec, message: str) -> None:
+    from doppler_gen.backends import get_backend
+
+    kernel, entry = _entry(name)
+    device = open_device(get_backend("wgpu"), [kernel], None, "adapter")
+    try:
+        runner = KernelRunner(_NoDispatch(device), kernel, entry)
+        data = runner.build(spec)
+        with pytest.raises(ShapeError, match=re.escape(message)):
+            runner.run(data)
+        result = runner.run_case(spec)
+        assert result.refused and message in result.refused and not result.passed
+    finally:
+        device.close()
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_webgpu_default_limits_skip_the_48k_tiles_with_the_reason() -> None:
+    run = validate(load_project(REPO_ROOT), ("attention", SMALL, "attention_decode_tiered_f16"),
+                   limits="webgpu-default", quick=True)
+    status = {v.name: v for v in run.variants}
+    assert status["attention"].status == "SKIP"
+    assert status["attention"].reason == "needs 49152 B workgroup storage; limit 16384"
+    assert not status["attention"].cases
+    assert status[SMALL].status == "PASS" and status[SMALL].cases
+    assert status["attention_decode_tiered_f16"].status == "PASS"
+    assert run.ok  # skips are not failures, and at least one variant ran
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_a_run_where_everything_skips_is_not_ok() -> None:
+    run = validate(load_project(REPO_ROOT), ("attention",), limits="webgpu-default", quick=True)
+    assert [v.status for v in run.variants] == ["SKIP"]
+    assert not run.ok
+
+
+def _mutated(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    root = copy_project(tmp_path / "p")
+    path = root / file
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    write(plan(load_project(root)))
+    return root
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_compile_error_is_shown_at_the_template_line(tmp_path: Path) -> None:
+    file = "templates/attention.wgsl.j2"
+    old = "    let query_len = u.query_len;"
+    root = _mutated(tmp_path, file, old, "    let query_len: f32 = u.query_len;")
+    line = next(i for i, text in enumerate((root / file).read_text().splitlines(), 1)
+                if "let query_len: f32" in text)
+    result = run_cli(root, "validate", SMALL)
+    assert result.exit_code == 1
+    assert f"templates/attention.wgsl.j2:{line} (generated/{SMALL}.wgsl:" in result.output
+    assert "let query_len: f32 = u.query_len;" in result.output  # the surrounding rendered lines
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_unwritten_output_is_caught_by_the_nan_sentinel(tmp_path: Path) -> None:
+    old = "        output[head_idx * head_dim + tid] ="
+    root = _mutated(tmp_path, "templates/attention_decode_tiered.wgsl.j2", old,
+                    "        if (head_idx == 0u) { return; }\n" + old)
+    run = validate(load_project(root), ("attention_decode_tiered_f16kv",), quick=True)
+    report = run.variants[0]
+    assert report.status == "FAIL"
+    assert "NaN/Inf left" in report.reason and "seed" in report.reason
+    assert all(c.verdict.non_finite > 0 for c in report.failures)
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_cli_json_report_and_exit_code() -> None:
+    result = run_cli(REPO_ROOT, "validate", SMALL, "attention_decode_tiered_int4_f16kv", "--quick", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert {v["variant"] for v in report["variants"]} == {SMALL, "attention_decode_tiered_int4_f16kv"}
+    for variant in report["variants"]:
+        assert variant["status"] == "PASS" and variant["failed"] == 0 and variant["cases"] >= 5
+        assert variant["worst"]["error_over_tolerance"] < 1
+
+
+def test_unknown_variant_is_a_usage_error() -> None:
+    result = run_cli(REPO_ROOT, "validate", "no_such_variant")
+    assert result.exit_code == 2
+    assert "no variant matches 'no_such_variant'" in result.stderr
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_f16_tolerance_catches_a_one_ulp_biased_store(tmp_path: Path) -> None:
+    """Tight enough for f16: scaling every output by (1 + 2^-10) must fail."""
+    common = "templates/lib/attention_common.wgsl.j2"
+    old = '{% if dtype == "f32" %}{{ value }}{% else %}{{ dtype }}({{ value }}){% endif %}'
+    new = '{% if dtype == "f32" %}{{ value }}{% else %}{{ dtype }}(({{ value }}) * 1.0009765625){% endif %}'
+    root = _mutated(tmp_path, common, old, new)
+    run = validate(load_project(root), ("attention_decode_tiered_f16",), quick=False)
+    assert run.variants[0].status == "FAIL", run.variants[0].reason
+
+
+def test_reference_sees_the_rounded_inputs() -> None:
+    kernel, entry = _entry("attention_f16")
+
+    class _Dev:
+        limits: dict = {}
+
+    runner = KernelRunner(_Dev(), kernel, entry)  # type: ignore[arg-type]
+    data = runner.build(CaseSpec("x", query_len=3, kv_len=5, head_dim=8))
+    assert data.buffers["Q"].dtype == np.float16
+    assert data.reference_inputs["q"] is data.buffers["Q"]
