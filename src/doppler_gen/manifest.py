@@ -75,7 +75,9 @@ def variant_entry(kernel: RenderedKernel, module: Module) -> dict[str, Any]:
         "pipeline_constants": dict(variant.overrides),
         "requires": list(variant.requires),
         "workgroup_storage_bytes": module.workgroup_storage_bytes,
-        "metadata": variant.metadata,
+        # host metadata: what variants.toml declares (checked against the WGSL by
+        # check_metadata) plus the workgroup size the WGSL declares with its override defaults
+        "metadata": {**variant.metadata, "workgroup_size": list(module.workgroup_size_values())},
     }
 
 
