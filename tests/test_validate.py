@@ -230,3 +230,15 @@ def test_reference_sees_the_rounded_inputs() -> None:
     data = runner.build(CaseSpec("x", query_len=3, kv_len=5, head_dim=8))
     assert data.buffers["Q"].dtype == np.float16
     assert data.reference_inputs["q"] is data.buffers["Q"]
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_f32_tolerance_catches_a_relative_bias_of_one_in_4096(tmp_path: Path) -> None:
+    """Tight enough for f32: scaling every f32 output by (1 + 2^-12) must fail."""
+    common = "templates/lib/attention_common.wgsl.j2"
+    old = '{% if dtype == "f32" %}{{ value }}{% else %}'
+    new = '{% if dtype == "f32" %}(({{ value }}) * 1.000244140625){% else %}'
+    root = _mutated(tmp_path, common, old, new)
+    run = validate(load_project(root), (SMALL, "attention_decode_tiered_int8_f16kv"), quick=False)
+    assert [v.status for v in run.variants] == ["FAIL", "FAIL"], [v.reason for v in run.variants]
