@@ -1,0 +1,146 @@
+"""The tiered decode family: seed interface, host layouts, determinism, bad parameters."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, SEEDS, SEEDS_MISSING, assert_one_line_error, edit, run_cli, run_process, snapshot
+
+from doppler_gen.config import load_project
+from doppler_gen.render import Renderer
+from doppler_gen.wgsl import parse_module
+
+TIERED = (
+    "attention_decode_tiered_f16",
+    "attention_decode_tiered_f16kv",
+    "attention_decode_tiered_int8_f16kv",
+    "attention_decode_tiered_int4_f16kv",
+)
+JS_HOST = SEEDS / "attention.js"
+
+
+def _module(name: str):
+    project = load_project(REPO_ROOT)
+    return parse_module(Renderer(project).render(project.variant(name)).text)
+
+
+def _js_writer_fields(function: str) -> tuple[int, list[int]]:
+    """(buffer size, offsets written) of one uniform writer in the seed JS host."""
+    text = JS_HOST.read_text()
+    body = text[text.index(f"function {function}(") :]
+    body = body[: body.index("\n}\n")]
+    size = int(re.search(r"\n\s+(\d+),", body).group(1))
+    offsets = [int(m) for m in re.findall(r"view\.set(?:Uint32|Float32)\((\d+),", body)]
+    return size, offsets
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason=SEEDS_MISSING)
+def test_int8_interface_equals_the_seed() -> None:
+    seed = parse_module((SEEDS / "attention_decode_tiered_int8_f16kv.wgsl").read_text())
+    assert _module("attention_decode_tiered_int8_f16kv").interface() == seed.interface()
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason=SEEDS_MISSING)
+def test_int4_interface_is_the_int8_interface() -> None:
+    seed = parse_module((SEEDS / "attention_decode_tiered_int8_f16kv.wgsl").read_text())
+    int4 = _module("attention_decode_tiered_int4_f16kv")
+    assert int4.interface() == seed.interface()
+    assert int4.constants["PACK_FACTOR"] == 8 and seed.constants["PACK_FACTOR"] == 4
+
+
+@pytest.mark.parametrize(("name", "q", "out"), [("attention_decode_tiered_f16", "f16", "f16"),
+                                                ("attention_decode_tiered_f16kv", "f32", "f32")])
+def test_non_quantized_interface_matches_the_js_host(name: str, q: str, out: str) -> None:
+    module = _module(name)
+    bindings = [(b.binding, b.name, b.access, str(b.type)) for b in module.bindings]
+    assert bindings == [
+        (0, "u", "read", "Uniforms"), (1, "Q", "read", f"array<{q}>"),
+        (2, "K_hot", "read", "array<f16>"), (3, "V_hot", "read", "array<f16>"),
+        (4, "K_cold", "read", "array<f16>"), (5, "V_cold", "read", "array<f16>"),
+        (6, "output", "read_write", f"array<{out}>"), (7, "cold_page_table", "read", "array<u32>"),
+    ]
+    fields = [f.name for f in module.structs["Uniforms"].fields]
+    assert fields == [
+        "num_heads", "num_kv_heads", "head_dim", "cold_len", "hot_len", "seq_len", "scale", "is_causal",
+        "start_pos", "attn_softcap", "sliding_window", "hot_window", "hot_start", "cold_page_size",
+        "cold_layout", "hot_layout", "_pad",
+    ]
+    if JS_HOST.is_file():
+        size, offsets = _js_writer_fields("createTieredAttentionUniformBuffer")
+        assert [f.offset for f in module.structs["Uniforms"].fields] == offsets
+        assert size == -(-module.structs["Uniforms"].size // 16) * 16 == 80
+
+
+@pytest.mark.skipif(not JS_HOST.is_file(), reason=SEEDS_MISSING)
+def test_quantized_uniforms_match_the_js_host() -> None:
+    size, offsets = _js_writer_fields("createTieredQuantAttentionUniformBuffer")
+    struct = _module("attention_decode_tiered_int8_f16kv").structs["Uniforms"]
+    assert [f.offset for f in struct.fields] == offsets
+    assert size == 64 and struct.size == 60
+
+
+def test_the_four_render_deterministically() -> None:
+    project = load_project(REPO_ROOT)
+    first = {n: Renderer(project).render(project.variant(n)).text for n in TIERED}
+    second = {n: Renderer(load_project(REPO_ROOT)).render(project.variant(n)).text for n in TIERED}
+    assert first == second
+    for name, text in first.items():
+        assert text == (REPO_ROOT / f"generated/{name}.wgsl").read_text(), f"{name} is stale"
+
+
+def test_metadata_records_what_a_host_needs() -> None:
+    import json
+
+    manifest = json.loads((REPO_ROOT / "generated/manifest.json").read_text())["variants"]
+    for name in TIERED:
+        meta = manifest[name]["metadata"]
+        assert meta["max_kv_len"] == 2048
+        assert meta["workgroup_size"] == [256, 1, 1]
+        assert meta["requires"] == ["shader-f16"]
+        assert meta["masked_row"] == "mean_v"
+        assert meta["dispatch"] == "num_heads"
+    assert manifest["attention_decode_tiered_f16"]["metadata"]["out_dtype"] == "f16"
+    assert manifest["attention_decode_tiered_int4_f16kv"]["metadata"]["out_dtype"] == "f32"
+    assert manifest["attention"]["metadata"]["masked_row"] == "zero"
+
+
+BAD_TIERED = [
+    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int3" }',
+     "variants.toml:", "parameter cold='int3' is not one of 'f16', 'int8', 'int4'"),
+    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+     'params = { q_dtype = "f16", out_dtype = "f32", cold = "int8" }',
+     "templates/attention_decode_tiered.wgsl.j2:", "a quantized cold tier (int8) takes f32 Q and output"),
+    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", max_kv_len = "2048" }',
+     "variants.toml:", "parameter max_kv_len must be int"),
+    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", masked_row = "nan" }',
+     "variants.toml:", "masked_row='nan' is not one of"),
+    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", hot_ring = true }',
+     "variants.toml:", "unknown parameter 'hot_ring'"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "where", "message"), BAD_TIERED)
+def test_bad_tiered_parameters_are_rejected(project_copy: Path, old: str, new: str, where: str,
+                                            message: str) -> None:
+    before = snapshot(project_copy / "generated")
+    edit(project_copy / "variants.toml", old, new)
+    result = run_process(project_copy, "generate")
+    assert result.returncode == 2
+    line = assert_one_line_error(result.stderr)
+    assert where in line and message in line, line
+    assert snapshot(project_copy / "generated") == before
+
+
+def test_list_and_show_cover_the_tiered_variants() -> None:
+    listing = run_cli(REPO_ROOT, "list")
+    assert listing.exit_code == 0
+    for name in TIERED:
+        assert name in listing.output
+    shown = run_cli(REPO_ROOT, "show", "attention_decode_tiered_int4_f16kv", "--raw")
+    assert shown.output == (REPO_ROOT / "generated/attention_decode_tiered_int4_f16kv.wgsl").read_text()
