@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -24,7 +25,6 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 import jinja2
-import jinja2.meta
 
 from doppler_gen.config import TEMPLATES_DIR, Project, Variant
 from doppler_gen.errors import TemplateError
@@ -36,6 +36,7 @@ HEADER_LINES = 3
 
 # private-use characters: never whitespace to Jinja's trimming, never in a real template
 _MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+_REFERENCE_RE = re.compile(r"""\{%-?\s*(?:import|include|extends|from)\s+["']([^"']+)["']""")
 _MARK_RE = re.compile(f"{_MARK_OPEN}([0-9]+):([0-9]+){_MARK_CLOSE}")
 
 Origin = tuple[str, int]  # (template path relative to the project root, 1-based line)
@@ -86,11 +87,13 @@ class Renderer:
         self._marked_env: jinja2.Environment | None = None
         self._file_ids: dict[str, int] = {}
         self._source_cache: dict[str, str] = {}
+        self._sources_of: dict[str, tuple[str, ...]] = {}
         self._references_cache: dict[str, tuple[str, ...]] = {}
 
-    def _environment(self, loader: jinja2.BaseLoader) -> jinja2.Environment:
+    def _environment(self, loader: jinja2.BaseLoader, cache: bool = True) -> jinja2.Environment:
         env = jinja2.Environment(
             loader=loader,
+            bytecode_cache=_bytecode_cache() if cache else None,
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
@@ -138,6 +141,13 @@ class Renderer:
 
     def sources(self, template: str) -> tuple[str, ...]:
         """The template and everything it includes, imports or extends, transitively (sorted)."""
+        if template not in self._sources_of:
+            self._sources_of[template] = self._find_sources(template)
+        return self._sources_of[template]
+
+    def _find_sources(self, template: str) -> tuple[str, ...]:
+        # A textual scan, not a Jinja parse: parsing every template again costs more than the
+        # whole render, and only literal names can be followed either way.
         seen: set[str] = set()
         pending = [template]
         while pending:
@@ -145,19 +155,8 @@ class Renderer:
             if name in seen:
                 continue
             seen.add(name)
-            pending.extend(self._references(name))
+            pending.extend(_REFERENCE_RE.findall(self._read(name)))
         return tuple(sorted(seen))
-
-    def _references(self, name: str) -> tuple[str, ...]:
-        """The templates ``name`` itself includes, imports or extends (parsed once per file)."""
-        if name not in self._references_cache:
-            try:
-                ast = self.env.parse(self._read(name), name=name, filename=self._filename(name))
-            except jinja2.TemplateSyntaxError as exc:
-                raise _syntax_error(exc, None) from None
-            found = jinja2.meta.find_referenced_templates(ast)
-            self._references_cache[name] = tuple(ref for ref in found if ref)
-        return self._references_cache[name]
 
     def source_hash(self, variant: Variant, sources: Iterable[str]) -> str:
         """sha256 over the template sources and the parameters: changes iff the output may."""
@@ -220,9 +219,7 @@ class Renderer:
     ) -> list[Origin | None] | None:
         """Per normalized body line, the template line it came from; None if unavailable."""
         if self._marked_env is None:
-            self._marked_env = self._environment(
-                jinja2.FunctionLoader(self._marked_source)
-            )
+            self._marked_env = self._environment(jinja2.FunctionLoader(self._marked_source), cache=False)
         try:
             marked = self._marked_env.get_template(variant.template.source).render(context)
         except Exception:  # the real render succeeded; a map is a convenience, never a blocker
@@ -311,6 +308,24 @@ def normalize(lines: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 
 # -- template helpers -----------------------------------------------------------------------
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates cached under the user's cache directory (keyed by source checksum).
+
+    Compiling the templates is most of what `check` costs; a pre-commit hook runs it often. The
+    cache can only make rendering faster: Jinja rejects an entry whose source checksum differs.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(base, "doppler-gen", "jinja")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, ".writable")
+        with open(probe, "w"):
+            pass
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(directory)
 
 
 class _TemplateFailure(Exception):
