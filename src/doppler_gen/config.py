@@ -130,16 +130,20 @@ def load_project(root: Path) -> Project:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise _toml_syntax_error(exc) from None
+        raise _toml_syntax_error(exc, text) from None
     return _Parser(root, locator).project(data, text)
 
 
-def _toml_syntax_error(exc: tomllib.TOMLDecodeError) -> ConfigError:
+def _toml_syntax_error(exc: tomllib.TOMLDecodeError, text: str) -> ConfigError:
     message = str(exc)
     match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
     if match:
         where = f"{CONFIG_NAME}:{match.group(1)}:{match.group(2)}"
         return ConfigError(f"invalid TOML: {message[: match.start()]}", location=where)
+    match = re.search(r"\s*\(at end of document\)$", message)
+    if match:  # e.g. an unclosed array or a key without a value on the last line
+        where = f"{CONFIG_NAME}:{max(1, len(text.splitlines()))}"
+        return ConfigError(f"invalid TOML: {message[: match.start()]} at end of file", location=where)
     return ConfigError(f"invalid TOML: {message}", location=CONFIG_NAME)
 
 
@@ -238,9 +242,10 @@ class _Parser:
                 f"{', '.join(sorted(_TEMPLATE_KEYS))})",
                 self.locate.template(name, key),
             )
-        source = self.string(spec, "source", f"[templates.{name}]", self.locate.template(name))
+        table = f"[templates.{name}]"
+        source = self.string(spec, "source", table, self.locate.template(name, "source"))
         self.check_template_source(name, source)
-        family = self.string(spec, "family", f"[templates.{name}]", line)
+        family = self.string(spec, "family", table, self.locate.template(name, "family"))
         if family not in FAMILIES:
             raise self.fail(
                 f"[templates.{name}] family {family!r} is not one of {', '.join(FAMILIES)}",
@@ -255,8 +260,10 @@ class _Parser:
             name=name,
             source=source,
             family=family,
-            description=self.optional_string(spec, "description", name),
-            dispatch=self.string(spec, "dispatch", f"[templates.{name}]", line),
+            description=self.optional_string(
+                spec, "description", table, self.locate.template(name, "description")
+            ),
+            dispatch=self.string(spec, "dispatch", table, self.locate.template(name, "dispatch")),
             params=params,
             choices=choices,
             tunable=tunable,
@@ -311,7 +318,7 @@ class _Parser:
         where = f"[[variant]] #{index + 1}"
         if not isinstance(entry, dict):
             raise self.fail(f"{where} must be a table", line)
-        name = self.string(entry, "name", where, line)
+        name = self.string(entry, "name", where, self.locate.variant(index, "name"))
         where = f"variant {name!r}"
         if not _NAME_RE.match(name):
             raise self.fail(f"{where}: name must match [a-z][a-z0-9_]*", self.locate.variant(index, "name"))
@@ -320,14 +327,16 @@ class _Parser:
                 f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(_VARIANT_KEYS))})",
                 self.locate.variant(index, key),
             )
-        template_name = self.string(entry, "template", where, line)
+        template_line = self.locate.variant(index, "template")
+        template_name = self.string(entry, "template", where, template_line)
         if template_name not in templates:
             raise self.fail(
                 f"{where}: unknown template {template_name!r} (declared: {', '.join(templates)})",
                 self.locate.variant(index, "template"),
             )
         template = templates[template_name]
-        output = self.output_path(self.string(entry, "output", where, line), where, self.locate.variant(index, "output"))
+        output_line = self.locate.variant(index, "output")
+        output = self.output_path(self.string(entry, "output", where, output_line), where, output_line)
         requires = entry.get("requires", [])
         if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
             raise self.fail(f"{where}: requires must be a list of feature names", self.locate.variant(index, "requires"))
@@ -341,7 +350,9 @@ class _Parser:
             name=name,
             template=template,
             output=output,
-            description=self.optional_string(entry, "description", where),
+            description=self.optional_string(
+                entry, "description", where, self.locate.variant(index, "description")
+            ),
             requires=tuple(sorted(set(requires))),
             params=self.variant_params(index, where, entry.get("params", {}), template),
             line=line or 0,
@@ -446,8 +457,10 @@ class _Parser:
             raise self.fail(f"{where}: {key} must be a non-empty string, got {value!r}", line)
         return value
 
-    def optional_string(self, table: Mapping[str, Any], key: str, where: str) -> str:
+    def optional_string(
+        self, table: Mapping[str, Any], key: str, where: str, line: int | None
+    ) -> str:
         value = table.get(key, "")
         if not isinstance(value, str):
-            raise self.fail(f"{where}: {key} must be a string", None)
+            raise self.fail(f"{where}: {key} must be a string, got {value!r}", line)
         return value

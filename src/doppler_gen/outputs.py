@@ -9,10 +9,8 @@ hand-written file there is never deleted.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,6 +112,8 @@ def orphans(plan: Plan) -> list[str]:
 
 def unified_diff(relative: str, actual: str, expected: str) -> str:
     """What ``generate`` would change in ``relative``, as a unified diff."""
+    import difflib  # only a stale file needs it; `check` on a clean tree stays lighter
+
     lines = difflib.unified_diff(
         actual.splitlines(keepends=True),
         expected.splitlines(keepends=True),
@@ -146,6 +146,8 @@ def write(plan: Plan) -> WriteResult:
 
 def atomic_write(path: Path, text: str) -> None:
     """Write via a temporary file in the same directory and rename over the target."""
+    import tempfile  # only writing needs it, not `check`
+
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -88,7 +88,6 @@ class Renderer:
         self._file_ids: dict[str, int] = {}
         self._source_cache: dict[str, str] = {}
         self._sources_of: dict[str, tuple[str, ...]] = {}
-        self._references_cache: dict[str, tuple[str, ...]] = {}
 
     def _environment(self, loader: jinja2.BaseLoader, cache: bool = True) -> jinja2.Environment:
         env = jinja2.Environment(

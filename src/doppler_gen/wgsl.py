@@ -10,6 +10,7 @@ declarations, which is all a host needs.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,29 +144,34 @@ class Module:
 def strip_comments(source: str) -> str:
     """Remove // and (nested) /* */ comments, keeping newlines so offsets map to lines."""
     out: list[str] = []
-    i, depth, n = 0, 0, len(source)
-    while i < n:
-        two = source[i : i + 2]
-        if depth == 0 and two == "//":
-            end = source.find("\n", i)
-            i = n if end < 0 else end
+    position, depth, n = 0, 0, len(source)
+    while position < n:
+        if depth == 0:
+            match = _OUTSIDE_COMMENT_RE.search(source, position)
+            if match is None:
+                out.append(source[position:])
+                break
+            out.append(source[position : match.start()])
+            if match.group() == "//":
+                end = source.find("\n", match.end())
+                position = n if end < 0 else end
+            else:
+                depth, position = 1, match.end()
             continue
-        if two == "/*":
-            depth += 1
-            i += 2
-            continue
-        if depth and two == "*/":
-            depth -= 1
-            i += 2
-            continue
-        if depth:
-            if source[i] == "\n":
-                out.append("\n")
-            i += 1
-            continue
-        out.append(source[i])
-        i += 1
+        match = _INSIDE_COMMENT_RE.search(source, position)
+        end = n if match is None else match.start()
+        out.append("\n" * source.count("\n", position, end))
+        if match is None:
+            break
+        depth += 1 if match.group() == "/*" else -1
+        position = match.end()
     return "".join(out)
+
+
+# what ends plain text (a line or block comment) and what nests or ends a block comment
+_OUTSIDE_COMMENT_RE = re.compile(r"//|/\*")
+_INSIDE_COMMENT_RE = re.compile(r"/\*|\*/")
+_BRACE_RE = re.compile(r"[{}]")
 
 
 _ATTRS = r"((?:@\w+(?:\([^)]*\))?\s*)*)"
@@ -217,13 +223,13 @@ def _line_of(text: str, offset: int) -> int:
 
 def _matching_brace(text: str, open_index: int) -> int:
     depth = 0
-    for index in range(open_index, len(text)):
-        if text[index] == "{":
+    for match in _BRACE_RE.finditer(text, open_index):
+        if match.group() == "{":
             depth += 1
-        elif text[index] == "}":
+        else:
             depth -= 1
             if depth == 0:
-                return index
+                return match.start()
     raise InterfaceError(f"unbalanced braces from line {_line_of(text, open_index)}")
 
 
@@ -436,10 +442,14 @@ def _term(tokens: list[str], names: dict[str, Any]) -> tuple[Any, list[str]]:
         op, (rhs, tokens) = tokens[0], _unary(tokens[1:], names)
         if op == "*":
             value = value * rhs
+        elif rhs == 0:
+            raise InterfaceError("division by zero in WGSL expression")
         elif isinstance(value, int) and isinstance(rhs, int):
-            value = value // rhs if op == "/" else value % rhs
+            # WGSL integer division and remainder truncate toward zero (Python's floor)
+            quotient = abs(value) // abs(rhs) * (1 if (value < 0) == (rhs < 0) else -1)
+            value = quotient if op == "/" else value - quotient * rhs
         else:
-            value = value / rhs if op == "/" else value % rhs
+            value = value / rhs if op == "/" else math.fmod(value, rhs)
     return value, tokens
 
 

@@ -1,0 +1,125 @@
+"""Shared fixtures and helpers for the generator tests.
+
+Every test that writes works on a copy of the project (variants.toml, templates/, generated/) in
+pytest's tmp_path, never on the repository itself: other work happens in the real tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from doppler_gen.cli import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+SEEDS = SHARED / "seeds" / "extracted"
+SEEDS_MISSING = f"seed kernels not available ({SEEDS} is absent; it lives in ../shared)"
+
+PROJECT_ESSENTIALS = ("variants.toml", "templates", "generated")
+
+
+def copy_project(destination: Path) -> Path:
+    """Copy the project essentials (no pyproject, no sources) into ``destination``."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_ESSENTIALS:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, destination / name)
+        else:
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_user_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Keep the renderer's on-disk caches (under XDG_CACHE_HOME) out of the user's home: every
+    test renders from its own tmp path, which would leave new cache entries behind each run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    """A copy of the project essentials, as they are in the repository right now."""
+    return copy_project(tmp_path / "project")
+
+
+@pytest.fixture(scope="session")
+def pristine_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One project copy per session, regenerated, so that the tests do not depend on the
+    repository's generated/ being up to date. Read-only: use ``fresh_project`` to modify."""
+    root = copy_project(tmp_path_factory.mktemp("pristine") / "project")
+    result = run_cli(root, "generate")
+    assert result.exit_code == 0, result.output + result.stderr
+    return root
+
+
+@pytest.fixture
+def fresh_project(pristine_project: Path, tmp_path: Path) -> Path:
+    """A private copy of the project whose generated/ is exactly what `generate` writes."""
+    return Path(shutil.copytree(pristine_project, tmp_path / "project"))
+
+
+def run_cli(root: Path, *args: str) -> Result:
+    """Run `doppler-gen --root ROOT ARGS...` in-process; stdout and stderr stay separate."""
+    runner = CliRunner()
+    return runner.invoke(cli, ["--root", str(root), *args], prog_name="doppler-gen")
+
+
+def doppler_gen_command() -> list[str]:
+    """The real console script next to the running interpreter, else `python -m doppler_gen`."""
+    script = Path(sys.executable).with_name("doppler-gen")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "doppler_gen"]
+
+
+def run_process(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run doppler-gen as a separate process (exit codes and stderr as a user sees them)."""
+    return subprocess.run(
+        [*doppler_gen_command(), "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (relative posix path -> bytes), hidden files included."""
+    return {
+        path.relative_to(directory).as_posix(): path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def edit(path: Path, old: str, new: str, count: int = 1) -> None:
+    """Replace ``old`` by ``new`` in a text file; the edit must apply (guards stale tests)."""
+    text = path.read_text(encoding="utf-8")
+    assert old in text, f"{old!r} not found in {path}"
+    path.write_text(text.replace(old, new, count), encoding="utf-8")
+
+
+def line_of(text: str, needle: str, occurrence: int = 0) -> int:
+    """1-based number of the line holding the ``occurrence``-th match of ``needle`` (-1: last)."""
+    hits = [number for number, line in enumerate(text.splitlines(), 1) if needle in line]
+    assert hits, f"{needle!r} not found"
+    return hits[occurrence]
+
+
+def assert_one_line_error(stderr: str) -> str:
+    """stderr is exactly one `error: ...` line without a traceback; returns that line."""
+    assert stderr.endswith("\n"), repr(stderr)
+    assert stderr.count("\n") == 1, f"expected one line on stderr, got:\n{stderr}"
+    assert "Traceback" not in stderr
+    assert stderr.startswith("error: "), stderr
+    return stderr.rstrip("\n")

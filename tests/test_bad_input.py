@@ -1,0 +1,503 @@
+"""Bad input: one line on stderr naming file and line, exit code 2, generated/ left untouched.
+
+Each case mutates a copy of the project, runs `generate` and `check`, and compares generated/ byte
+for byte with a snapshot taken before. The expected line number is found in the *mutated* file
+(the line holding a needle), so the cases keep working when unrelated lines move.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, line_of, run_cli, run_process, snapshot
+
+Where = Callable[[str], int]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """An edit of one project file and where the error must point (file, line finder)."""
+
+    file: str
+    apply: Callable[[str], str]
+    where_file: str
+    where: Where
+
+    def __call__(self, root: Path) -> str:
+        path = root / self.file
+        if self.apply is DELETE:
+            path.unlink()
+        else:
+            path.write_text(self.apply(path.read_text(encoding="utf-8")), encoding="utf-8")
+        where_path = root / self.where_file
+        text = where_path.read_text(encoding="utf-8") if where_path.exists() else ""
+        return f"{self.where_file}:{self.where(text)}"
+
+
+def DELETE(text: str) -> str:  # marker: remove the file
+    raise AssertionError("not called")
+
+
+def at(needle: str, occurrence: int = 0) -> Where:
+    return lambda text: line_of(text, needle, occurrence)
+
+
+def last_line(text: str) -> int:
+    return len(text.splitlines())
+
+
+def variant_header(name: str) -> Where:
+    """The `[[variant]]` line of the variant called ``name``."""
+
+    def find(text: str) -> int:
+        lines = text.splitlines()
+        number = line_of(text, f'name = "{name}"')
+        while not lines[number - 1].strip().startswith("[[variant]]"):
+            number -= 1
+        return number
+
+    return find
+
+
+def replace(old: str, new: str) -> Callable[[str], str]:
+    def apply(text: str) -> str:
+        assert old in text, f"{old!r} not in the file: update this case"
+        return text.replace(old, new, 1)
+
+    return apply
+
+
+def insert_before(anchor: str, new: str) -> Callable[[str], str]:
+    """Insert ``new`` (whole lines) before the line holding ``anchor``."""
+
+    def apply(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        number = line_of(text, anchor)
+        return "".join([*lines[: number - 1], new, *lines[number - 1 :]])
+
+    return apply
+
+
+def insert_after(anchor: str, new: str) -> Callable[[str], str]:
+    """Insert ``new`` (whole lines) after the line holding ``anchor``."""
+
+    def apply(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        number = line_of(text, anchor)
+        return "".join([*lines[:number], new, *lines[number:]])
+
+    return apply
+
+
+def set_variant_key(name: str, key: str, new: str | None) -> Callable[[str], str]:
+    """Replace (``new``) or remove (None) the ``key = ...`` line of variant ``name``."""
+
+    def apply(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        number = line_of(text, f'name = "{name}"')
+        for index in range(number, len(lines)):
+            if lines[index].lstrip().startswith("["):
+                break
+            if re.match(rf"\s*{key}\s*=", lines[index]):
+                lines[index : index + 1] = [] if new is None else [new + "\n"]
+                return "".join(lines)
+        raise AssertionError(f"variant {name} has no {key} line: update this case")
+
+    return apply
+
+
+def append(new: str) -> Callable[[str], str]:
+    return lambda text: text + new
+
+
+def toml(apply: Callable[[str], str], where: Where) -> Mutation:
+    return Mutation("variants.toml", apply, "variants.toml", where)
+
+
+def toml_at(old: str, new: str, needle: str | None = None, occurrence: int = 0) -> Mutation:
+    """Replace ``old`` by ``new`` in variants.toml; the error is at the line holding ``needle``
+    (default: the first line of ``new``)."""
+    return toml(replace(old, new), at(needle or new.splitlines()[0].strip(), occurrence))
+
+
+MAIN = "templates/attention.wgsl.j2"
+LIB = "templates/lib/attention_common.wgsl.j2"
+SMALL_PARAMS = 'params = { kv_dtype = "f16", block_size = 16 }'
+F16KV_OUTPUT = 'output = "generated/attention_f16kv.wgsl"'
+
+
+def small_params(extra: str) -> str:
+    return f'params = {{ kv_dtype = "f16", block_size = 16, {extra} }}'
+
+
+def extra_variant(*lines: str) -> Mutation:
+    """Append a [[variant]]; the error is at its header (the last [[variant]] line)."""
+    block = "\n[[variant]]\n" + "".join(f"{line}\n" for line in lines)
+    return toml(append(block), at("[[variant]]", -1))
+
+
+CASES: list[tuple[str, Mutation, str]] = [
+    # -- TOML syntax ----------------------------------------------------------------------------
+    ("toml-syntax", toml_at("block_size = 64\n", "block_size = = 64\n"), "invalid TOML"),
+    ("toml-unclosed-at-eof", toml(append("extra = [1,\n"), last_line), "invalid TOML"),
+    (
+        "toml-duplicate-key",
+        toml(insert_after('name = "attention_f16"', 'name = "again"\n'), at('name = "again"')),
+        "invalid TOML",
+    ),
+    # -- unknown keys ---------------------------------------------------------------------------
+    (
+        "unknown-top-level-key",
+        toml(insert_before("[templates.attention]", 'colour = "blue"\n\n'), at('colour = "blue"')),
+        "unknown top-level key 'colour'",
+    ),
+    (
+        "unknown-top-level-table",
+        toml(append("\n[settings]\nfast = true\n"), at("[settings]")),
+        "unknown top-level key 'settings'",
+    ),
+    (
+        "unknown-variant-key",
+        toml(insert_after('name = "attention_f16"', "priority = 3\n"), at("priority = 3")),
+        "unknown key 'priority'",
+    ),
+    (
+        "unknown-template-key",
+        toml(insert_after('source = "attention.wgsl.j2"', 'author = "me"\n'), at('author = "me"')),
+        "unknown key 'author' in [templates.attention]",
+    ),
+    # -- missing required fields ----------------------------------------------------------------
+    (
+        "missing-name",
+        extra_variant('template = "attention"', 'output = "generated/extra.wgsl"'),
+        "missing required key 'name'",
+    ),
+    (
+        "missing-template",
+        extra_variant('name = "extra"', 'output = "generated/extra.wgsl"'),
+        "variant 'extra': missing required key 'template'",
+    ),
+    (
+        "missing-output",
+        extra_variant('name = "extra"', 'template = "attention"'),
+        "variant 'extra': missing required key 'output'",
+    ),
+    # -- wrongly typed fields -------------------------------------------------------------------
+    (
+        "output-not-a-string",
+        toml_at(F16KV_OUTPUT, "output = 3"),
+        "output must be a non-empty string, got 3",
+    ),
+    (
+        "name-not-a-string",
+        toml_at('name = "attention_f16kv"', "name = 42"),
+        "name must be a non-empty string",
+    ),
+    ("output-empty", toml_at(F16KV_OUTPUT, 'output = ""'), "output must be a non-empty string"),
+    (
+        "template-not-a-string",
+        toml_at(
+            'name = "attention_f16kv"\ntemplate = "attention"',
+            'name = "attention_f16kv"\ntemplate = ["attention"]',
+            'template = ["attention"]',
+        ),
+        "template must be a non-empty string",
+    ),
+    (
+        "description-not-a-string",
+        toml(
+            set_variant_key("attention_f16kv", "description", "description = 3"),
+            at("description = 3"),
+        ),
+        "description must be a string",
+    ),
+    (
+        "requires-not-a-list",
+        toml(
+            insert_after('name = "attention"', 'requires = "shader-f16"\n'),
+            at('requires = "shader-f16"'),
+        ),
+        "requires must be a list of feature names",
+    ),
+    (
+        "params-not-a-table",
+        toml_at(SMALL_PARAMS, 'params = "fast"'),
+        "params must be a table",
+    ),
+    (
+        "param-str-for-int",
+        toml_at(SMALL_PARAMS, 'params = { kv_dtype = "f16", block_size = "16" }'),
+        "parameter block_size must be int, got str '16'",
+    ),
+    (
+        "param-bool-for-int",
+        toml_at(SMALL_PARAMS, 'params = { kv_dtype = "f16", block_size = true }'),
+        "parameter block_size must be int, got bool",
+    ),
+    (
+        "param-float-for-int",
+        toml_at(SMALL_PARAMS, 'params = { kv_dtype = "f16", block_size = 16.5 }'),
+        "parameter block_size must be int, got float",
+    ),
+    (
+        "param-int-for-str",
+        toml_at(SMALL_PARAMS, "params = { kv_dtype = 16, block_size = 16 }"),
+        "parameter kv_dtype must be str, got int 16",
+    ),
+    (
+        "param-not-positive",
+        toml_at(SMALL_PARAMS, 'params = { kv_dtype = "f16", block_size = 0 }'),
+        "block_size must be a positive integer",
+    ),
+    (
+        "template-family-not-a-string",
+        toml_at('family = "tiled"', "family = 1"),
+        "family must be a non-empty string",
+    ),
+    # -- parameters the template does not accept, values outside choices --------------------------
+    (
+        "param-not-accepted",
+        toml_at(SMALL_PARAMS, small_params("tile_k = 8")),
+        "unknown parameter 'tile_k' for template 'attention'",
+    ),
+    (
+        "param-outside-choices",
+        toml_at(SMALL_PARAMS, 'params = { kv_dtype = "bf16", block_size = 16 }'),
+        "parameter kv_dtype='bf16' is not one of 'f32', 'f16'",
+    ),
+    (
+        "template-default-outside-choices",
+        toml_at('masked_row = "zero"\n', 'masked_row = "nan"\n'),
+        "parameter masked_row='nan' is not one of",
+    ),
+    (
+        "unknown-feature",
+        toml_at('requires = ["shader-f16"]', 'requires = ["shader-f64"]'),
+        "unknown feature 'shader-f64'",
+    ),
+    (
+        "unknown-template",
+        toml_at(
+            'name = "attention_f16kv"\ntemplate = "attention"',
+            'name = "attention_f16kv"\ntemplate = "attn"',
+            'template = "attn"',
+        ),
+        "unknown template 'attn'",
+    ),
+    (
+        "bad-variant-name",
+        toml_at('name = "attention_f16kv"', 'name = "Attention-F16KV"'),
+        "name must match [a-z][a-z0-9_]*",
+    ),
+    # -- duplicates -----------------------------------------------------------------------------
+    (
+        "duplicate-name",
+        toml_at('name = "attention_f16kv"', 'name = "attention_f16"', occurrence=-1),
+        "duplicate variant name 'attention_f16'",
+    ),
+    (
+        "duplicate-output",
+        toml_at(F16KV_OUTPUT, 'output = "generated/attention_f16.wgsl"', occurrence=-1),
+        "is already produced by variant 'attention_f16'",
+    ),
+    (
+        "duplicate-output-other-case",
+        toml_at(F16KV_OUTPUT, 'output = "generated/Attention_F16.wgsl"'),
+        "is already produced by variant 'attention_f16'",
+    ),
+    # -- output outside generated/ ----------------------------------------------------------------
+    *[
+        (
+            f"output-{label}",
+            toml_at(F16KV_OUTPUT, f"output = {value}"),
+            "must be a file directly inside generated/",
+        )
+        for label, value in [
+            ("absolute", '"/tmp/evil.wgsl"'),
+            ("dotdot", '"../evil.wgsl"'),
+            ("generated-dotdot", '"generated/../evil.wgsl"'),
+            ("nested", '"generated/sub/evil.wgsl"'),
+            ("other-dir", '"kernels/evil.wgsl"'),
+            ("root", '"evil.wgsl"'),
+            ("backslash", "'generated\\evil.wgsl'"),
+        ]
+    ],
+    ("output-suffix", toml_at(F16KV_OUTPUT, 'output = "generated/evil.txt"'), "must end in .wgsl"),
+    # -- template files -------------------------------------------------------------------------
+    (
+        "missing-template-file",
+        toml_at('source = "attention.wgsl.j2"', 'source = "missing.wgsl.j2"'),
+        "template file templates/missing.wgsl.j2 not found",
+    ),
+    (
+        "template-source-outside",
+        toml_at('source = "attention.wgsl.j2"', 'source = "../variants.toml"'),
+        "must be a path inside templates/",
+    ),
+    (
+        "missing-included-file",
+        Mutation(LIB, DELETE, MAIN, at('"lib/attention_common.wgsl.j2"')),
+        "included template 'lib/attention_common.wgsl.j2' not found",
+    ),
+    (
+        "jinja-syntax-main",
+        Mutation(
+            MAIN,
+            insert_before("fn is_masked(", "{{ block_size + }}\n"),
+            MAIN,
+            at("{{ block_size + }}"),
+        ),
+        "unexpected",
+    ),
+    (
+        "jinja-syntax-lib",
+        Mutation(
+            LIB, insert_after("fn get_kv_head_idx(", "    {% endfor %}\n"), LIB, at("{% endfor %}")
+        ),
+        "unknown tag 'endfor'",
+    ),
+    (
+        "undefined-main",
+        Mutation(
+            MAIN,
+            insert_before("fn is_masked(", "// {{ no_such_param }}\n"),
+            MAIN,
+            at("no_such_param"),
+        ),
+        "'no_such_param' is undefined (variant attention)",
+    ),
+    (
+        "undefined-lib-macro",
+        Mutation(
+            LIB,
+            insert_after("fn get_kv_head_idx(", "    // {{ no_such_lib_name }}\n"),
+            LIB,
+            at("no_such_lib_name"),
+        ),
+        "'no_such_lib_name' is undefined",
+    ),
+    (
+        "type-error-main",
+        Mutation(
+            MAIN, insert_before("fn is_masked(", '// {{ block_size + "px" }}\n'), MAIN, at('"px"')
+        ),
+        "TypeError",
+    ),
+    (
+        "template-fail",
+        Mutation(
+            "variants.toml",
+            replace(SMALL_PARAMS, small_params("max_head_dim = 128")),
+            MAIN,
+            at("fail("),
+        ),
+        "max_head_dim (128) must not exceed head_tile (64)",
+    ),
+    # -- metadata that disagrees with the WGSL -----------------------------------------------------
+    (
+        "f16-without-requires",
+        toml(set_variant_key("attention_f16", "requires", None), variant_header("attention_f16")),
+        'the WGSL enables f16 but the variant does not list requires = ["shader-f16"]',
+    ),
+    (
+        "requires-f16-without-enable",
+        toml(
+            insert_after('name = "attention"', 'requires = ["shader-f16"]\n'),
+            variant_header("attention"),
+        ),
+        "the variant requires shader-f16 but the WGSL has no `enable f16;`",
+    ),
+]
+
+
+def location_of(line: str) -> str:
+    """`error: FILE:LINE[:COL]: message` -> `FILE:LINE`."""
+    match = re.match(r"error: ([^:\s]+):(\d+)(?::\d+)?: ", line)
+    assert match, f"no FILE:LINE in {line!r}"
+    return f"{match.group(1)}:{match.group(2)}"
+
+
+@pytest.mark.parametrize(
+    ("mutation", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input(fresh_project: Path, mutation: Mutation, expected: str) -> None:
+    before = snapshot(fresh_project / "generated")
+    where = mutation(fresh_project)
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, (command, result.output, result.stderr)
+        line = assert_one_line_error(result.stderr)
+        assert result.stdout == "", (command, result.stdout)
+        assert expected in line, line
+        assert location_of(line) == where, line
+        assert snapshot(fresh_project / "generated") == before
+    assert not (fresh_project / "evil.wgsl").exists()
+    assert not (fresh_project.parent / "evil.wgsl").exists()
+
+
+def test_cases_have_unique_ids() -> None:
+    ids = [c[0] for c in CASES]
+    assert len(ids) == len(set(ids))
+
+
+def test_real_process_exit_codes_and_one_line_stderr(fresh_project: Path) -> None:
+    """The installed command, as a hook runs it: 0 clean, 1 stale, 2 bad input (one line)."""
+    clean = run_process(fresh_project, "check")
+    assert clean.returncode == 0, clean.stderr
+    assert clean.stderr == ""
+
+    kernel = fresh_project / "generated" / "attention.wgsl"
+    kernel.write_text(kernel.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")
+    stale = run_process(fresh_project, "check")
+    assert stale.returncode == 1
+    assert stale.stderr.count("\n") == 1 and "doppler-gen generate" in stale.stderr
+    assert "Traceback" not in stale.stderr
+
+    before = snapshot(fresh_project / "generated")
+    toml = fresh_project / "variants.toml"
+    toml.write_text(
+        toml.read_text(encoding="utf-8").replace(F16KV_OUTPUT, "output = 3", 1), encoding="utf-8"
+    )
+    expected_line = line_of(toml.read_text(encoding="utf-8"), "output = 3")
+    for command in ("generate", "check"):
+        bad = run_process(fresh_project, command)
+        assert bad.returncode == 2, bad.stderr
+        line = assert_one_line_error(bad.stderr)
+        assert location_of(line) == f"variants.toml:{expected_line}"
+        assert bad.stdout == ""
+    assert snapshot(fresh_project / "generated") == before
+
+
+def test_unknown_variant_for_show(fresh_project: Path) -> None:
+    result = run_cli(fresh_project, "show", "no_such_variant")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert "unknown variant 'no_such_variant'" in line
+
+
+def test_missing_variants_toml(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "check")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert "variants.toml" in line and "not found" in line
+
+
+def test_unreadable_generated_wgsl_is_one_line(fresh_project: Path) -> None:
+    """A template that renders WGSL the interface reader cannot evaluate: exit 2, no traceback."""
+    before = snapshot(fresh_project / "generated")
+    template = fresh_project / "templates/attention.wgsl.j2"
+    template.write_text(
+        insert_before("fn is_masked(", "const BAD: u32 = 1u / 0u;\n")(
+            template.read_text(encoding="utf-8")
+        ),
+        encoding="utf-8",
+    )
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert "generated/attention.wgsl" in line and "division by zero" in line
+    assert snapshot(fresh_project / "generated") == before

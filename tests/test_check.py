@@ -1,0 +1,257 @@
+"""`doppler-gen check`: exit 0 when generated/ is current, else 1 naming every difference.
+
+Check never writes: every run here snapshots the whole project before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from conftest import edit, run_cli, snapshot
+
+FIX = "doppler-gen generate"
+
+
+def check(root: Path, *args: str) -> Result:
+    """Run check and assert it wrote nothing."""
+    before = snapshot(root)
+    result = run_cli(root, "check", *args)
+    assert snapshot(root) == before, "check must never write"
+    return result
+
+
+def assert_out_of_date(result: Result, *paths: str) -> None:
+    assert result.exit_code == 1, result.output
+    for path in paths:
+        assert path in result.stdout, f"{path} not named in:\n{result.stdout}"
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "generated/ is out of date" in result.stderr
+    assert f"fix with: {FIX}" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_fresh_tree_is_clean(fresh_project: Path) -> None:
+    result = check(fresh_project)
+    assert result.exit_code == 0, result.output
+    files = len(list((fresh_project / "generated").iterdir()))
+    assert result.stdout == f"generated/ is up to date ({files} files)\n"
+    assert result.stderr == ""
+
+
+def test_hand_edit_of_a_kernel(fresh_project: Path) -> None:
+    kernel = fresh_project / "generated/attention_f16.wgsl"
+    original = kernel.read_text(encoding="utf-8")
+    assert "const MAX_BLOCK_SIZE: u32 = 64u;" in original
+    kernel.write_text(
+        original.replace("const MAX_BLOCK_SIZE: u32 = 64u;", "const MAX_BLOCK_SIZE: u32 = 32u;"),
+        encoding="utf-8",
+    )
+    result = check(fresh_project)
+    assert_out_of_date(result, "stale:    generated/attention_f16.wgsl")
+    out = result.stdout
+    # a unified diff from the file on disk to what generate would write
+    assert "--- generated/attention_f16.wgsl (on disk)\n" in out
+    assert "+++ generated/attention_f16.wgsl (generated)\n" in out
+    assert "\n-const MAX_BLOCK_SIZE: u32 = 32u;\n" in out
+    assert "\n+const MAX_BLOCK_SIZE: u32 = 64u;\n" in out
+    assert "@@ -" in out
+    # only that file: the manifest records the sha of what generate writes, which is unchanged
+    assert out.count("stale:") == 1
+
+
+def test_hand_edit_removing_the_final_newline(fresh_project: Path) -> None:
+    kernel = fresh_project / "generated/attention.wgsl"
+    kernel.write_text(kernel.read_text(encoding="utf-8").rstrip("\n"), encoding="utf-8")
+    result = check(fresh_project)
+    assert_out_of_date(result, "stale:    generated/attention.wgsl")
+    assert "\\ No newline at end of file" in result.stdout
+
+
+def test_hand_edit_of_the_manifest(fresh_project: Path) -> None:
+    manifest = fresh_project / "generated/manifest.json"
+    manifest.write_text(manifest.read_text(encoding="utf-8").replace('"format": 1', '"format": 2'))
+    result = check(fresh_project)
+    assert_out_of_date(result, "stale:    generated/manifest.json")
+
+
+def test_non_utf8_kernel_is_stale(fresh_project: Path) -> None:
+    (fresh_project / "generated/attention.wgsl").write_bytes(b"\xff\xfe garbage")
+    result = check(fresh_project)
+    assert_out_of_date(result, "stale:    generated/attention.wgsl")
+
+
+def test_template_edit(fresh_project: Path) -> None:
+    edit(
+        fresh_project / "templates/attention.wgsl.j2",
+        "// Tile sizes for blocked attention",
+        "// Tile sizes for the blocked attention",
+    )
+    result = check(fresh_project)
+    assert_out_of_date(
+        result,
+        "stale:    generated/attention.wgsl",
+        "stale:    generated/attention_f16.wgsl",
+        "stale:    generated/attention_small_f16kv.wgsl",
+        "stale:    generated/manifest.json",  # the kernels' sha256 changed
+        "+// Tile sizes for the blocked attention",
+    )
+
+
+def test_template_comment_edit_changes_only_the_hash(fresh_project: Path) -> None:
+    edit(fresh_project / "templates/attention.wgsl.j2", "-#}\n", "-#}\n{# a Jinja comment #}\n")
+    result = check(fresh_project)
+    assert_out_of_date(result, "stale:    generated/attention.wgsl")
+    changed = [line for line in result.stdout.splitlines() if line.startswith(("-//", "+//"))]
+    assert changed and all("source-hash: sha256:" in line for line in changed), changed
+
+
+def test_lib_template_edit(fresh_project: Path) -> None:
+    edit(
+        fresh_project / "templates/lib/attention_common.wgsl.j2",
+        "// GQA: multiple query heads share one KV head",
+        "// GQA: several query heads share one KV head",
+    )
+    result = check(fresh_project)
+    assert_out_of_date(
+        result, "stale:    generated/attention.wgsl", "stale:    generated/attention_f16kv.wgsl"
+    )
+
+
+def test_variants_toml_param_edit(fresh_project: Path) -> None:
+    edit(
+        fresh_project / "variants.toml",
+        'params = { kv_dtype = "f16", block_size = 16 }',
+        'params = { kv_dtype = "f16", block_size = 32 }',
+    )
+    result = check(fresh_project)
+    assert_out_of_date(
+        result,
+        "stale:    generated/attention_small_f16kv.wgsl",
+        "stale:    generated/manifest.json",
+    )
+    assert "+const MAX_BLOCK_SIZE: u32 = 32u;" in result.stdout
+    assert "stale:    generated/attention.wgsl" not in result.stdout
+
+
+def test_variants_toml_description_edit(fresh_project: Path) -> None:
+    # a description lives only in the manifest
+    toml = fresh_project / "variants.toml"
+    text = toml.read_text(encoding="utf-8")
+    start = text.index('name = "attention_f16kv"')
+    start = text.index('description = "', start) + len('description = "')
+    toml.write_text(text[:start] + "Reworded: " + text[start:], encoding="utf-8")
+    result = check(fresh_project)
+    assert_out_of_date(
+        result, "stale:    generated/manifest.json", '+      "description": "Reworded: '
+    )
+    assert result.stdout.count("stale:") == 1
+
+
+def test_missing_kernel(fresh_project: Path) -> None:
+    (fresh_project / "generated/attention_f16kv.wgsl").unlink()
+    result = check(fresh_project)
+    assert_out_of_date(result, "missing:  generated/attention_f16kv.wgsl")
+
+
+def test_missing_manifest_and_directory(fresh_project: Path) -> None:
+    (fresh_project / "generated/manifest.json").unlink()
+    assert_out_of_date(check(fresh_project), "missing:  generated/manifest.json")
+    shutil.rmtree(fresh_project / "generated")
+    result = check(fresh_project)
+    assert_out_of_date(
+        result, "missing:  generated/attention.wgsl", "missing:  generated/manifest.json"
+    )
+    assert not (fresh_project / "generated").exists()
+
+
+def test_orphan(fresh_project: Path) -> None:
+    orphan = fresh_project / "generated/attention_old.wgsl"
+    orphan.write_bytes((fresh_project / "generated/attention.wgsl").read_bytes())
+    result = check(fresh_project)
+    assert_out_of_date(result, "orphaned: generated/attention_old.wgsl (no variant produces it)")
+
+
+def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:
+    edit(
+        fresh_project / "variants.toml",
+        'output = "generated/attention_f16kv.wgsl"',
+        'output = "generated/attention_kv16.wgsl"',
+    )
+    result = check(fresh_project)
+    assert_out_of_date(
+        result,
+        "missing:  generated/attention_kv16.wgsl",
+        "orphaned: generated/attention_f16kv.wgsl",
+        "stale:    generated/manifest.json",
+    )
+
+
+def test_generate_fixes_what_check_reports(fresh_project: Path) -> None:
+    (fresh_project / "generated/attention_f16kv.wgsl").unlink()
+    (fresh_project / "generated/attention_old.wgsl").write_bytes(
+        (fresh_project / "generated/attention.wgsl").read_bytes()
+    )
+    kernel = fresh_project / "generated/attention.wgsl"
+    kernel.write_text(kernel.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")
+    assert check(fresh_project).exit_code == 1
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert check(fresh_project).exit_code == 0
+
+
+# -- --json ----------------------------------------------------------------------------------------
+
+
+JSON_KEYS = {"ok", "stale", "missing", "orphaned", "diffs", "fix"}
+
+
+def test_json_clean(fresh_project: Path) -> None:
+    result = check(fresh_project, "--json")
+    assert result.exit_code == 0
+    assert result.stderr == ""
+    report = json.loads(result.stdout)
+    assert report == {
+        "ok": True,
+        "stale": [],
+        "missing": [],
+        "orphaned": [],
+        "diffs": {},
+        "fix": None,
+    }
+
+
+def test_json_dirty(fresh_project: Path) -> None:
+    kernel = fresh_project / "generated/attention.wgsl"
+    kernel.write_text(kernel.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")
+    (fresh_project / "generated/attention_f16.wgsl").unlink()
+    (fresh_project / "generated/old.wgsl").write_bytes(kernel.read_bytes())
+    result = check(fresh_project, "--json")
+    assert result.exit_code == 1
+    assert result.stderr == ""  # stdout is pure JSON; nothing else
+    report = json.loads(result.stdout)
+    assert set(report) == JSON_KEYS
+    assert report["ok"] is False
+    assert report["fix"] == FIX
+    assert report["stale"] == ["generated/attention.wgsl"]
+    assert report["missing"] == ["generated/attention_f16.wgsl"]
+    assert report["orphaned"] == ["generated/old.wgsl"]
+    assert set(report["diffs"]) == {"generated/attention.wgsl"}
+    diff = report["diffs"]["generated/attention.wgsl"]
+    assert diff.startswith(
+        "--- generated/attention.wgsl (on disk)\n+++ generated/attention.wgsl (generated)\n"
+    )
+    assert "\n-// edit\n" in diff
+    # deterministic: sorted keys, two-space indent
+    assert result.stdout == json.dumps(report, indent=2, sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize("args", [(), ("--json",)])
+def test_check_with_bad_input_is_exit_2(fresh_project: Path, args: tuple[str, ...]) -> None:
+    edit(fresh_project / "variants.toml", "head_tile = 64\n", "head_tile = sixty-four\n")
+    result = check(fresh_project, *args)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: variants.toml:") and result.stderr.count("\n") == 1

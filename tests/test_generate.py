@@ -1,0 +1,360 @@
+"""`doppler-gen generate`: determinism, idempotence, selection, atomic writes, orphans, format."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import copy_project, edit, run_cli, snapshot
+
+from doppler_gen import outputs
+from doppler_gen.config import load_project
+from doppler_gen.render import HEADER_MARK, Renderer
+
+OLD_MTIME_NS = 1_000_000_000 * 1_000_000_000  # 2001-09-09: anything written now is newer
+
+
+def variant_names(root: Path) -> list[str]:
+    data = tomllib.loads((root / "variants.toml").read_text(encoding="utf-8"))
+    return [entry["name"] for entry in data["variant"]]
+
+
+def variant_outputs(root: Path) -> dict[str, str]:
+    data = tomllib.loads((root / "variants.toml").read_text(encoding="utf-8"))
+    return {entry["name"]: entry["output"] for entry in data["variant"]}
+
+
+def clear_generated(root: Path) -> None:
+    for path in (root / "generated").iterdir():
+        path.unlink()
+
+
+def age_files(directory: Path) -> None:
+    for path in directory.iterdir():
+        os.utime(path, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+
+
+def mtimes(directory: Path) -> dict[str, int]:
+    return {path.name: path.stat().st_mtime_ns for path in directory.iterdir()}
+
+
+def source_hashes(root: Path) -> dict[str, str]:
+    project = load_project(root)
+    renderer = Renderer(project)
+    return {v.name: renderer.render(v).source_hash for v in project.variants}
+
+
+# -- determinism and idempotence -----------------------------------------------------------------
+
+
+def test_two_runs_are_byte_identical(tmp_path: Path) -> None:
+    # two copies at different paths, generated from scratch: no path, time or ordering leaks in
+    first = copy_project(tmp_path / "a")
+    second = copy_project(tmp_path / "somewhere" / "else")
+    for root in (first, second):
+        clear_generated(root)
+        result = run_cli(root, "generate")
+        assert result.exit_code == 0, result.output
+    snap = snapshot(first / "generated")
+    assert snap == snapshot(second / "generated")
+    expected = {Path(p).name for p in variant_outputs(first).values()} | {"manifest.json"}
+    assert set(snap) == expected
+    # and a second run over the first copy changes nothing
+    result = run_cli(first, "generate")
+    assert result.exit_code == 0, result.output
+    assert snapshot(first / "generated") == snap
+
+
+def test_up_to_date_tree_writes_nothing(fresh_project: Path) -> None:
+    generated = fresh_project / "generated"
+    age_files(generated)
+    before_bytes, before_mtimes = snapshot(generated), mtimes(generated)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output
+    assert "wrote" not in result.output
+    assert re.search(r"\b0 written, \d+ unchanged, 0 removed", result.output), result.output
+    assert snapshot(generated) == before_bytes
+    assert mtimes(generated) == before_mtimes
+
+
+def test_only_changed_files_are_rewritten(fresh_project: Path) -> None:
+    generated = fresh_project / "generated"
+    target = generated / "attention_f16.wgsl"
+    target.write_text(target.read_text(encoding="utf-8") + "// hand edit\n", encoding="utf-8")
+    age_files(generated)
+    before = mtimes(generated)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output
+    assert "wrote     generated/attention_f16.wgsl" in result.output
+    after = mtimes(generated)
+    changed = {name for name in before if after[name] != before[name]}
+    assert changed == {"attention_f16.wgsl"}
+    assert "// hand edit" not in target.read_text(encoding="utf-8")
+
+
+# -- selection -------------------------------------------------------------------------------------
+
+
+def test_generate_selected_name_writes_only_that_variant(fresh_project: Path) -> None:
+    generated = fresh_project / "generated"
+    (generated / "attention.wgsl").unlink()
+    (generated / "attention_f16.wgsl").unlink()
+    result = run_cli(fresh_project, "generate", "attention_f16")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == "wrote     generated/attention_f16.wgsl"
+    assert (generated / "attention_f16.wgsl").is_file()
+    assert not (generated / "attention.wgsl").exists()  # not selected: left alone
+
+
+def test_generate_glob_selection(fresh_project: Path) -> None:
+    generated = fresh_project / "generated"
+    for path in generated.glob("*.wgsl"):
+        path.unlink()
+    result = run_cli(fresh_project, "generate", "attention_f16*", "*_small_*")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    written = {Path(line.split()[-1]).name for line in lines if line.startswith("wrote")}
+    expected = {
+        Path(output).name
+        for name, output in variant_outputs(fresh_project).items()
+        if fnmatch.fnmatchcase(name, "attention_f16*") or fnmatch.fnmatchcase(name, "*_small_*")
+    }
+    assert {"attention_f16.wgsl", "attention_f16kv.wgsl", "attention_small_f16kv.wgsl"} <= expected
+    assert "attention.wgsl" not in expected
+    assert written == expected
+    assert {p.name for p in generated.glob("*.wgsl")} == expected
+
+
+def test_selection_keeps_orphans_and_unselected_stale_files(fresh_project: Path) -> None:
+    generated = fresh_project / "generated"
+    orphan = generated / "retired.wgsl"
+    orphan.write_bytes((generated / "attention.wgsl").read_bytes())
+    stale = generated / "attention.wgsl"
+    stale.write_text(stale.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")
+    result = run_cli(fresh_project, "generate", "attention_small_*")
+    assert result.exit_code == 0, result.output
+    assert orphan.exists()  # a partial run never removes anything
+    assert stale.read_text(encoding="utf-8").endswith("// edit\n")
+
+
+def test_unmatched_selection_is_an_error(fresh_project: Path) -> None:
+    before = snapshot(fresh_project / "generated")
+    result = run_cli(fresh_project, "generate", "attention", "no_such_kernel*")
+    assert result.exit_code == 2
+    assert "no variant matches 'no_such_kernel*'" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert snapshot(fresh_project / "generated") == before
+
+
+# -- atomic writes ---------------------------------------------------------------------------------
+
+
+def test_atomic_write_leaves_no_temporary_files(project_copy: Path) -> None:
+    clear_generated(project_copy)
+    result = run_cli(project_copy, "generate")
+    assert result.exit_code == 0, result.output
+    names = [p.name for p in (project_copy / "generated").iterdir()]
+    assert not [n for n in names if n.startswith(".") or n.endswith(".tmp")], names
+    for path in (project_copy / "generated").iterdir():
+        assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_failed_write_removes_its_temporary_file(fresh_project: Path, monkeypatch) -> None:
+    generated = fresh_project / "generated"
+    target = generated / "attention.wgsl"
+    original = target.read_bytes()
+
+    def broken_replace(source, destination):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(outputs.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        outputs.atomic_write(target, "new content\n")
+    assert target.read_bytes() == original
+    assert sorted(p.name for p in generated.iterdir() if p.name.startswith(".")) == []
+
+
+# -- orphans ---------------------------------------------------------------------------------------
+
+
+def test_orphan_with_generated_header_is_removed(fresh_project: Path) -> None:
+    generated = fresh_project / "generated"
+    orphan = generated / "attention_retired.wgsl"
+    orphan.write_bytes((generated / "attention_f16.wgsl").read_bytes())
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output
+    assert "removed   generated/attention_retired.wgsl" in result.output
+    assert "1 removed" in result.output
+    assert not orphan.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("handwritten.wgsl", "// my own kernel\nfn f() {}\n"),
+        ("README.md", "# notes about generated/\n"),
+        # mentions the header, but not as its first line: not ours
+        ("quoted.wgsl", f"// copied:\n// {HEADER_MARK} templates/x for variant y by doppler-gen\n"),
+        ("empty.wgsl", ""),
+    ],
+)
+def test_hand_written_file_is_never_removed(fresh_project: Path, name: str, content: str) -> None:
+    path = fresh_project / "generated" / name
+    path.write_text(content, encoding="utf-8")
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output
+    assert "removed" not in result.output.replace("0 removed", "")
+    assert path.read_text(encoding="utf-8") == content
+    check = run_cli(fresh_project, "check")
+    assert check.exit_code == 0, check.output  # not an orphan either
+
+
+# -- output format ---------------------------------------------------------------------------------
+
+
+def test_output_format(fresh_project: Path) -> None:
+    outputs_by_name = variant_outputs(fresh_project)
+    data = tomllib.loads((fresh_project / "variants.toml").read_text(encoding="utf-8"))
+    sources = {name: spec["source"] for name, spec in data["templates"].items()}
+    for entry in data["variant"]:
+        raw = (fresh_project / outputs_by_name[entry["name"]]).read_bytes()
+        assert b"\r" not in raw, entry["name"]
+        text = raw.decode("utf-8")
+        assert text.endswith("\n") and not text.endswith("\n\n"), entry["name"]
+        lines = text.split("\n")[:-1]
+        for number, line in enumerate(lines, 1):
+            assert line == line.rstrip(), f"{entry['name']}:{number}: trailing whitespace"
+        for number in range(1, len(lines)):
+            assert lines[number] or lines[number - 1], f"{entry['name']}:{number + 1}: double blank"
+        template = f"templates/{sources[entry['template']]}"
+        assert lines[0] == (
+            f"// AUTO-GENERATED from {template} for variant {entry['name']} by doppler-gen"
+            " - do not edit."
+        )
+        assert (
+            lines[1] == "// Edit the template and variants.toml, then run `doppler-gen generate`."
+        )
+        assert re.fullmatch(r"// source-hash: sha256:[0-9a-f]{64}", lines[2]), lines[2]
+        assert lines[3] == ""
+        assert lines[4].startswith("//")
+    manifest = (fresh_project / "generated" / "manifest.json").read_bytes()
+    assert b"\r" not in manifest and manifest.endswith(b"}\n")
+
+
+def test_crlf_templates_still_give_lf_output(fresh_project: Path) -> None:
+    before = snapshot(fresh_project / "generated")
+    for path in (fresh_project / "templates").rglob("*.j2"):
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output
+    after = snapshot(fresh_project / "generated")
+    for name, data in after.items():
+        assert b"\r" not in data, name
+        if name.endswith(".wgsl"):
+            # identical apart from the source hash: the template bytes changed
+            def body(raw: bytes) -> list[bytes]:
+                return [line for line in raw.split(b"\n") if not line.startswith(b"// source-hash")]
+
+            assert body(data) == body(before[name]), name
+
+
+# -- source hash -----------------------------------------------------------------------------------
+
+
+def test_source_hash_is_in_the_header(fresh_project: Path) -> None:
+    hashes = source_hashes(fresh_project)
+    for name, output in variant_outputs(fresh_project).items():
+        third = (fresh_project / output).read_text(encoding="utf-8").split("\n")[2]
+        assert third == f"// source-hash: sha256:{hashes[name]}"
+    assert len(set(hashes.values())) == len(hashes)  # every variant differs in its params
+
+
+def test_source_hash_does_not_depend_on_location(tmp_path: Path) -> None:
+    assert source_hashes(copy_project(tmp_path / "one")) == source_hashes(
+        copy_project(tmp_path / "two" / "deeper")
+    )
+
+
+def variants_using(root: Path, template_file: str) -> set[str]:
+    """Variants whose template is, or (transitively) includes/imports, ``template_file``.
+
+    Found with a regex over the template sources, independently of the renderer."""
+    reference = re.compile(r"{%-?\s*(?:include|import|from|extends)\s+[\"']([^\"']+)[\"']")
+    templates = root / "templates"
+
+    def closure(name: str, seen: set[str]) -> set[str]:
+        if name not in seen:
+            seen.add(name)
+            for ref in reference.findall((templates / name).read_text(encoding="utf-8")):
+                closure(ref, seen)
+        return seen
+
+    data = tomllib.loads((root / "variants.toml").read_text(encoding="utf-8"))
+    return {
+        entry["name"]
+        for entry in data["variant"]
+        if template_file in closure(data["templates"][entry["template"]]["source"], set())
+    }
+
+
+def changed_hashes(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    return {name for name in before if after[name] != before[name]}
+
+
+def test_source_hash_changes_with_main_template(project_copy: Path) -> None:
+    before = source_hashes(project_copy)
+    edit(project_copy / "templates/attention.wgsl.j2", "-#}\n", "-#}\n{# a comment only #}\n")
+    expected = variants_using(project_copy, "attention.wgsl.j2")
+    assert "attention" in expected
+    assert changed_hashes(before, source_hashes(project_copy)) == expected
+
+
+def test_source_hash_changes_with_included_lib_file(project_copy: Path) -> None:
+    before = source_hashes(project_copy)
+    lib = project_copy / "templates/lib/attention_common.wgsl.j2"
+    lib.write_text(lib.read_text(encoding="utf-8") + "{# trailing comment #}\n", encoding="utf-8")
+    expected = variants_using(project_copy, "lib/attention_common.wgsl.j2")
+    assert variants_using(project_copy, "attention.wgsl.j2") <= expected
+    assert changed_hashes(before, source_hashes(project_copy)) == expected
+
+
+def test_source_hash_changes_with_a_param(project_copy: Path) -> None:
+    before = source_hashes(project_copy)
+    edit(
+        project_copy / "variants.toml",
+        'params = { kv_dtype = "f16", block_size = 16 }',
+        'params = { kv_dtype = "f16", block_size = 32 }',
+    )
+    assert changed_hashes(before, source_hashes(project_copy)) == {"attention_small_f16kv"}
+
+
+def test_source_hash_changes_with_a_template_default(project_copy: Path) -> None:
+    before = source_hashes(project_copy)
+    edit(project_copy / "variants.toml", "head_tile = 64\n", "head_tile = 128\n")
+    data = tomllib.loads((project_copy / "variants.toml").read_text(encoding="utf-8"))
+    expected = {entry["name"] for entry in data["variant"] if entry["template"] == "attention"}
+    assert changed_hashes(before, source_hashes(project_copy)) == expected
+
+
+def test_source_hash_stable_otherwise(project_copy: Path) -> None:
+    before = source_hashes(project_copy)
+    toml = project_copy / "variants.toml"
+    # comments, descriptions, an explicit default, an unrelated new variant and template file
+    edit(toml, "# doppler-gen:", "# a new comment\n# doppler-gen:")
+    edit(toml, 'description = "Q, K, V and output f32"', 'description = "reworded"')
+    edit(toml, 'params = { kv_dtype = "f16" }', 'params = { kv_dtype = "f16", block_size = 64 }')
+    toml.write_text(
+        toml.read_text(encoding="utf-8")
+        + '\n[[variant]]\nname = "extra"\ntemplate = "attention"\noutput = "generated/extra.wgsl"\n'
+        "params = { block_size = 32 }\n",
+        encoding="utf-8",
+    )
+    (project_copy / "templates/unused.wgsl.j2").write_text("// not included anywhere\n")
+    for path in (project_copy / "templates").rglob("*"):
+        os.utime(path, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+    after = source_hashes(project_copy)
+    assert {name: after[name] for name in before} == before

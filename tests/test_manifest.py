@@ -1,0 +1,337 @@
+"""generated/manifest.json agrees with the WGSL it describes and with the seed JS host.
+
+The WGSL is re-read here with a deliberately minimal, independent regex extraction (not
+doppler_gen.wgsl), so a bug in the generator's parser cannot hide behind itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SEEDS, SEEDS_MISSING
+
+SCALAR_SIZES = {"f32": 4, "u32": 4, "i32": 4, "f16": 2}
+JS_TYPES = {"Uint32": "u32", "Float32": "f32", "Int32": "i32"}
+TILED_UNIFORM_OFFSETS = list(range(0, 60, 4))  # 15 four-byte fields, 0..56
+TILED_UNIFORM_BUFFER = 64
+
+
+# -- independent minimal WGSL extraction ---------------------------------------------------------
+
+_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+_LINE_COMMENT = re.compile(r"//[^\n]*")
+_BINDING = re.compile(
+    r"@group\(\s*(\d+)\s*\)\s*@binding\(\s*(\d+)\s*\)\s*"
+    r"var<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>\s*(\w+)\s*:\s*([^;]+?)\s*;"
+)
+_STRUCT = re.compile(r"\bstruct\s+(\w+)\s*\{([^}]*)\}")
+_FIELD = re.compile(r"(\w+)\s*:\s*([A-Za-z_]\w*(?:<[^>]*>)?)")
+_OVERRIDE = re.compile(r"^\s*override\s+(\w+)\s*:\s*(\w+)\s*=\s*([^;]+?)\s*;", re.M)
+_CONST = re.compile(r"^\s*const\s+(\w+)\s*:\s*(\w+)\s*=\s*([^;]+?)\s*;", re.M)
+_WORKGROUP_VAR = re.compile(r"^\s*var<\s*workgroup\s*>\s*(\w+)\s*:\s*([^;]+?)\s*;", re.M)
+_ENTRY = re.compile(r"@compute\s*@workgroup_size\(([^)]*)\)\s*fn\s+(\w+)")
+
+
+def strip(text: str) -> str:
+    return _LINE_COMMENT.sub("", _BLOCK_COMMENT.sub("", text))
+
+
+def literal(text: str) -> int | float:
+    text = text.strip()
+    if re.fullmatch(r"\d+[ui]?", text):
+        return int(text.rstrip("ui"))
+    if re.fullmatch(r"-?\d+\.\d*(e[+-]?\d+)?f?|-?\d+e[+-]?\d+f?", text):
+        return float(text.rstrip("f"))
+    raise AssertionError(f"the test's minimal extractor reads literals only, not {text!r}")
+
+
+def product(expr: str, names: dict[str, int | float]) -> int:
+    """``A * B * 4u``: all this extractor needs for array lengths."""
+    value = 1
+    for factor in expr.split("*"):
+        factor = factor.strip()
+        value *= names[factor] if factor in names else literal(factor)
+    return int(value)
+
+
+def extract(text: str) -> dict[str, Any]:
+    code = strip(text)
+    bindings = []
+    for group, binding, space, access, name, wgsl_type in _BINDING.findall(code):
+        element = re.fullmatch(r"array<\s*(\w+)\s*>", wgsl_type)
+        bindings.append(
+            {
+                "group": int(group),
+                "binding": int(binding),
+                "address_space": space,
+                "access": access or "read",
+                "name": name,
+                "type": re.sub(r"\s+", "", wgsl_type),
+                "element_type": element.group(1) if element else None,
+            }
+        )
+    structs = {name: _FIELD.findall(body) for name, body in _STRUCT.findall(code)}
+    constants = {name: literal(value) for name, _, value in _CONST.findall(code)}
+    overrides = {
+        name: (wgsl_type, literal(value)) for name, wgsl_type, value in _OVERRIDE.findall(code)
+    }
+    names = {**constants, **{name: value for name, (_, value) in overrides.items()}}
+    storage = 0
+    for _, wgsl_type in _WORKGROUP_VAR.findall(code):
+        array = re.fullmatch(r"array<\s*(\w+)\s*,\s*([^>]+)>", wgsl_type)
+        size = (
+            SCALAR_SIZES[array.group(1)] * product(array.group(2), names)
+            if array
+            else SCALAR_SIZES[wgsl_type]
+        )
+        storage += -(-size // 16) * 16
+    entry = _ENTRY.search(code)
+    return {
+        "enables": re.findall(r"^\s*enable\s+(\w+)\s*;", code, re.M),
+        "bindings": sorted(bindings, key=lambda b: (b["group"], b["binding"])),
+        "structs": structs,
+        "constants": constants,
+        "overrides": overrides,
+        "workgroup_storage_bytes": storage,
+        "entry_point": entry.group(2) if entry else None,
+        "workgroup_size": [part.strip() for part in entry.group(1).split(",")] if entry else [],
+    }
+
+
+def scalar_layout(fields: list[tuple[str, str]]) -> tuple[list[int], int]:
+    """Offsets and size of a struct of 4-byte scalars (what the uniform structs hold)."""
+    offsets = []
+    for index, (name, wgsl_type) in enumerate(fields):
+        assert wgsl_type in ("u32", "f32", "i32"), (
+            f"uniform field {name}: {wgsl_type} is not a 4-byte scalar"
+        )
+        offsets.append(4 * index)
+    return offsets, 4 * len(fields)
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def manifest_text(pristine_project: Path) -> str:
+    return (pristine_project / "generated/manifest.json").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def manifest(manifest_text: str) -> dict[str, Any]:
+    return json.loads(manifest_text)
+
+
+@pytest.fixture(scope="module")
+def variants_toml(pristine_project: Path) -> dict[str, Any]:
+    return tomllib.loads((pristine_project / "variants.toml").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def extracted(pristine_project: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: extract((pristine_project / entry["file"]).read_text(encoding="utf-8"))
+        for name, entry in manifest["variants"].items()
+    }
+
+
+def js_uniform_writers() -> dict[str, tuple[int, list[tuple[int, str]]]]:
+    """function name -> (buffer size, [(offset, wgsl scalar type)]) for every uniform writer in
+    the seed host, from its `createUniformBufferWithView(LABEL, SIZE, ...)` and
+    `view.setUint32(OFFSET, ...)` / `view.setFloat32(OFFSET, ...)` lines."""
+    path = SEEDS / "attention.js"
+    if not path.is_file():
+        pytest.skip(SEEDS_MISSING)
+    source = path.read_text(encoding="utf-8")
+    writers = {}
+    for match in re.finditer(r"^function\s+(\w+)\s*\(", source, re.M):
+        body = source[match.end() : source.find("\n}\n", match.end())]
+        size = re.search(r"createUniformBufferWithView\(\s*'[^']*',\s*(\d+)", body)
+        if size is None:
+            continue
+        sets = [
+            (int(o), JS_TYPES[t])
+            for t, o in re.findall(r"view\.set(Uint32|Float32|Int32)\(\s*(\d+)\s*,", body)
+        ]
+        writers[match.group(1)] = (int(size.group(1)), sets)
+    return writers
+
+
+# -- the manifest matches the WGSL -----------------------------------------------------------------
+
+
+def test_manifest_lists_every_variant(
+    manifest: dict[str, Any], variants_toml: dict[str, Any]
+) -> None:
+    assert manifest["generator"] == "doppler-gen"
+    expected = {entry["name"]: entry for entry in variants_toml["variant"]}
+    assert set(manifest["variants"]) == set(expected)
+    for name, entry in manifest["variants"].items():
+        assert entry["file"] == expected[name]["output"]
+        assert entry["template_name"] == expected[name]["template"]
+        assert entry["requires"] == sorted(expected[name].get("requires", []))
+        for param, value in expected[name].get("params", {}).items():
+            assert entry["params"][param] == value, (name, param)
+
+
+def test_bindings(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
+    for name, entry in manifest["variants"].items():
+        ours = extracted[name]["bindings"]
+        theirs = [{**b, "type": re.sub(r"\s+", "", b["type"])} for b in entry["bindings"]]
+        assert theirs == ours, name
+        assert len({(b["group"], b["binding"]) for b in ours}) == len(ours), (
+            f"{name}: binding reused"
+        )
+
+
+def test_uniform_struct(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
+    for name, entry in manifest["variants"].items():
+        uniform = [b for b in extracted[name]["bindings"] if b["address_space"] == "uniform"]
+        assert len(uniform) == 1, name
+        struct_name = uniform[0]["type"]
+        fields = extracted[name]["structs"][struct_name]
+        layout = entry["uniforms"]
+        assert layout["struct"] == struct_name
+        assert [(f["name"], f["type"]) for f in layout["fields"]] == fields, name
+        offsets, size = scalar_layout(fields)
+        assert [f["offset"] for f in layout["fields"]] == offsets, name
+        assert layout["size"] == size
+        assert layout["buffer_size"] == -(-size // 16) * 16
+        assert layout["buffer_size"] % 16 == 0
+
+
+def test_overrides_and_constants(
+    manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]
+) -> None:
+    for name, entry in manifest["variants"].items():
+        ours = extracted[name]
+        assert {o["name"]: (o["type"], o["default"]) for o in entry["overrides"]} == ours[
+            "overrides"
+        ], name
+        assert [o["name"] for o in entry["overrides"]] == sorted(ours["overrides"])
+        assert entry["constants"] == ours["constants"], name
+
+
+def test_entry_point_and_features(
+    manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]
+) -> None:
+    for name, entry in manifest["variants"].items():
+        ours = extracted[name]
+        assert entry["entry_point"] == ours["entry_point"] == "main"
+        assert entry["workgroup_size"] == ours["workgroup_size"]
+        names = {**ours["constants"], **{k: v for k, (_, v) in ours["overrides"].items()}}
+        assert entry["workgroup_size_default"] == [
+            product(p, names) for p in ours["workgroup_size"]
+        ]
+        assert ("f16" in ours["enables"]) == ("shader-f16" in entry["requires"]), name
+        assert entry["metadata"]["requires"] == entry["requires"]
+
+
+def test_dtypes_match_bindings(manifest: dict[str, Any]) -> None:
+    roles = {"tiled": ("Q", "K", "output"), "tiered": ("Q", "K_hot", "output")}
+    for entry in manifest["variants"].values():
+        q, kv, out = roles[entry["family"]]
+        element = {b["name"]: b["element_type"] for b in entry["bindings"]}
+        meta = entry["metadata"]
+        assert (element[q], element[kv], element[out]) == (
+            meta["q_dtype"],
+            meta["kv_dtype"],
+            meta["out_dtype"],
+        )
+
+
+def test_sha256_matches_file(pristine_project: Path, manifest: dict[str, Any]) -> None:
+    for name, entry in manifest["variants"].items():
+        data = (pristine_project / entry["file"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest(), name
+
+
+def test_workgroup_storage(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
+    tiles_64 = []
+    for name, entry in manifest["variants"].items():
+        assert entry["workgroup_storage_bytes"] == extracted[name]["workgroup_storage_bytes"], name
+        params = entry["params"]
+        if entry["family"] == "tiled":
+            block, tile = params["block_size"], params["head_tile"]
+            # shared_K and shared_V: block x head_tile f32; shared_scores: block x block f32
+            assert entry["workgroup_storage_bytes"] == 4 * (2 * block * tile + block * block), name
+            if block == tile == 64:
+                tiles_64.append(name)
+                assert entry["workgroup_storage_bytes"] == 49152, name
+    assert "attention" in tiles_64 and "attention_f16" in tiles_64
+
+
+def test_tiled_uniforms_fixed_layout(manifest: dict[str, Any]) -> None:
+    tiled = {n: e for n, e in manifest["variants"].items() if e["family"] == "tiled"}
+    assert tiled
+    for name, entry in tiled.items():
+        assert [f["offset"] for f in entry["uniforms"]["fields"]] == TILED_UNIFORM_OFFSETS, name
+        assert entry["uniforms"]["buffer_size"] == TILED_UNIFORM_BUFFER, name
+
+
+def test_tiled_uniforms_match_seed_host(manifest: dict[str, Any]) -> None:
+    writers = js_uniform_writers()
+    assert "createAttentionUniformBuffer" in writers
+    size, sets = writers["createAttentionUniformBuffer"]
+    assert [offset for offset, _ in sets] == TILED_UNIFORM_OFFSETS
+    assert size == TILED_UNIFORM_BUFFER
+    for name, entry in manifest["variants"].items():
+        if entry["family"] != "tiled":
+            continue
+        fields = entry["uniforms"]["fields"]
+        assert [(f["offset"], f["type"]) for f in fields] == sets, name
+        assert entry["uniforms"]["buffer_size"] == size, name
+
+
+# which seed host function writes which variant's uniforms
+TIERED_WRITERS = {
+    "f16": "createTieredAttentionUniformBuffer",
+    "int8": "createTieredQuantAttentionUniformBuffer",
+    "int4": "createTieredQuantAttentionUniformBuffer",
+}
+
+
+def test_tiered_uniforms_match_seed_host(manifest: dict[str, Any]) -> None:
+    tiered = {n: e for n, e in manifest["variants"].items() if e["family"] == "tiered"}
+    if not tiered:
+        pytest.skip("no tiered variants declared")
+    writers = js_uniform_writers()
+    for name, entry in tiered.items():
+        function = TIERED_WRITERS.get(entry["params"].get("cold"))
+        assert function in writers, (
+            f"{name}: no seed host writer known for cold={entry['params'].get('cold')}"
+        )
+        size, sets = writers[function]
+        assert [(f["offset"], f["type"]) for f in entry["uniforms"]["fields"]] == sets, (
+            name,
+            function,
+        )
+        assert entry["uniforms"]["buffer_size"] == size, (name, function)
+
+
+# -- determinism -----------------------------------------------------------------------------------
+
+
+def _keys_sorted(value: Any) -> bool:
+    if isinstance(value, dict):
+        return list(value) == sorted(value) and all(_keys_sorted(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_keys_sorted(v) for v in value)
+    return True
+
+
+def test_manifest_is_deterministic(manifest_text: str, manifest: dict[str, Any]) -> None:
+    assert _keys_sorted(manifest)
+    assert (
+        manifest_text == json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    )
+    for entry in manifest["variants"].values():
+        assert [(b["group"], b["binding"]) for b in entry["bindings"]] == sorted(
+            (b["group"], b["binding"]) for b in entry["bindings"]
+        )
