@@ -255,3 +255,33 @@ def test_check_with_bad_input_is_exit_2(fresh_project: Path, args: tuple[str, ..
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr.startswith("error: variants.toml:") and result.stderr.count("\n") == 1
+
+
+def test_unchanged_tree_is_confirmed_from_the_memo_and_any_change_forces_a_full_check(
+    fresh_project: Path,
+) -> None:
+    first = run_cli(fresh_project, "check", "--full")
+    assert first.exit_code == 0 and "files)" in first.output
+    memo = run_cli(fresh_project, "check")
+    assert memo.exit_code == 0
+    assert "unchanged since the last full check" in memo.output
+    # a hand edit changes the digest: the memo cannot hide it
+    edit(fresh_project / "generated/attention.wgsl", "let head_idx", "let  head_idx")
+    stale = run_cli(fresh_project, "check")
+    assert stale.exit_code == 1 and "stale:    generated/attention.wgsl" in stale.output
+    # restoring the file restores the clean digest; a new orphan changes it again
+    edit(fresh_project / "generated/attention.wgsl", "let  head_idx", "let head_idx")
+    assert run_cli(fresh_project, "check").exit_code == 0
+    orphan = fresh_project / "generated/old.wgsl"
+    shutil.copy(fresh_project / "generated/attention.wgsl", orphan)
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 1 and "orphaned: generated/old.wgsl" in result.output
+
+
+def test_memo_digest_covers_inputs_outputs_and_the_package(fresh_project: Path) -> None:
+    from doppler_gen.check_memo import tree_digest
+
+    before = tree_digest(fresh_project)
+    assert tree_digest(fresh_project) == before
+    edit(fresh_project / "templates/lib/attention_common.wgsl.j2", "// Causal mask", "// causal mask")
+    assert tree_digest(fresh_project) != before

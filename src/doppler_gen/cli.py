@@ -53,10 +53,13 @@ class State:
         self._project: Project | None = None
 
     @property
+    def root(self) -> Path:
+        return self._root if self._root is not None else find_root(Path.cwd())
+
+    @property
     def project(self) -> Project:
         if self._project is None:
-            root = self._root if self._root is not None else find_root(Path.cwd())
-            self._project = load_project(root)
+            self._project = load_project(self.root)
         return self._project
 
 
@@ -95,7 +98,12 @@ def generate(state: State, names: tuple[str, ...]) -> None:
     """
     from doppler_gen.outputs import plan, write
 
-    result = write(plan(state.project, names))
+    outcome = plan(state.project, names)
+    result = write(outcome)
+    if outcome.full:
+        from doppler_gen import check_memo
+
+        check_memo.remember_clean(state.root)  # generated/ now equals the plan by construction
     for path in result.written:
         click.echo(f"wrote     {path}")
     for path in result.removed:
@@ -108,13 +116,35 @@ def generate(state: State, names: tuple[str, ...]) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Always re-render, even when every input and output is byte-identical to a tree a "
+    "previous full check found clean.",
+)
 @pass_state
 @handle_errors
-def check(state: State, as_json: bool) -> None:
-    """Exit 0 if generated/ is exactly what `generate` would write, else 1 with the differences."""
+def check(state: State, as_json: bool, full: bool) -> None:
+    """Exit 0 if generated/ is exactly what `generate` would write, else 1 with the differences.
+
+    An unchanged tree (same variants.toml, templates/, generated/, doppler-gen and Jinja) that a
+    full check already found clean is confirmed from a digest without re-rendering; --full
+    re-renders regardless.
+    """
+    from doppler_gen import check_memo
+
+    if not full and check_memo.is_known_clean(state.root):
+        if as_json:
+            click.echo(json.dumps({"ok": True, "stale": [], "missing": [], "orphaned": [], "diffs": {},
+                                   "fix": None, "memo": True}, indent=2, sort_keys=True))
+        else:
+            click.echo("generated/ is up to date (inputs and outputs unchanged since the last full check)")
+        return
     from doppler_gen.outputs import compare, plan
 
     status = compare(plan(state.project))
+    if status.clean:
+        check_memo.remember_clean(state.root)
     fix = "doppler-gen generate"
     if as_json:
         report = {
@@ -195,8 +225,20 @@ def main() -> None:
 
 
 
+# WebGPU implementations kernels are validated on (backends.BACKENDS); "all" compares them.
+BACKEND_CHOICES = ("wgpu", "dawn", "all")
+
+
 @cli.command()
 @click.argument("names", nargs=-1)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKEND_CHOICES),
+    default="wgpu",
+    show_default=True,
+    help="WebGPU implementation: wgpu (naga, as in Firefox), dawn (Tint, as in Chrome; needs the "
+    "[dawn] extra), or all: both, and every case's two outputs must agree within its tolerance.",
+)
 @click.option("--adapter", default=None, help="Adapter by index, type (gpu/cpu), backend or name.")
 @click.option(
     "--limits",
@@ -217,22 +259,25 @@ def main() -> None:
 @pass_state
 @handle_errors
 def validate(
-    state: State, names: tuple[str, ...], adapter: str | None, limits: str, quick: bool, seed: int,
-    storage_overrun: bool, as_json: bool,
+    state: State, names: tuple[str, ...], backend: str, adapter: str | None, limits: str,
+    quick: bool, seed: int, storage_overrun: bool, as_json: bool,
 ) -> None:
     """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
 
     Outputs are NaN-poisoned before every dispatch; tolerances are per output dtype (README).
-    Exit 0 only if every variant that ran passed and at least one ran; 1 on any failure.
+    Exit 0 only if every variant that ran passed and at least one ran (with --backend all: on
+    every backend, and the backends' outputs agreed); 1 on any failure.
     """
-    from doppler_gen.validate import format_report, validate as run_validation
+    from doppler_gen.validate import backend_names, format_report, validate_all
+    from doppler_gen.validate import validate as validate_one
 
+    backends = backend_names(backend)
     show_bar = sys.stderr.isatty() and not as_json
     bar = None
     if show_bar:
         from doppler_gen.validate import case_count
 
-        total = case_count(state.project, names, quick=quick, seed=seed)
+        total = case_count(state.project, names, quick=quick, seed=seed) * len(backends)
         bar = click.progressbar(length=total, label="validating", file=sys.stderr)
         bar.__enter__()
 
@@ -241,11 +286,15 @@ def validate(
             bar.label = f"{name:<36}"
             bar.update(step)
 
+    options: dict[str, Any] = {
+        "adapter": adapter, "limits": limits, "quick": quick, "seed": seed,
+        "storage_overrun": storage_overrun, "progress": progress,
+    }
     try:
-        run = run_validation(
-            state.project, names, adapter=adapter, limits=limits, quick=quick, seed=seed,
-            storage_overrun=storage_overrun, progress=progress,
-        )
+        if len(backends) > 1:
+            run = validate_all(state.project, names, backends=backends, **options)
+        else:
+            run = validate_one(state.project, names, backend_name=backend, **options)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
@@ -257,15 +306,44 @@ def validate(
 
 
 @cli.command()
+@click.option(
+    "--backend",
+    type=click.Choice(BACKEND_CHOICES),
+    default="all",
+    show_default=True,
+    help="Which WebGPU implementation(s) to examine; a missing one is reported, not fatal.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @handle_errors
-def doctor(as_json: bool) -> None:
-    """Adapters, features and limits that matter, and a live f16 kernel probe."""
-    from doppler_gen.backends import get_backend
-    from doppler_gen.doctor import doctor_report, format_doctor
+def doctor(backend: str, as_json: bool) -> None:
+    """Adapters, features and limits that matter, and a live f16 kernel probe, per backend.
 
-    report = doctor_report(get_backend("wgpu"))
+    The JSON form is ``{"backends": [report, ...]}``; a backend that cannot be loaded (pydawn
+    not installed) has ``"available": false`` and its one-line ``"error"``.
+    """
+    names = ["wgpu", "dawn"] if backend == "all" else [backend]
+    reports = [_doctor_report(name) for name in names]
     if as_json:
-        click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+        click.echo(json.dumps({"backends": reports}, indent=2, sort_keys=True, default=str))
     else:
-        click.echo(format_doctor(report))
+        click.echo("\n\n".join(_format_doctor(report) for report in reports))
+
+
+def _doctor_report(name: str) -> dict[str, Any]:
+    """doctor_report of backend ``name``, or why it is unavailable (never raises for that)."""
+    from doppler_gen.backends import get_backend
+    from doppler_gen.doctor import doctor_report
+
+    try:
+        report = doctor_report(get_backend(name))
+    except DopplerGenError as error:
+        return {"backend": name, "available": False, "error": str(error)}
+    return {"available": True, **report}
+
+
+def _format_doctor(report: dict[str, Any]) -> str:
+    from doppler_gen.doctor import format_doctor
+
+    if not report["available"]:
+        return f"backend: {report['backend']} — unavailable: {report['error']}"
+    return format_doctor(report)

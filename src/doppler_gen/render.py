@@ -36,8 +36,18 @@ HEADER_LINES = 3
 
 # private-use characters: never whitespace to Jinja's trimming, never in a real template
 _MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+_JINJA_COMMENT_RE = re.compile(r"\{#.*?#\}", re.S)
 _REFERENCE_RE = re.compile(r"""\{%-?\s*(?:import|include|extends|from)\s+["']([^"']+)["']""")
 _MARK_RE = re.compile(f"{_MARK_OPEN}([0-9]+):([0-9]+){_MARK_CLOSE}")
+
+# how templates are read: block tags own their line, comments and indentation kept verbatim
+_ENV_OPTIONS = {
+    "trim_blocks": True,
+    "lstrip_blocks": True,
+    "keep_trailing_newline": True,
+    "autoescape": False,
+    "auto_reload": False,
+}
 
 Origin = tuple[str, int]  # (template path relative to the project root, 1-based line)
 
@@ -94,11 +104,7 @@ class Renderer:
             loader=loader,
             bytecode_cache=_bytecode_cache() if cache else None,
             undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-            keep_trailing_newline=True,
-            autoescape=False,
-            auto_reload=False,
+            **_ENV_OPTIONS,
         )
         env.globals["fail"] = _template_fail
         env.globals["QUANT_BITS"] = dict(QUANT_BITS)
@@ -154,7 +160,8 @@ class Renderer:
             if name in seen:
                 continue
             seen.add(name)
-            pending.extend(_REFERENCE_RE.findall(self._read(name)))
+            text = _JINJA_COMMENT_RE.sub("", self._read(name))
+            pending.extend(_REFERENCE_RE.findall(text))
         return tuple(sorted(seen))
 
     def source_hash(self, variant: Variant, sources: Iterable[str]) -> str:
@@ -310,18 +317,24 @@ def normalize(lines: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
-    """Compiled templates cached under the user's cache directory (keyed by source checksum).
+    """Compiled templates cached under the user's cache directory.
 
-    Compiling the templates is most of what `check` costs; a pre-commit hook runs it often. The
-    cache can only make rendering faster: Jinja rejects an entry whose source checksum differs.
+    Compiling the templates is most of what `check` costs, and a pre-commit hook runs it often.
+    Jinja rejects an entry whose template source changed; the directory name fingerprints what
+    else shapes the compiled code (the Jinja and doppler-gen versions and the environment's
+    options), so a new version or option never reads an old entry.
     """
+    from doppler_gen import __version__
+
+    fingerprint = hashlib.sha256(
+        f"{jinja2.__version__}|{__version__}|{sorted(_ENV_OPTIONS.items())}".encode()
+    ).hexdigest()[:16]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = os.path.join(base, "doppler-gen", "jinja")
+    directory = os.path.join(base, "doppler-gen", f"jinja-{fingerprint}")
     try:
         os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, ".writable")
-        with open(probe, "w"):
-            pass
+        if not os.access(directory, os.W_OK):
+            return None
     except OSError:
         return None
     return jinja2.FileSystemBytecodeCache(directory)

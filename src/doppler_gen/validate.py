@@ -8,14 +8,22 @@ A variant is PASS only when every case ran and passed; FAIL when any case failed
 error occurred or a case left NaN/Inf in the output; SKIP (with the reason) when the device
 cannot run it at all: a missing feature, or static needs beyond the requested limits. Skips are
 never counted as passes.
+
+`--backend all` validates on every WebGPU implementation (wgpu-py/naga as in Firefox, Dawn/Tint
+as in Chrome) and also requires, case by case, that their two outputs agree within the tolerance
+each output was judged by: a kernel that computes differently in two browsers is a bug even
+when both stay near the reference.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from doppler_gen.backends import Backend, Device, effective_limits, get_backend, select_adapter
 from doppler_gen.cases import CaseSpec, tiered_specs, tiled_specs
@@ -112,17 +120,18 @@ def case_specs(entry: dict[str, Any], *, quick: bool, seed: int) -> list[CaseSpe
                         quick=quick, seed=seed)
 
 
-def static_skip(entry: dict[str, Any], device: Device, *, storage_overrun: bool = False) -> tuple[str | None, str]:
+def static_skip(entry: dict[str, Any], device: Device, *,
+                storage_overrun: bool = False) -> tuple[str | None, str]:
     """(why the device cannot run this variant, or None; a note to show when it runs anyway)."""
     missing = [f for f in entry["requires"] if f not in device.features]
     if missing:
-        return f"needs {', '.join(missing)}; the device was opened without it", ""
-    storage = entry["workgroup_storage_bytes"]
-    limit = device.limits.get("max-compute-workgroup-storage-size", 16384)
+        return _missing_features(missing, device), ""
+    storage, limit = _storage_need(entry, device)
     if storage > limit:
         if not storage_overrun:
             return f"needs {storage} B workgroup storage; limit {limit}", ""
-        note = f"ran beyond the device limit: {storage} B workgroup storage > {limit} B (--storage-overrun)"
+        note = (f"ran beyond the device limit: {storage} B workgroup storage > {limit} B "
+                "(--storage-overrun)")
         return None, note
     invocations = 1
     for size in entry["workgroup_size_default"]:
@@ -133,43 +142,272 @@ def static_skip(entry: dict[str, Any], device: Device, *, storage_overrun: bool 
     return None, ""
 
 
+def _missing_features(missing: list[str], device: Device) -> str:
+    """Why the device lacks features: opened without them, or the adapter never offered them.
+
+    A backend may explain an absence (``feature_notes``): pydawn 0.3 offers no shader-f16 on
+    the H200 where wgpu does, and "the device was opened without it" would hide that.
+    """
+    needs = f"needs {', '.join(missing)}"
+    adapter = getattr(device, "adapter", None)
+    absent = [f for f in missing if adapter is not None and f not in adapter.features]
+    if not absent:
+        return f"{needs}; the device was opened without it"
+    notes: dict[str, str] = getattr(device, "feature_notes", {})
+    explained = [notes[f] for f in absent if f in notes]
+    if explained:
+        return f"{needs}: {'; '.join(dict.fromkeys(explained))}"
+    return f"{needs}; adapter {adapter.name} does not offer {', '.join(absent)}"
+
+
+def _storage_need(entry: dict[str, Any], device: Device) -> tuple[int, int]:
+    """(workgroup storage the variant declares, the device's limit) in bytes."""
+    limit = device.limits.get("max-compute-workgroup-storage-size", 16384)
+    return entry["workgroup_storage_bytes"], limit
+
+
+# The part of a compile error after "<backend> rejected kernel 'name' (stage): ".
+_REJECTION = re.compile(r"rejected kernel[^:]*:\s*(?P<why>.*)$", re.DOTALL)
+
+
+def _limit_refusal(error: ShaderCompileError) -> str | None:
+    """The implementation's own message when it refused a kernel for its workgroup storage.
+
+    Only a refusal without source locations counts: that is a limit check at pipeline
+    creation (Dawn enforces its limits; wgpu-native does not), whereas a WGSL error the
+    compiler places at a line stays a failure even in a variant run past the limit.
+    """
+    if error.diagnostics or "workgroup storage" not in error.message:
+        return None
+    match = _REJECTION.search(error.message)
+    return (match["why"] if match else error.message).strip()
+
+
 def open_device(backend: Backend, kernels: Sequence[RenderedKernel], adapter_want: str | None,
                 limits_profile: str) -> Device:
     """Open one device able to run as many of the kernels as the adapter allows."""
     adapter = select_adapter(backend.adapters(), adapter_want)
     wanted = {f for k in kernels for f in k.variant.requires}
     features = sorted(f for f in wanted if f in adapter.features)
-    return backend.open_device(adapter, features=features, limits=effective_limits(adapter, limits_profile))
+    limits = effective_limits(adapter, limits_profile)
+    return backend.open_device(adapter, features=features, limits=limits)
 
 
 Progress = Callable[[str, int], None]
 
 
-def validate(project: Project, patterns: tuple[str, ...] = (), *, backend_name: str = "wgpu",
-             adapter: str | None = None, limits: str = "adapter", quick: bool = False, seed: int = 0,
-             storage_overrun: bool = False, progress: Progress | None = None) -> ValidationRun:
-    """Validate the selected variants; never raises for a kernel failure (that is a report)."""
-    started = time.perf_counter()
+# What `--backend` accepts: one implementation, or "all" of them (then compared case by case).
+ALL_BACKENDS = ("wgpu", "dawn")
+BACKEND_CHOICES = (*ALL_BACKENDS, "all")
+
+Outputs = dict[str, dict[CaseSpec, np.ndarray]]  # variant -> case -> output
+
+
+def backend_names(choice: str) -> list[str]:
+    """The implementations ``--backend choice`` runs on, in report order."""
+    return list(ALL_BACKENDS) if choice == "all" else [choice]
+
+
+def _render(project: Project, patterns: tuple[str, ...]
+            ) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
+    """The selected variants, rendered with source maps, and their manifest entries."""
     renderer = Renderer(project)
-    variants = select(project, patterns)
-    kernels = [renderer.render(v, with_origins=True) for v in variants]
-    entries = [variant_entry(k, parse_kernel(k)) for k in kernels]
-    backend = get_backend(backend_name)
+    kernels = [renderer.render(v, with_origins=True) for v in select(project, patterns)]
+    return kernels, [variant_entry(k, parse_kernel(k)) for k in kernels]
+
+
+def validate(project: Project, patterns: tuple[str, ...] = (), *, backend_name: str = "wgpu",
+             adapter: str | None = None, limits: str = "adapter", quick: bool = False,
+             seed: int = 0, storage_overrun: bool = False,
+             progress: Progress | None = None) -> ValidationRun:
+    """Validate the selected variants; never raises for a kernel failure (that is a report)."""
+    kernels, entries = _render(project, patterns)
+    return _run_backend(get_backend(backend_name), kernels, entries, adapter=adapter, limits=limits,
+                        quick=quick, seed=seed, storage_overrun=storage_overrun, progress=progress)
+
+
+def _run_backend(backend: Backend, kernels: Sequence[RenderedKernel],
+                 entries: Sequence[dict[str, Any]], *, adapter: str | None, limits: str,
+                 quick: bool, seed: int, storage_overrun: bool, progress: Progress | None,
+                 outputs: Outputs | None = None) -> ValidationRun:
+    """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
+    started = time.perf_counter()
     device = open_device(backend, kernels, adapter, limits)
     reports = []
     try:
         for kernel, entry in zip(kernels, entries, strict=True):
-            reports.append(validate_variant(device, kernel, entry, quick=quick, seed=seed, progress=progress,
-                                            storage_overrun=storage_overrun))
+            kept = None if outputs is None else outputs.setdefault(kernel.variant.name, {})
+            reports.append(validate_variant(device, kernel, entry, quick=quick, seed=seed,
+                                            progress=progress, storage_overrun=storage_overrun,
+                                            outputs=kept))
     finally:
         device.close()
-    return ValidationRun(backend_name, device.adapter.describe(), limits, seed, quick, reports,
+    return ValidationRun(backend.name, device.adapter.describe(), limits, seed, quick, reports,
                          time.perf_counter() - started)
+
+
+# --------------------------------------------------------------------------- across backends
+
+
+@dataclass
+class Agreement:
+    """Whether two implementations computed the same outputs for one variant.
+
+    AGREE: every case both ran is within its tolerance of the other's output; DIFFER: some
+    case is not; "-": nothing to compare (a backend skipped or failed the variant).
+    """
+
+    name: str
+    status: str  # AGREE | DIFFER | -
+    compared: int = 0
+    max_abs_diff: float | None = None
+    worst_ratio: float | None = None  # |a - b| / tolerance of the worst case
+    worst_case: str | None = None
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "variant": self.name,
+            "status": self.status,
+            "cases_compared": self.compared,
+            "max_abs_diff": self.max_abs_diff,
+            "diff_over_tolerance": self.worst_ratio,
+            "worst_case": self.worst_case,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class CrossRun:
+    """``--backend all``: one ValidationRun per implementation plus their case-by-case agreement."""
+
+    runs: list[ValidationRun]
+    agreements: list[Agreement]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Every implementation's run is ok, no variant differs, and at least one was compared."""
+        statuses = [a.status for a in self.agreements]
+        return all(r.ok for r in self.runs) and "DIFFER" not in statuses and "AGREE" in statuses
+
+    def as_dict(self) -> dict[str, Any]:
+        first = self.runs[0]
+        return {
+            "backend": "all",
+            "backends": [r.backend for r in self.runs],
+            "limits": first.limits_profile,
+            "seed": first.seed,
+            "quick": first.quick,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "runs": {r.backend: r.as_dict() for r in self.runs},
+            "agreement": [a.as_dict() for a in self.agreements],
+        }
+
+
+def validate_all(project: Project, patterns: tuple[str, ...] = (), *,
+                 backends: Sequence[str] = ALL_BACKENDS, adapter: str | None = None,
+                 limits: str = "adapter", quick: bool = False, seed: int = 0,
+                 storage_overrun: bool = False, progress: Progress | None = None) -> CrossRun:
+    """Validate on every implementation in ``backends``, then compare their outputs pairwise.
+
+    Every backend is instantiated before any work, so a missing one (pydawn not installed)
+    fails at once with its one-line install hint instead of after a long first run.
+    """
+    started = time.perf_counter()
+    implementations = [get_backend(name) for name in backends]
+    kernels, entries = _render(project, patterns)
+    runs, outputs = [], []
+    for backend in implementations:
+        kept: Outputs = {}
+        runs.append(_run_backend(backend, kernels, entries, adapter=adapter, limits=limits,
+                                 quick=quick, seed=seed, storage_overrun=storage_overrun,
+                                 progress=progress, outputs=kept))
+        outputs.append(kept)
+    agreements = [
+        compare_variant(name, [r.variants[i] for r in runs], [o.get(name, {}) for o in outputs],
+                        [r.backend for r in runs])
+        for i, name in enumerate(k.variant.name for k in kernels)
+    ]
+    return CrossRun(runs, agreements, time.perf_counter() - started)
+
+
+def compare_variant(name: str, reports: Sequence[VariantReport],
+                    outputs: Sequence[dict[CaseSpec, np.ndarray]],
+                    backends: Sequence[str]) -> Agreement:
+    """Compare the first backend's outputs of one variant with every other backend's.
+
+    Each case is judged by the tolerance its outputs were judged by against the reference.
+    """
+    not_run = [f"{b} {r.status}" for b, r in zip(backends, reports, strict=True) if not r.cases]
+    if not_run:
+        return Agreement(name, "-", reason=f"not compared: {', '.join(not_run)}")
+    pairs = _case_differences(reports, outputs)
+    if not pairs:
+        return Agreement(name, "-", reason="not compared: no case ran on every backend")
+    ratio, _, case, other = max(pairs)
+    max_diff = max(p[1] for p in pairs)
+    if ratio <= 1.0:
+        return Agreement(name, "AGREE", len(pairs), max_diff, ratio, case)
+    diff = max(p[1] for p in pairs if p[2] == case and p[3] == other)
+    reason = (f"case {case!r}: max |{backends[0]} - {backends[other]}| = {diff:.3g} exceeds the "
+              f"tolerance ({ratio:.2f} of it)")
+    return Agreement(name, "DIFFER", len(pairs), max_diff, ratio, case, reason)
+
+
+def _case_differences(reports: Sequence[VariantReport],
+                      outputs: Sequence[dict[CaseSpec, np.ndarray]]
+                      ) -> list[tuple[float, float, str, int]]:
+    """(|first - other| / tolerance, |first - other|, case, other) for every case both ran."""
+    tolerances = [{c.spec: c.verdict.tolerance for c in r.cases if c.verdict} for r in reports]
+    found = []
+    for other in range(1, len(reports)):
+        for spec in outputs[0].keys() & outputs[other].keys():
+            tolerance = min(tolerances[0].get(spec, np.inf), tolerances[other].get(spec, np.inf))
+            diff = output_difference(outputs[0][spec], outputs[other][spec])
+            ratio = diff / tolerance if tolerance > 0 else (np.inf if diff else 0.0)
+            found.append((float(ratio), diff, spec.name, other))
+    return found
+
+
+def output_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b|; a NaN/Inf in one output where the other has a different value is infinite."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a64.shape != b64.shape:
+        return float("inf")
+    if a64.size == 0:
+        return 0.0
+    finite = np.isfinite(a64) & np.isfinite(b64)
+    same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+    diff = np.where(finite, np.abs(a64 - b64), np.where(same, 0.0, np.inf))
+    return float(diff.max())
+
+
+class _RecordingRunner(KernelRunner):
+    """A KernelRunner that keeps every case's output, so implementations can be compared."""
+
+    def __init__(self, *args: Any, outputs: dict[CaseSpec, np.ndarray], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outputs = outputs
+        self._spec: CaseSpec | None = None
+
+    def run_case(self, spec: CaseSpec) -> CaseResult:
+        self._spec = spec
+        return super().run_case(spec)
+
+    def run(self, data: Any) -> np.ndarray:
+        output = super().run(data)
+        if self._spec is not None:
+            self.outputs[self._spec] = output
+        return output
 
 
 def validate_variant(device: Device, kernel: RenderedKernel, entry: dict[str, Any], *, quick: bool,
                      seed: int, progress: Progress | None = None, storage_overrun: bool = False,
-                     constants: dict[str, float] | None = None) -> VariantReport:
+                     constants: dict[str, float] | None = None,
+                     outputs: dict[CaseSpec, np.ndarray] | None = None) -> VariantReport:
+    """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
     name = kernel.variant.name
     started = time.perf_counter()
     specs = case_specs(entry, quick=quick, seed=seed)
@@ -178,7 +416,10 @@ def validate_variant(device: Device, kernel: RenderedKernel, entry: dict[str, An
         if progress:
             progress(name, len(specs))
         return VariantReport(name, "SKIP", skip)
-    runner = KernelRunner(device, kernel, entry, constants)
+    if outputs is None:
+        runner = KernelRunner(device, kernel, entry, constants)
+    else:
+        runner = _RecordingRunner(device, kernel, entry, constants, outputs=outputs)
     report = VariantReport(name, "PASS", note)
     try:
         runner.compile()
@@ -187,7 +428,16 @@ def validate_variant(device: Device, kernel: RenderedKernel, entry: dict[str, An
             if progress:
                 progress(name, 1)
     except ShaderCompileError as error:
-        report.status, report.reason = "FAIL", f"compile error: {error.message}"
+        refusal = _limit_refusal(error) if note else None
+        if refusal:
+            storage, limit = _storage_need(entry, device)
+            report.status = "SKIP"
+            report.reason = (f"needs {storage} B workgroup storage; limit {limit}, enforced by the "
+                             f"implementation (--storage-overrun cannot apply): {refusal}")
+            if progress:
+                progress(name, len(specs))
+        else:
+            report.status, report.reason = "FAIL", f"compile error: {error.message}"
     except DopplerGenError as error:
         report.status, report.reason = "FAIL", str(error)
     else:
@@ -202,7 +452,8 @@ def validate_variant(device: Device, kernel: RenderedKernel, entry: dict[str, An
             report.status = "FAIL"
             nan = f", {v.non_finite} NaN/Inf left" if v.non_finite else ""
             report.reason = (
-                f"{len(report.failures)} case(s) failed; first: {first.spec.name!r} (seed {first.spec.seed}): "
+                f"{len(report.failures)} case(s) failed; first: {first.spec.name!r} "
+                f"(seed {first.spec.seed}): "
                 f"max abs error {v.max_abs_error:.3g} > tolerance {v.tolerance:.3g} "
                 f"(rel {v.max_rel_error:.3g}) at index {list(v.worst_index)}{nan}"
             )
@@ -210,26 +461,88 @@ def validate_variant(device: Device, kernel: RenderedKernel, entry: dict[str, An
     return report
 
 
-def format_report(run: ValidationRun) -> str:
+def _cells(v: VariantReport) -> list[str]:
+    """result, cases, worst error, time and note of one variant's report."""
+    worst = v.worst
+    worst_text = "-"
+    if worst and worst.verdict:
+        worst_text = f"{worst.verdict.max_abs_error:.2e} ({worst.verdict.ratio:.2f} of tol)"
+    cases = f"{sum(c.passed for c in v.cases)}/{len(v.cases)}" if v.cases else "-"
+    return [v.status, cases, worst_text, f"{v.seconds:.1f}s", v.reason.split("\n")[0]]
+
+
+def _details(run: ValidationRun, prefix: str = "") -> list[str]:
+    """Multi-line failure reasons (compile errors with their source lines), after the table."""
+    return [f"\n{prefix}{v.name}: {v.reason}" for v in run.variants
+            if v.status == "FAIL" and "\n" in v.reason]
+
+
+def _summary(run: ValidationRun) -> str:
+    counts = {s: sum(v.status == s for v in run.variants) for s in ("PASS", "FAIL", "SKIP")}
+    total_cases = sum(len(v.cases) for v in run.variants)
+    return (
+        f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
+        f"({total_cases} cases, {run.seconds:.1f}s) on {run.adapter} "
+        f"[{run.backend}, limits {run.limits_profile}]"
+    )
+
+
+def format_report(run: ValidationRun | CrossRun) -> str:
+    """The human-readable report: a table, multi-line failure details, then the summary."""
+    from doppler_gen.listing import format_table
+
+    if isinstance(run, CrossRun):
+        return format_cross_report(run)
+    rows = [[v.name, *_cells(v)] for v in run.variants]
+    table = format_table(["variant", "result", "cases", "worst error", "time", "note"], rows)
+    return table + "".join(_details(run)) + "\n" + _summary(run)
+
+
+def format_cross_report(cross: CrossRun) -> str:
+    """One row per variant and backend, then an "agree" row comparing the backends' outputs.
+
+    The agree row's error column is max |first - other| over the compared cases and its
+    fraction of the worst case's tolerance. A variant counts as passed only when it passed on
+    every backend and the outputs agreed: a skip on one backend is not a pass.
+    """
     from doppler_gen.listing import format_table
 
     rows = []
-    for v in run.variants:
-        worst = v.worst
-        worst_text = "-"
-        if worst and worst.verdict:
-            worst_text = f"{worst.verdict.max_abs_error:.2e} ({worst.verdict.ratio:.2f} of tol)"
-        cases = f"{sum(c.passed for c in v.cases)}/{len(v.cases)}" if v.cases else "-"
-        rows.append([v.name, v.status, cases, worst_text, f"{v.seconds:.1f}s", v.reason.split("\n")[0]])
-    table = format_table(["variant", "result", "cases", "worst error", "time", "note"], rows)
-    details = [f"\n{v.name}: {v.reason}" for v in run.variants if v.status == "FAIL" and "\n" in v.reason]
-    counts = {s: sum(v.status == s for v in run.variants) for s in ("PASS", "FAIL", "SKIP")}
-    total_cases = sum(len(v.cases) for v in run.variants)
-    summary = (
-        f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
-        f"({total_cases} cases, {run.seconds:.1f}s) on {run.adapter} [{run.backend}, limits {run.limits_profile}]"
+    for i, agreement in enumerate(cross.agreements):
+        for run in cross.runs:
+            rows.append(["" if run is not cross.runs[0] else agreement.name, run.backend,
+                         *_cells(run.variants[i])])
+        rows.append(["", "agree", *_agreement_cells(agreement)])
+    headers = ["variant", "backend", "result", "cases", "worst error / difference", "time", "note"]
+    table = format_table(headers, rows)
+    details = [d for run in cross.runs for d in _details(run, f"[{run.backend}] ")]
+    lines = [f"{run.backend}: {_summary(run)}" for run in cross.runs]
+    lines.append(_agreement_summary(cross))
+    return table + "".join(details) + "\n\n" + "\n".join(lines)
+
+
+def _agreement_cells(a: Agreement) -> list[str]:
+    difference = "-"
+    if a.max_abs_diff is not None and a.worst_ratio is not None:
+        difference = f"{a.max_abs_diff:.2e} ({a.worst_ratio:.2f} of tol)"
+    return [a.status, str(a.compared) if a.compared else "-", difference, "", a.reason]
+
+
+def _agreement_summary(cross: CrossRun) -> str:
+    names = " vs ".join(run.backend for run in cross.runs)
+    counts = {s: sum(a.status == s for a in cross.agreements) for s in ("AGREE", "DIFFER", "-")}
+    everywhere = sum(
+        a.status == "AGREE" and all(run.variants[i].status == "PASS" for run in cross.runs)
+        for i, a in enumerate(cross.agreements)
     )
-    return table + "".join(details) + summary
+    compared = [a for a in cross.agreements if a.max_abs_diff is not None]
+    largest = max((a.max_abs_diff for a in compared), default=None)  # type: ignore[type-var]
+    biggest = f"; max difference {largest:.2e}" if largest is not None else ""
+    return (
+        f"agreement ({names}): {counts['AGREE']} agree, {counts['DIFFER']} differ, "
+        f"{counts['-']} not compared{biggest}; {everywhere} of {len(cross.agreements)} variants "
+        f"passed on every backend and agreed ({cross.seconds:.1f}s)"
+    )
 
 
 def case_count(project: Project, patterns: tuple[str, ...], *, quick: bool, seed: int) -> int:
@@ -238,5 +551,6 @@ def case_count(project: Project, patterns: tuple[str, ...], *, quick: bool, seed
     total = 0
     for variant in select(project, patterns):
         kernel = renderer.render(variant)
-        total += len(case_specs(variant_entry(kernel, parse_kernel(kernel)), quick=quick, seed=seed))
+        entry = variant_entry(kernel, parse_kernel(kernel))
+        total += len(case_specs(entry, quick=quick, seed=seed))
     return total
