@@ -347,3 +347,209 @@ def _format_doctor(report: dict[str, Any]) -> str:
     if not report["available"]:
         return f"backend: {report['backend']} — unavailable: {report['error']}"
     return format_doctor(report)
+
+
+def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options bench and tune share: where to run, how to time, where the results go."""
+    options = [
+        click.option("--backend", default="wgpu", show_default=True, help="WebGPU implementation."),
+        click.option(
+            "--adapter", default=None, help="Adapter by index, type (gpu/cpu), backend or name."
+        ),
+        click.option(
+            "--limits",
+            type=click.Choice(["adapter", "webgpu-default"]),
+            default="adapter",
+            show_default=True,
+            help="Device limits: the adapter's maxima, or WebGPU's defaults.",
+        ),
+        click.option(
+            "--allow-cpu",
+            is_flag=True,
+            help="Run on a CPU adapter (lavapipe) anyway; every result is labelled CPU.",
+        ),
+        click.option(
+            "--repeats",
+            type=click.IntRange(min=20),
+            default=30,
+            show_default=True,
+            help="Timed dispatches per measurement (median and p10-p90 of these; at least 20).",
+        ),
+        click.option(
+            "--warmup",
+            type=click.IntRange(min=0),
+            default=5,
+            show_default=True,
+            help="Untimed dispatches before the timed ones.",
+        ),
+        click.option(
+            "--seed", type=int, default=0, show_default=True, help="Seed of the input data."
+        ),
+        click.option(
+            "--storage-overrun",
+            is_flag=True,
+            help="Run variants whose workgroup storage exceeds the device limit (as validate).",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout."),
+        click.option(
+            "--output",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Also write the JSON results to FILE.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _emit(result: dict[str, Any], text: str, as_json: bool, output: Path | None) -> None:
+    """Print the report (or JSON) and write the JSON file; a bad --output path is one line."""
+    document = json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False)
+    if output is not None:
+        try:
+            output.write_text(document + "\n", encoding="utf-8")
+        except OSError as error:
+            reason = error.strerror or error
+            raise DopplerGenError(f"--output {output}: cannot write: {reason}") from None
+    click.echo(document if as_json else text)
+
+
+def _progress(command: str) -> Callable[[str], None]:
+    """Progress lines on stderr, so that --json on stdout stays parseable."""
+    return lambda message: click.echo(f"{command}: {message}", err=True)
+
+
+SHAPES_EPILOG = """\b
+Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults shown):
+  prefill:q=2048,kv=2048,h=32,kvh=8,d=64,causal=1
+      tiled kernels; q queries at the end of kv keys (q <= kv; causal masking bottom-right
+      aligned); q and kv default to each other
+  decode:kv=8192,h=32,kvh=8,d=64
+      tiled kernels; one query after kv keys
+  tiered:cold=1536,hot=512,h=32,kvh=8,d=64
+      tiered kernels; one query after cold contiguous keys and a hot ring of hot keys
+  h: query heads; kvh: K/V heads (divides h); d: head_dim.
+  Default: the three shapes above. A shape a variant cannot run is reported n/a (reason).
+"""
+
+
+@cli.command(epilog=SHAPES_EPILOG)
+@click.argument("names", nargs=-1)
+@click.option(
+    "--shape",
+    "shape_texts",
+    multiple=True,
+    metavar="KIND:k=v,...",
+    help="Problem shape (repeatable): prefill, decode or tiered; syntax below.",
+)
+@click.option(
+    "--copy-mib",
+    type=click.IntRange(min=0),
+    default=256,
+    show_default=True,
+    help="Size of the copy whose bandwidth is measured as a reference (0: skip).",
+)
+@click.option(
+    "--profile",
+    default=None,
+    help="Device profile for % of peak: H200, 'H100 PCIe', 'H100 NVL', H100 or none. "
+    "Default: matched from the adapter name.",
+)
+@click.option("--no-sdpa", is_flag=True, help="Do not time torch SDPA even if torch+CUDA works.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a PNG chart to FILE (needs matplotlib: pip install 'doppler-gen[plot]').",
+)
+@_timing_options
+@pass_state
+@handle_errors
+def bench(
+    state: State, names: tuple[str, ...], shape_texts: tuple[str, ...], copy_mib: int,
+    profile: str | None, no_sdpa: bool, plot: Path | None, backend: str, adapter: str | None,
+    limits: str, allow_cpu: bool, repeats: int, warmup: int, seed: int, storage_overrun: bool,
+    as_json: bool, output: Path | None,
+) -> None:
+    """GPU time per dispatch of every variant (or NAMES / globs) on each shape of its family.
+
+    Median and p10-p90 of GPU-timestamped dispatches, effective GB/s and TFLOP/s, % of the
+    device profile's peak bandwidth (or of a measured copy), and the ratio to torch SDPA when
+    torch with CUDA is importable. Refuses a CPU adapter unless --allow-cpu. Exit 1 if a
+    variant left NaN/Inf in its output.
+    """
+    from doppler_gen.bench import (
+        BenchRequest,
+        Settings,
+        format_report,
+        require_matplotlib,
+        run_bench,
+    )
+    from doppler_gen.bench import plot as write_plot
+    from doppler_gen.shapes import parse_shapes
+
+    if plot is not None:
+        require_matplotlib()
+    request = BenchRequest(
+        patterns=names, shapes=tuple(parse_shapes(shape_texts)), backend=backend, adapter=adapter,
+        limits=limits, allow_cpu=allow_cpu, copy_mib=copy_mib, profile=profile, sdpa=not no_sdpa,
+        settings=Settings(repeats, warmup, seed, storage_overrun),
+    )
+    run = run_bench(state.project, request, progress=_progress("bench"))
+    if plot is not None:
+        write_plot(run, plot)
+    _emit(run.as_dict(), format_report(run), as_json, output)
+    sys.exit(0 if run.ok else 1)
+
+
+@cli.command(epilog=SHAPES_EPILOG)
+@click.argument("name")
+@click.option(
+    "--shape",
+    "shape_text",
+    default=None,
+    metavar="KIND:k=v,...",
+    help="The shape candidates are timed on. Default: the family's default bench shape.",
+)
+@click.option(
+    "--max-candidates",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Run at most this many candidates, nearest to the current configuration first.",
+)
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Record the winner in variants.toml (params / overrides) and regenerate generated/.",
+)
+@_timing_options
+@pass_state
+@handle_errors
+def tune(
+    state: State, name: str, shape_text: str | None, max_candidates: int, write: bool,
+    backend: str, adapter: str | None, limits: str, allow_cpu: bool, repeats: int, warmup: int,
+    seed: int, storage_overrun: bool, as_json: bool, output: Path | None,
+) -> None:
+    """Sweep variant NAME's override constants and tunable template parameters; time them.
+
+    Each candidate is quick-validated first; one that fails is reported invalid with the
+    reason and not timed. Prints the table and the winner; --write records the winner in
+    variants.toml, keeping its comments and layout, and regenerates generated/. Refuses a CPU
+    adapter unless --allow-cpu. Exit 1 if no candidate passed.
+    """
+    from doppler_gen.bench import Settings
+    from doppler_gen.shapes import parse_shape
+    from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
+
+    request = TuneRequest(
+        name=name, shape=parse_shape(shape_text) if shape_text else None, backend=backend,
+        adapter=adapter, limits=limits, allow_cpu=allow_cpu, max_candidates=max_candidates,
+        settings=Settings(repeats, warmup, seed, storage_overrun),
+    )
+    run = run_tune(state.project, request, progress=_progress("tune"))
+    if write:
+        run.written = write_winner(state.project, run)
+    _emit(run.as_dict(), format_report(run), as_json, output)
+    sys.exit(0 if run.winner is not None else 1)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from doppler_gen import reference
-from doppler_gen.backends import Device, Pipeline
+from doppler_gen.backends import Buffer, Device, Pipeline
 from doppler_gen.cases import NUMPY_DTYPES, CaseData, CaseSpec, build_tiered, build_tiled
 from doppler_gen.errors import DopplerGenError, ShaderCompileError, ShapeError
 from doppler_gen.render import RenderedKernel
@@ -66,6 +66,18 @@ def evaluate_dispatch(rule: str, names: dict[str, float]) -> int:
         raise DopplerGenError(f"dispatch rule {rule!r} uses unknown names {', '.join(sorted(unknown))}")
     value = eval(rule, {"__builtins__": {}}, {"ceil": math.ceil, **names})  # noqa: S307 - names checked
     return int(value)
+
+
+@dataclass
+class BoundCase:
+    """One case's pipeline and GPU buffers, ready to dispatch (the output NaN-poisoned)."""
+
+    pipeline: Pipeline
+    bindings: dict[int, Buffer]
+    output: Buffer
+    workgroups: tuple[int, int, int]
+    output_shape: tuple[int, ...]
+    out_dtype: Any
 
 
 class KernelRunner:
@@ -148,8 +160,12 @@ class KernelRunner:
             return (int(u["query_len"]), int(u["num_heads"]), int(u["head_dim"]))
         return (int(u["num_heads"]), int(u["head_dim"]))
 
-    def run(self, data: CaseData) -> np.ndarray:
-        """Dispatch once on NaN-poisoned output; returns the output as float64."""
+    def bind(self, data: CaseData) -> BoundCase:
+        """Compile, refuse an unsupported shape, and create every buffer of one dispatch.
+
+        Split from ``run`` so that ``bench`` can dispatch the very same bindings many times: its
+        timings then measure the kernel exactly as validation drives it, not a re-implementation.
+        """
         pipeline = self.compile()
         self.check_shape(data)
         out_binding = self.output_binding()
@@ -163,12 +179,26 @@ class KernelRunner:
                 bindings[b["binding"]] = self.device.uniform_buffer(
                     pack_uniforms(self.entry["uniforms"], data.uniforms), label=name)
             elif name == out_binding["name"]:
-                bindings[b["binding"]] = output = self.device.storage_buffer(poison, read_write=True, label=name)
+                output = self.device.storage_buffer(poison, read_write=True, label=name)
+                bindings[b["binding"]] = output
             else:
-                bindings[b["binding"]] = self.device.storage_buffer(self.input_array(b, data), label=name)
-        self.device.dispatch(pipeline, bindings, (self.workgroups(data), 1, 1))
-        raw = self.device.read_buffer(output)
-        return np.frombuffer(raw, dtype=out_dtype, count=poison.size).astype(np.float64).reshape(shape)
+                array = self.input_array(b, data)
+                bindings[b["binding"]] = self.device.storage_buffer(array, label=name)
+        workgroups = (self.workgroups(data), 1, 1)
+        return BoundCase(pipeline, bindings, output, workgroups, shape, out_dtype)
+
+    def read_output(self, bound: BoundCase) -> np.ndarray:
+        """The output buffer as float64 in the output's logical shape."""
+        raw = self.device.read_buffer(bound.output)
+        count = int(np.prod(bound.output_shape))
+        values = np.frombuffer(raw, dtype=bound.out_dtype, count=count)
+        return values.astype(np.float64).reshape(bound.output_shape)
+
+    def run(self, data: CaseData) -> np.ndarray:
+        """Dispatch once on NaN-poisoned output; returns the output as float64."""
+        bound = self.bind(data)
+        self.device.dispatch(bound.pipeline, bound.bindings, bound.workgroups)
+        return self.read_output(bound)
 
     def output_binding(self) -> dict[str, Any]:
         writable = [b for b in self.entry["bindings"] if b["access"] == "read_write"]

@@ -1,0 +1,669 @@
+"""`doppler-gen tune NAME`: sweep a variant's knobs, validate each candidate, time the valid ones.
+
+The knobs are (a) every integer ``override`` constant of the variant's WGSL, over the powers of two
+from 16 up to its default plus the default (never above: the template sizes workgroup arrays from
+the default), and (b) every template parameter variants.toml lists under
+``[templates.NAME.tunable]`` (the variant is re-rendered with the value). Constraints between
+knobs (the tiled kernel needs BLOCK_SIZE == WORKGROUP_SIZE, say) are not written down anywhere
+Python could read, so they are not guessed: every combination is enumerated, and one that fails
+quick validation is reported "invalid" with the reason instead of being timed. Candidates are
+ordered by how far they are from the current configuration (template parameters before
+override constants, as the template's author declared those tunable), so that ``--max-candidates``
+cuts the most exotic ones first, and the report says when it cut.
+
+``--write`` records the winner in variants.toml by editing the text of the variant's entry (its
+``params = { ... }`` and ``overrides = { ... }`` inline tables), so comments and layout survive;
+the result is re-loaded to prove it parses and means what was intended, then generated/ is
+regenerated so ``doppler-gen check`` stays clean.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from doppler_gen.bench import (
+    BenchRow,
+    Progress,
+    Settings,
+    choose_adapter,
+    cpu_warning,
+    measure,
+    open_timing_device,
+)
+from doppler_gen.config import CONFIG_NAME, ParamValue, Project, Variant, load_project
+from doppler_gen.errors import ConfigError, DopplerGenError
+from doppler_gen.manifest import check_metadata, parse_kernel, variant_entry
+from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.shapes import DEFAULT_SHAPES, Shape, parse_shape
+
+MIN_SWEEP_VALUE = 16
+INTEGER_TYPES = ("u32", "i32")
+
+# -- candidates (pure) --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration: the tunable template parameters and every integer override constant."""
+
+    params: Mapping[str, ParamValue]  # full assignment of the tunable template parameters
+    constants: Mapping[str, int]  # full assignment of the swept override constants
+    defaults: Mapping[str, int]  # the override defaults of this candidate's rendering
+    error: str = ""  # why the template refused these parameters (then constants are empty)
+
+    @property
+    def key(self) -> tuple[tuple[tuple[str, Any], ...], tuple[tuple[str, int], ...]]:
+        return tuple(sorted(self.params.items())), tuple(sorted(self.constants.items()))
+
+    def overrides_to_record(self) -> dict[str, int]:
+        """The pipeline constants a variant needs to reproduce this candidate (non-defaults)."""
+        return {k: v for k, v in sorted(self.constants.items()) if v != self.defaults.get(k)}
+
+    def changes(self, current: Candidate) -> dict[str, Any]:
+        """Knobs set differently from ``current``: parameters, then constants vs their baseline."""
+        changed: dict[str, Any] = {
+            k: v for k, v in self.params.items() if current.params.get(k) != v
+        }
+        baseline = current.constants if not changed else self.defaults
+        changed.update({k: v for k, v in sorted(self.constants.items()) if baseline.get(k) != v})
+        return changed
+
+    def label(self, current: Candidate) -> str:
+        changes = self.changes(current)
+        return " ".join(f"{k}={v}" for k, v in changes.items()) if changes else "current"
+
+
+def override_sweep(entry: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Per integer override constant of ``entry``: powers of two 16..default, plus the default."""
+    sweep: dict[str, list[int]] = {}
+    for override in entry["overrides"]:
+        default = override["default"]
+        if (
+            override["type"] not in INTEGER_TYPES
+            or isinstance(default, bool)
+            or not isinstance(default, int)
+        ):
+            continue
+        powers = {
+            1 << k for k in range(MIN_SWEEP_VALUE.bit_length() - 1, 32) if (1 << k) <= default
+        }
+        sweep[override["name"]] = sorted(powers | {default})
+    return sweep
+
+
+def param_grid(
+    tunable: Mapping[str, tuple[ParamValue, ...]], current: Mapping[str, ParamValue]
+) -> list[dict[str, ParamValue]]:
+    """Every combination of the tunable parameters' values, the current combination first."""
+    names = sorted(tunable)
+    choices = [list(dict.fromkeys([current[n], *tunable[n]])) for n in names]
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*choices)]
+
+
+EntryFor = Callable[[dict[str, ParamValue]], Mapping[str, Any]]
+
+
+def enumerate_candidates(
+    current_params: Mapping[str, ParamValue],
+    current_overrides: Mapping[str, float],
+    tunable: Mapping[str, tuple[ParamValue, ...]],
+    entry_for: EntryFor,
+) -> list[Candidate]:
+    """All candidates, the current configuration first, then by distance from it.
+
+    ``entry_for(params)`` is the manifest entry of the variant rendered with ``params`` (raising
+    DopplerGenError when the template refuses them); it is the only link to rendering, so the
+    enumeration is testable with synthetic entries.
+    """
+    grid = param_grid(tunable, current_params)
+    current = _current(grid[0], current_overrides, entry_for)
+    found: dict[Any, Candidate] = {current.key: current}
+    for params in grid:
+        for candidate in _candidates_for(params, entry_for):
+            found.setdefault(candidate.key, candidate)
+    ranked = sorted(found.values(), key=lambda c: _rank(c, current))
+    return ranked
+
+
+def _current(
+    params: dict[str, ParamValue], overrides: Mapping[str, float], entry_for: EntryFor
+) -> Candidate:
+    entry = entry_for(params)
+    defaults = _defaults(entry)
+    constants = {k: int(overrides.get(k, v)) for k, v in defaults.items()}
+    return Candidate(params, constants, defaults)
+
+
+def _candidates_for(params: dict[str, ParamValue], entry_for: EntryFor) -> list[Candidate]:
+    try:
+        entry = entry_for(params)
+    except DopplerGenError as error:
+        return [Candidate(params, {}, {}, error=str(error))]
+    sweep, defaults = override_sweep(entry), _defaults(entry)
+    names = sorted(sweep)
+    return [
+        Candidate(params, dict(zip(names, values, strict=True)), defaults)
+        for values in itertools.product(*(sweep[n] for n in names))
+    ]
+
+
+def _defaults(entry: Mapping[str, Any]) -> dict[str, int]:
+    """The default of every swept override constant of ``entry``."""
+    sweep = override_sweep(entry)
+    return {o["name"]: int(o["default"]) for o in entry["overrides"] if o["name"] in sweep}
+
+
+def _rank(candidate: Candidate, current: Candidate) -> tuple[int, int, int]:
+    """(not current, knobs changed, constants changed): parameter-only changes come first."""
+    if candidate.key == current.key:
+        return (0, 0, 0)
+    changed_params = sum(current.params.get(k) != v for k, v in candidate.params.items())
+    baseline = current.constants if not changed_params else candidate.defaults
+    changed_constants = sum(baseline.get(k) != v for k, v in candidate.constants.items())
+    return (1, changed_params + changed_constants, changed_constants)
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class CandidateResult:
+    """One candidate's fate: invalid (template or validation), skipped, n/a, failed, or timed."""
+
+    candidate: Candidate
+    label: str
+    validation: str  # PASS | FAIL | SKIP | invalid
+    reason: str = ""
+    row: BenchRow | None = None
+    contract: str = ""  # host metadata this candidate changes (max_head_dim 256->64, ...)
+
+    @property
+    def timed(self) -> bool:
+        return self.row is not None and self.row.timing is not None
+
+    @property
+    def median_ns(self) -> float | None:
+        return self.row.timing.median_ns if self.row and self.row.timing else None
+
+    def as_dict(self, current_ns: float | None) -> dict[str, Any]:
+        median = self.median_ns
+        return {
+            "candidate": self.label,
+            "params": dict(self.candidate.params),
+            "constants": dict(self.candidate.constants),
+            "overrides_to_record": self.candidate.overrides_to_record(),
+            "validation": self.validation,
+            "reason": self.reason,
+            "contract_changes": self.contract,
+            "timing": self.row.timing.as_dict() if self.row and self.row.timing else None,
+            "vs_current": round(median / current_ns, 4) if median and current_ns else None,
+        }
+
+
+@dataclass
+class TuneRun:
+    """A tune run: the candidates in order, which won, and what --write changed."""
+
+    variant: str
+    shape: str
+    adapter: str
+    is_cpu: bool
+    settings: Settings
+    results: list[CandidateResult]
+    total: int  # candidates enumerated before the cap
+    max_candidates: int
+    written: dict[str, Any] | None = None
+
+    @property
+    def capped(self) -> bool:
+        return self.total > len(self.results)
+
+    @property
+    def current(self) -> CandidateResult:
+        return self.results[0]
+
+    @property
+    def winner(self) -> CandidateResult | None:
+        timed = [r for r in self.results if r.timed and r.validation == "PASS"]
+        return min(timed, key=lambda r: r.median_ns or 0.0) if timed else None
+
+    def as_dict(self) -> dict[str, Any]:
+        current_ns = self.current.median_ns
+        winner = self.winner
+        return {
+            "tool": "doppler-gen tune",
+            "variant": self.variant,
+            "shape": self.shape,
+            "adapter": self.adapter,
+            "cpu_adapter": self.is_cpu,
+            "warning": cpu_warning(self.adapter) if self.is_cpu else None,
+            "settings": {
+                "repeats": self.settings.repeats,
+                "warmup": self.settings.warmup,
+                "seed": self.settings.seed,
+            },
+            "candidates_total": self.total,
+            "candidates_run": len(self.results),
+            "capped": self.capped,
+            "max_candidates": self.max_candidates,
+            "candidates": [r.as_dict(current_ns) for r in self.results],
+            "winner": winner.as_dict(current_ns) if winner else None,
+            "written": self.written,
+        }
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """The CLI's tune options (minus output formatting)."""
+
+    name: str
+    shape: Shape | None = None
+    backend: str = "wgpu"
+    adapter: str | None = None
+    limits: str = "adapter"
+    allow_cpu: bool = False
+    max_candidates: int = 32
+    settings: Settings = field(default_factory=Settings)
+
+
+class CandidateRenderer:
+    """Renders a variant with candidate template parameters, once per parameter set."""
+
+    def __init__(self, project: Project, variant: Variant) -> None:
+        self.variant = variant
+        self.renderer = Renderer(project)
+        self._cache: dict[Any, tuple[RenderedKernel, dict[str, Any]]] = {}
+
+    def render(self, params: Mapping[str, ParamValue]) -> tuple[RenderedKernel, dict[str, Any]]:
+        """The kernel and manifest entry; the variant's own overrides are dropped (the candidate
+        sets every constant itself)."""
+        key = tuple(sorted(params.items()))
+        if key not in self._cache:
+            candidate = replace(
+                self.variant, params={**self.variant.params, **params}, overrides={}
+            )
+            kernel = self.renderer.render(candidate, with_origins=True)
+            module = parse_kernel(kernel)
+            check_metadata(candidate, module)
+            self._cache[key] = (kernel, variant_entry(kernel, module))
+        return self._cache[key]
+
+    def entry(self, params: dict[str, ParamValue]) -> Mapping[str, Any]:
+        return self.render(params)[1]
+
+
+def default_shape(family: str) -> Shape:
+    """The family's default bench shape (tiled: the Llama-like prefill)."""
+    return next(s for s in map(parse_shape, DEFAULT_SHAPES) if s.family == family)
+
+
+def run_tune(project: Project, request: TuneRequest, progress: Progress | None = None) -> TuneRun:
+    """Enumerate, cap, then validate and time each candidate on one device."""
+    from doppler_gen.backends import get_backend
+
+    variant = project.variant(request.name)
+    shape = request.shape or default_shape(variant.template.family)
+    if shape.family != variant.template.family:
+        raise DopplerGenError(
+            f"--shape {shape.label!r} is for {shape.family} kernels; {variant.name} is "
+            f"{variant.template.family}"
+        )
+    renderer = CandidateRenderer(project, variant)
+    candidates = enumerate_candidates(
+        variant.params, variant.overrides, variant.template.tunable, renderer.entry
+    )
+    kept = candidates[: request.max_candidates]
+    backend = get_backend(request.backend)
+    adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "tune")
+    current_kernel, current_entry = renderer.render(kept[0].params)
+    baseline = current_entry["metadata"]
+    device = open_timing_device(backend, adapter, [current_kernel], request.limits)
+    results: list[CandidateResult] = []
+    try:
+        for index, candidate in enumerate(kept, start=1):
+            label = candidate.label(kept[0])
+            if progress:
+                progress(f"[{index}/{len(kept)}] {label}")
+            results.append(
+                evaluate(device, renderer, candidate, label, shape, request.settings, baseline)
+            )
+    finally:
+        device.close()
+    return TuneRun(
+        variant.name,
+        shape.label,
+        adapter.describe(),
+        adapter.is_cpu,
+        request.settings,
+        results,
+        len(candidates),
+        request.max_candidates,
+    )
+
+
+def evaluate(
+    device: Any,
+    renderer: CandidateRenderer,
+    candidate: Candidate,
+    label: str,
+    shape: Shape,
+    settings: Settings,
+    baseline: Mapping[str, Any],
+) -> CandidateResult:
+    """Quick-validate the candidate; time it on ``shape`` only if it passed.
+
+    ``baseline`` is the current configuration's host metadata: a candidate that changes it (a
+    smaller max_head_dim, say) is still a candidate, but the report must say so.
+    """
+    from doppler_gen.validate import validate_variant
+
+    if candidate.error:
+        return CandidateResult(candidate, label, "invalid", f"template: {candidate.error}")
+    kernel, entry = renderer.render(candidate.params)
+    contract = contract_changes(baseline, entry["metadata"])
+    constants = {k: float(v) for k, v in candidate.constants.items()}
+    report = validate_variant(
+        device,
+        kernel,
+        entry,
+        quick=True,
+        seed=settings.seed,
+        storage_overrun=settings.storage_overrun,
+        constants=constants,
+    )
+    if report.status != "PASS":
+        status = "SKIP" if report.status == "SKIP" else "invalid"
+        reason = report.reason.splitlines()[0] if report.reason else ""
+        return CandidateResult(candidate, label, status, reason, contract=contract)
+    row = measure(device, kernel, entry, shape, settings, constants=constants)
+    reason = row.reason if row.status != "ok" else ""
+    return CandidateResult(candidate, label, "PASS", reason, row, contract)
+
+
+def contract_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """The host metadata (max_head_dim, dtypes, ...) that differs, as ``key old→new``."""
+    keys = sorted(set(before) | set(after))
+    return ", ".join(
+        f"{k} {before.get(k)}→{after.get(k)}" for k in keys if before.get(k) != after.get(k)
+    )
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def format_report(run: TuneRun) -> str:
+    from doppler_gen.listing import format_table
+
+    current_ns = run.current.median_ns
+    rows = [_row(i, r, current_ns, r is run.winner) for i, r in enumerate(run.results, start=1)]
+    headers = ["#", "candidate", "validation", "median µs", "p10–p90 µs", "vs current", "note"]
+    if run.is_cpu:
+        headers.insert(0, "adapter")
+        rows = [["CPU", *row] for row in rows]
+    banner = [f"*** {cpu_warning(run.adapter)} ***"] if run.is_cpu else []
+    lines = [
+        *banner,
+        f"tune {run.variant} on {run.shape} — {run.adapter}",
+        f"timing: median and p10–p90 of {run.settings.repeats} GPU-timestamped dispatches after "
+        f"{run.settings.warmup} warm-up; every candidate quick-validated first",
+        "",
+    ]
+    lines.append(format_table(headers, rows))
+    if run.capped:
+        lines.append(
+            f"\ncapped: ran {len(run.results)} of {run.total} candidates (raise --max-candidates)"
+        )
+    lines.append("\n" + winner_line(run))
+    if run.written is not None:
+        lines.append(written_line(run.written))
+    return "\n".join(lines + banner)
+
+
+def _row(index: int, result: CandidateResult, current_ns: float | None, winner: bool) -> list[str]:
+    timing = result.row.timing if result.row else None
+    median = result.median_ns
+    versus = f"{median / current_ns:.3f}" if median and current_ns else "-"
+    notes = ["winner"] if winner else []
+    notes += [f"changes {result.contract}"] if result.contract else []
+    notes += [f"({result.reason})"] if result.reason else []
+    return [
+        str(index),
+        result.label,
+        result.validation,
+        f"{median / 1e3:.1f}" if median else "-",
+        timing.spread_text() if timing else "-",
+        versus,
+        "; ".join(notes),
+    ]
+
+
+def winner_line(run: TuneRun) -> str:
+    winner, current = run.winner, run.current
+    if winner is None:
+        return "winner: none (no candidate passed validation and was timed)"
+    if winner is current:
+        return f"winner: the current configuration ({(winner.median_ns or 0) / 1e3:.1f} µs)"
+    speed = ""
+    if current.median_ns and winner.median_ns:
+        speed = f", {current.median_ns / winner.median_ns:.2f}× the current speed"
+        if (
+            current.row
+            and current.row.timing
+            and winner.median_ns >= current.row.timing.percentile_ns(10)
+        ):
+            speed += " (within the current configuration's p10–p90 spread: noise?)"
+    contract = f"; it changes the variant's {winner.contract}" if winner.contract else ""
+    return f"winner: {winner.label} ({(winner.median_ns or 0) / 1e3:.1f} µs{speed}){contract}"
+
+
+def written_line(written: dict[str, Any]) -> str:
+    if not written.get("changed"):
+        return f"--write: {written.get('message', 'nothing to write')}"
+    files = ", ".join(written["files"]) or "no generated file changed"
+    variant, summary = written["variant"], written["summary"]
+    return f"--write: {CONFIG_NAME} variant {variant} now has {summary}; regenerated: {files}"
+
+
+# -- --write ------------------------------------------------------------------------------------
+
+
+def write_winner(project: Project, run: TuneRun) -> dict[str, Any]:
+    """Record the winner in variants.toml (params and overrides), verify, regenerate."""
+    from doppler_gen.outputs import plan, write
+
+    winner = run.winner
+    variant = project.variant(run.variant)
+    if winner is None:
+        return {"changed": False, "variant": variant.name, "message": "no winner; nothing written"}
+    params = {k: v for k, v in winner.candidate.params.items() if variant.params[k] != v}
+    unswept = {k: v for k, v in variant.overrides.items() if k not in winner.candidate.constants}
+    overrides = dict(sorted({**unswept, **winner.candidate.overrides_to_record()}.items()))
+    if not params and overrides == dict(variant.overrides):
+        return {
+            "changed": False,
+            "variant": variant.name,
+            "message": "the winner is the current configuration; nothing written",
+        }
+    path = project.config_path
+    original = project.config_text or path.read_text(encoding="utf-8")
+    edited = edit_variant_entry(original, variant.name, params, overrides)
+    _atomic(path, edited)
+    try:
+        reloaded = _verify(project.root, variant.name, params, overrides)
+        result = write(plan(reloaded))
+    except DopplerGenError:
+        _atomic(path, original)
+        raise
+    summary = " ".join(f"{k}={v}" for k, v in {**params, **overrides}.items())
+    if not overrides and variant.overrides:
+        summary += " (overrides removed)"
+    return {
+        "changed": True,
+        "variant": variant.name,
+        "params": params,
+        "overrides": overrides,
+        "summary": summary,
+        "files": result.written + result.removed,
+    }
+
+
+def _atomic(path: Path, text: str) -> None:
+    from doppler_gen.outputs import atomic_write
+
+    atomic_write(path, text)
+
+
+def _verify(
+    root: Path, name: str, params: dict[str, ParamValue], overrides: dict[str, int]
+) -> Project:
+    """Re-load the edited file; it must parse and hold exactly the values written."""
+    project = load_project(root)
+    variant = project.variant(name)
+    wrong = {k: variant.params.get(k) for k, v in params.items() if variant.params.get(k) != v}
+    if wrong or dict(variant.overrides) != overrides:
+        raise ConfigError(
+            f"--write: the edited entry of {name} reads back as {wrong or dict(variant.overrides)}",
+            location=CONFIG_NAME,
+        )
+    return project
+
+
+def edit_variant_entry(
+    text: str, name: str, params: Mapping[str, ParamValue], overrides: Mapping[str, int]
+) -> str:
+    """variants.toml text with variant ``name``'s params updated and its overrides replaced.
+
+    Only the two inline-table lines change (or are inserted after the entry's last key, or, for an
+    emptied overrides table, removed); every other line, comment and blank stays as it was.
+    """
+    lines = text.splitlines(keepends=True)
+    start, end = _variant_block(lines, name)
+    if params:
+        existing = _inline_table(lines, start, end, "params")
+        merged = {**(existing[1] if existing else {}), **params}
+        lines, end = _set_line(lines, start, end, existing, "params", merged)
+    existing = _inline_table(lines, start, end, "overrides")
+    if overrides:
+        lines, end = _set_line(lines, start, end, existing, "overrides", dict(overrides))
+    elif existing:
+        del lines[existing[0]]
+    return "".join(lines)
+
+
+def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
+    """[start, end) line indices of the [[variant]] entry named ``name`` (header included)."""
+    headers = [i for i, line in enumerate(lines) if line.lstrip().startswith("[")]
+    for position, index in enumerate(headers):
+        if lines[index].strip().split("#")[0].strip() != "[[variant]]":
+            continue
+        end = headers[position + 1] if position + 1 < len(headers) else len(lines)
+        body = "".join(lines[index + 1 : end])
+        try:
+            entry = tomllib.loads(body)
+        except tomllib.TOMLDecodeError:
+            continue
+        if entry.get("name") != name:
+            continue
+        if end < len(lines) and lines[end].strip().startswith("[variant."):
+            raise ConfigError(
+                f"--write: variant {name} uses a {lines[end].strip()} sub-table; "
+                "set the tuned values there by hand",
+                location=f"{CONFIG_NAME}:{end + 1}",
+            )
+        return index, end
+    raise ConfigError(f"--write: no [[variant]] entry named {name!r} found", location=CONFIG_NAME)
+
+
+def _inline_table(
+    lines: list[str], start: int, end: int, key: str
+) -> tuple[int, dict[str, Any]] | None:
+    """(line index, table) of ``key = { ... }`` within the entry, if present."""
+    for index in range(start + 1, end):
+        stripped = lines[index].lstrip()
+        if not stripped.startswith(key) or stripped[len(key) :].lstrip()[:1] not in ("=", "."):
+            continue
+        table = _parse_inline(lines[index], key)
+        if table is None:
+            raise ConfigError(
+                f"--write: cannot edit `{stripped.strip()}`; write {key} as one inline table line",
+                location=f"{CONFIG_NAME}:{index + 1}",
+            )
+        return index, table
+    return None
+
+
+def _parse_inline(line: str, key: str) -> dict[str, Any] | None:
+    """The table of a one-line ``key = { ... }  # comment``; None for any other form."""
+    for position, char in enumerate(line):
+        if char != "}":
+            continue
+        try:
+            value = tomllib.loads(line[: position + 1]).get(key)
+        except tomllib.TOMLDecodeError:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _set_line(
+    lines: list[str],
+    start: int,
+    end: int,
+    existing: tuple[int, dict[str, Any]] | None,
+    key: str,
+    table: dict[str, Any],
+) -> tuple[list[str], int]:
+    """Replace (keeping indentation and a trailing comment) or insert ``key = { ... }``."""
+    if existing:
+        index = existing[0]
+        old = lines[index]
+        indent = old[: len(old) - len(old.lstrip())]
+        comment = _trailing_comment(old, key)
+        newline = "\n" if old.endswith("\n") else ""
+        lines[index] = f"{indent}{key} = {inline_table(table)}{comment}{newline}"
+        return lines, end
+    last = max(
+        (
+            i
+            for i in range(start + 1, end)
+            if lines[i].strip() and not lines[i].lstrip().startswith("#")
+        ),
+        default=start,
+    )
+    indent = lines[last][: len(lines[last]) - len(lines[last].lstrip())] if last > start else ""
+    if not lines[last].endswith("\n"):
+        lines[last] += "\n"
+    lines.insert(last + 1, f"{indent}{key} = {inline_table(table)}\n")
+    return lines, end + 1
+
+
+def _trailing_comment(line: str, key: str) -> str:
+    body = line.rstrip("\n")
+    for position, char in enumerate(body):
+        if char == "}" and _parse_inline(body[: position + 1], key) is not None:
+            rest = body[position + 1 :]
+            return rest if rest.strip().startswith("#") else ""
+    return ""
+
+
+def inline_table(table: Mapping[str, Any]) -> str:
+    """``{ a = 1, b = "x" }`` in the file's style."""
+    return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in table.items()) + " }"
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise ConfigError(f"--write: cannot write {value!r} into {CONFIG_NAME}")

@@ -1,0 +1,534 @@
+"""`bench`: shape syntax, report and JSON formats, the CPU refusal, and a tiny run on lavapipe.
+
+Timing numbers from lavapipe mean nothing, so the end-to-end test checks structure and sanity
+(every row timed or n/a with a reason, finite positive numbers, CPU labels), not speed. The torch
+SDPA path runs against a fake torch here (control flow, GQA and mask handling); the real one
+needs torch with CUDA and skips otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, assert_one_line_error, run_cli
+
+from doppler_gen.backends import AdapterInfo
+from doppler_gen.bench import (
+    SDPA_UNAVAILABLE,
+    BenchRow,
+    BenchRun,
+    CpuAdapterRefused,
+    SdpaPlan,
+    SdpaResult,
+    Settings,
+    Timing,
+    format_report,
+    match_profile,
+    profile_named,
+    refuse_cpu,
+    time_sdpa,
+)
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.shapes import DEFAULT_SHAPES, ShapeSyntaxError, parse_shape, parse_shapes
+
+PREFILL = "prefill:q=2048,kv=2048,h=32,kvh=8,d=64"
+DECODE = "decode:kv=8192,h=32,kvh=8,d=64"
+TIERED = "tiered:cold=1536,hot=512,h=32,kvh=8,d=64"
+
+
+def cpu_adapter_problem() -> str | None:
+    """None when wgpu sees a CPU (lavapipe) Vulkan adapter, else why the test must skip."""
+    try:
+        from doppler_gen.backends import get_backend, select_adapter
+
+        adapter = select_adapter(get_backend("wgpu").adapters(), "cpu")
+    except (DopplerGenError, ImportError, RuntimeError) as error:
+        return f"no CPU WebGPU adapter: {error}"
+    return None if adapter.is_cpu else "no CPU WebGPU adapter"
+
+
+needs_cpu_adapter = pytest.mark.skipif(
+    cpu_adapter_problem() is not None, reason=str(cpu_adapter_problem())
+)
+
+
+# -- shapes -------------------------------------------------------------------------------------
+
+
+def test_default_shapes_are_the_issue_s_shapes() -> None:
+    prefill, decode, tiered = parse_shapes(())
+    assert [s.label for s in (prefill, decode, tiered)] == [PREFILL, DECODE, TIERED]
+    assert (prefill.query_len, prefill.kv_len, prefill.causal) == (2048, 2048, True)
+    assert (decode.query_len, decode.kv_len) == (1, 8192)
+    assert (tiered.cold_len, tiered.hot_len, tiered.kv_len) == (1536, 512, 2048)
+    assert {s.family for s in (prefill, decode)} == {"tiled"} and tiered.family == "tiered"
+    assert tuple(s.label for s in parse_shapes(DEFAULT_SHAPES)) == (PREFILL, DECODE, TIERED)
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("prefill", PREFILL),
+        ("decode", DECODE),
+        ("tiered", TIERED),
+        ("prefill:kv=4096", "prefill:q=4096,kv=4096,h=32,kvh=8,d=64"),
+        ("prefill:q=512", "prefill:q=512,kv=512,h=32,kvh=8,d=64"),
+        (" Prefill: q=128 , kv=1_024, causal=0 ", "prefill:q=128,kv=1024,h=32,kvh=8,d=64,causal=0"),
+        ("decode:kv=100,h=4,kvh=4,d=128", "decode:kv=100,h=4,kvh=4,d=128"),
+        ("tiered:cold=0,hot=7,d=16", "tiered:cold=0,hot=7,h=32,kvh=8,d=16"),
+    ],
+)
+def test_shapes_parse_to_a_canonical_label_that_parses_back(text: str, label: str) -> None:
+    shape = parse_shape(text)
+    assert shape.label == label
+    assert parse_shape(shape.label) == shape
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("prefil:q=1", "unknown kind 'prefil'"),
+        ("prefill:q=2048,x=3", "unknown key 'x' (prefill takes q, kv, h, kvh, d, causal)"),
+        ("decode:q=1", "unknown key 'q' (decode takes kv, h, kvh, d)"),
+        ("prefill:q2048", "'q2048' is not key=value"),
+        ("prefill:q=abc", "q='abc' is not an integer"),
+        ("prefill:q=0", "q=0 must be a positive integer"),
+        ("tiered:cold=-1", "cold=-1 must not be negative"),
+        ("prefill:causal=2", "causal=2 must be 0 or 1"),
+        ("prefill:q=1,q=2", "key 'q' given twice"),
+        ("decode:h=32,kvh=6", "h=32 is not a multiple of kvh=6"),
+        ("prefill:q=4096,kv=2048", "q=4096 exceeds kv=2048"),
+        ("tiered:cold=0,hot=0", "cold + hot must be at least 1 key"),
+        ("decode:kv=100000000,kvh=32", "larger than any WebGPU binding"),
+        ("prefill:q=1,,kv=2", "'' is not key=value"),
+    ],
+)
+def test_bad_shapes_name_the_bad_token(text: str, names: str) -> None:
+    with pytest.raises(ShapeSyntaxError) as caught:
+        parse_shape(text)
+    message = str(caught.value)
+    assert message.startswith(f"--shape {text!r}: ")
+    assert names in message
+    assert "\n" not in message
+
+
+def test_a_bad_shape_on_the_command_line_is_one_line_and_exit_2() -> None:
+    result = run_cli(REPO_ROOT, "bench", "--shape", "decode:kv=8192,heads=32")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert "unknown key 'heads'" in line
+
+
+def test_attended_pairs_match_a_brute_force_mask() -> None:
+    for text in (
+        "prefill:q=5,kv=9",
+        "prefill:q=7,kv=7",
+        "prefill:q=3,kv=8,causal=0",
+        "decode:kv=11",
+    ):
+        shape = parse_shape(text)
+        queries = np.arange(shape.query_len)[:, None] + (shape.kv_len - shape.query_len)
+        keys = np.arange(shape.kv_len)[None, :]
+        visible = (
+            keys <= queries if shape.kind == "prefill" and shape.causal else keys >= 0 * queries
+        )
+        assert shape.attended_pairs() == int(visible.sum()), text
+    shape = parse_shape(PREFILL)
+    assert shape.flops() == 4 * (2048 * 2049 // 2) * 32 * 64
+
+
+def test_case_specs_put_the_queries_at_the_end_of_the_keys() -> None:
+    prefill = parse_shape("prefill:q=16,kv=48,h=4,kvh=2,d=8").case_spec()
+    assert (prefill.query_len, prefill.kv_len, prefill.start_pos, prefill.is_causal) == (
+        16,
+        48,
+        32,
+        1,
+    )
+    assert (prefill.kv_layout, prefill.sliding_window, prefill.kv_start) == ("contiguous", 0, 0)
+    decode = parse_shape("decode:kv=30,h=4,kvh=2,d=8").case_spec()
+    assert (decode.query_len, decode.kv_len, decode.start_pos) == (1, 30, 29)
+    tiered = parse_shape("tiered:cold=20,hot=6,h=4,kvh=2,d=8").case_spec()
+    assert (tiered.cold_len, tiered.hot_len, tiered.hot_start, tiered.hot_window) == (20, 6, 20, 6)
+    assert tiered.start_pos == 25 and tiered.hot_layout == 1
+
+
+# -- profiles, timings, refusal ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("adapter", "profile"),
+    [
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200"),
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("llvmpipe (LLVM 15.0.6, 256 bits)", None),
+    ],
+)
+def test_device_profiles_match_by_name(adapter: str, profile: str | None) -> None:
+    found = match_profile(adapter)
+    assert (found.name if found else None) == profile
+
+
+def test_h200_profile_is_4_8_tb_per_s() -> None:
+    assert profile_named("h200").hbm_gbps == 4800.0
+    assert profile_named("H100").hbm_gbps == 3350.0
+    with pytest.raises(DopplerGenError, match="unknown device profile"):
+        profile_named("A100")
+
+
+def test_timing_summary_is_median_and_p10_p90() -> None:
+    timing = Timing(tuple(float(v) for v in range(1000, 21000, 1000)))  # 1..20 µs
+    summary = timing.as_dict()
+    assert summary["runs"] == 20
+    assert summary["median_us"] == 10.5
+    assert summary["p10_us"] == pytest.approx(2.9)
+    assert summary["p90_us"] == pytest.approx(18.1)
+    assert (summary["min_us"], summary["max_us"]) == (1.0, 20.0)
+
+
+def test_fewer_than_20_repeats_are_refused() -> None:
+    with pytest.raises(DopplerGenError, match="at least 20"):
+        Settings(repeats=19)
+
+
+def _adapter(kind: str) -> AdapterInfo:
+    return AdapterInfo(0, "llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan", kind, "Mesa", "25")
+
+
+def test_a_cpu_adapter_is_refused_unless_allowed() -> None:
+    with pytest.raises(CpuAdapterRefused) as caught:
+        refuse_cpu(_adapter("CPU"), False, "bench")
+    assert str(caught.value) == (
+        "bench measures GPUs; llvmpipe (LLVM 15.0.6, 256 bits) is a CPU adapter — timings would "
+        "say nothing about GPU performance; pass --allow-cpu to run anyway (results labelled CPU)"
+    )
+    assert caught.value.exit_code == 2
+    refuse_cpu(_adapter("CPU"), True, "bench")
+    refuse_cpu(_adapter("DiscreteGPU"), False, "bench")
+
+
+# -- report and JSON (synthetic results) ---------------------------------------------------------
+
+
+def _synthetic_run(*, cpu: bool = False, sdpa: bool = True) -> BenchRun:
+    def timing(us: float) -> Timing:
+        return Timing(tuple(us * 1e3 * f for f in np.linspace(0.9, 1.1, 21)))
+
+    rows = [
+        BenchRow(
+            "attention_f16",
+            PREFILL,
+            "ok",
+            timing=timing(590.0),
+            bytes_moved=20_000_000,
+            flops=parse_shape(PREFILL).flops(),
+            sdpa_dtype="f16",
+        ),
+        BenchRow(
+            "attention_f16",
+            DECODE,
+            "ok",
+            timing=timing(290.0),
+            bytes_moved=2_900_000_000,
+            flops=parse_shape(DECODE).flops(),
+            sdpa_dtype="f16",
+        ),
+        BenchRow(
+            "attention_f16",
+            "decode:kv=64,h=32,kvh=8,d=128",
+            "n/a",
+            reason="head_dim 128 exceeds the kernel's maximum 64",
+            sdpa_dtype="f16",
+        ),
+        BenchRow("attention_decode_tiered_f16", "-", "n/a", reason="no tiered shape given"),
+    ]
+    run = BenchRun(
+        "wgpu",
+        "NVIDIA H200 — Vulkan DiscreteGPU",
+        cpu,
+        Settings(repeats=21),
+        "adapter",
+        [PREFILL, DECODE],
+        rows,
+        timestamp_period=1.0,
+        profile=profile_named("H200"),
+    )
+    if sdpa:
+        run.sdpa_status = "torch 2.5.1 on NVIDIA H200"
+        run.sdpa = {
+            (PREFILL, "f16"): SdpaResult("f16", timing(59.0), "enable_gqa"),
+            (DECODE, "f16"): SdpaResult("f16", timing(29.0), "enable_gqa"),
+        }
+    else:
+        run.sdpa_status = f"{SDPA_UNAVAILABLE} (torch is not importable)"
+    return run
+
+
+def test_json_has_timings_derived_metrics_and_sdpa_ratios() -> None:
+    document = json.loads(json.dumps(_synthetic_run().as_dict()))
+    assert document["tool"] == "doppler-gen bench" and document["ok"] is True
+    assert document["profile"]["name"] == "H200" and document["cpu_adapter"] is False
+    assert set(document["methodology"]) >= {"timing", "bytes", "flops", "sdpa"}
+    prefill, decode, not_runnable, no_shape = document["rows"]
+    assert prefill["timing"]["median_us"] == pytest.approx(590.0)
+    assert prefill["gbps"] == pytest.approx(20_000_000 / 590_000, rel=1e-5)
+    assert prefill["tflops"] == pytest.approx(parse_shape(PREFILL).flops() / 590e3 / 1e3, rel=1e-5)
+    assert prefill["ratio_to_sdpa"] == pytest.approx(10.0)
+    assert prefill["sdpa"]["timing"]["median_us"] == pytest.approx(59.0)
+    assert prefill["l2_resident"] is True and decode["l2_resident"] is False
+    assert decode["pct_peak_bw"] == pytest.approx(100 * (2.9e9 / 290e3) / 4800, rel=1e-3)
+    assert not_runnable["status"] == "n/a" and "exceeds" in not_runnable["reason"]
+    assert not_runnable["timing"] is None and not_runnable["ratio_to_sdpa"] is None
+    assert no_shape["shape"] == "-"
+
+
+def test_report_table_shows_ratios_and_n_a_reasons() -> None:
+    text = format_report(_synthetic_run())
+    assert "CPU" not in text
+    line = next(
+        line for line in text.splitlines() if line.startswith("attention_f16") and PREFILL in line
+    )
+    assert "590.0" in line and "59.0 (f16)" in line and "10.00" in line
+    assert "(head_dim 128 exceeds the kernel's maximum 64)" in text
+    assert "%BW is of: H200 profile HBM 4800 GB/s" in text
+    assert "2 timed, 2 n/a, 0 failed" in text
+
+
+def test_report_without_torch_says_so_in_the_sdpa_column() -> None:
+    text = format_report(_synthetic_run(sdpa=False))
+    timed = [
+        line for line in text.splitlines() if line.startswith("attention_f16") and "590.0" in line
+    ]
+    assert timed and SDPA_UNAVAILABLE in timed[0]
+    assert "×SDPA" not in text
+
+
+def test_cpu_results_are_labelled_on_every_row_and_in_the_json() -> None:
+    run = _synthetic_run(cpu=True)
+    text = format_report(run)
+    lines = text.splitlines()
+    assert lines[0].startswith("*** CPU ADAPTER") and lines[-1].startswith("*** CPU ADAPTER")
+    table = [line for line in lines if "attention" in line and not line.startswith("adapter:")]
+    assert len(table) == 4 and all(line.startswith("CPU ") for line in table)
+    document = run.as_dict()
+    assert document["cpu_adapter"] is True and "say nothing about GPU" in document["warning"]
+    assert all(row["cpu_adapter"] for row in document["rows"])
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "matplotlib", reason="matplotlib (the optional 'plot' extra) is not installed"
+    )
+    from doppler_gen.bench import plot
+
+    path = tmp_path / "bench.png"
+    plot(_synthetic_run(), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_plot_without_matplotlib_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    result = run_cli(REPO_ROOT, "bench", "--plot", str(tmp_path / "x.png"))
+    assert result.exit_code == 2
+    assert "pip install 'doppler-gen[plot]'" in assert_one_line_error(result.stderr)
+
+
+# -- torch SDPA (fake torch: control flow; real torch: skipped without CUDA) ---------------------
+
+
+class _FakeTensor:
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.diagonal: int | None = None
+
+    def tril(self, diagonal: int = 0) -> _FakeTensor:
+        self.diagonal = diagonal
+        return self
+
+    def repeat_interleave(self, repeats: int, dim: int) -> _FakeTensor:
+        shape = list(self.shape)
+        shape[dim] *= repeats
+        return _FakeTensor(tuple(shape))
+
+
+def _fake_torch(*, gqa: bool) -> types.SimpleNamespace:
+    """Just enough of torch for bench's SDPA code; each SDPA call takes 50 µs of fake GPU time."""
+    clock, calls = [0.0], []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.at = 0.0
+
+        def record(self) -> None:
+            self.at = clock[0]
+
+        def elapsed_time(self, end: Event) -> float:
+            return end.at - self.at  # ms
+
+    def sdpa(
+        q: _FakeTensor,
+        k: _FakeTensor,
+        v: _FakeTensor,
+        attn_mask: _FakeTensor | None = None,
+        is_causal: bool = False,
+        **kwargs: bool,
+    ) -> None:
+        if "enable_gqa" in kwargs and not gqa:
+            raise TypeError("scaled_dot_product_attention() got an unexpected keyword 'enable_gqa'")
+        assert not (attn_mask is not None and is_causal)
+        calls.append({"q": q.shape, "k": k.shape, "mask": attn_mask, "causal": is_causal, **kwargs})
+        clock[0] += 0.05
+
+    def generator(device: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(manual_seed=lambda seed: object())
+
+    return types.SimpleNamespace(
+        float16="f16",
+        float32="f32",
+        bool="bool",
+        calls=calls,
+        Generator=generator,
+        randn=lambda *shape, **kw: _FakeTensor(shape),
+        ones=lambda *shape, **kw: _FakeTensor(shape),
+        nn=types.SimpleNamespace(
+            functional=types.SimpleNamespace(scaled_dot_product_attention=sdpa)
+        ),
+        cuda=types.SimpleNamespace(
+            synchronize=lambda: None, Event=Event, _sleep=lambda cycles: None
+        ),
+    )
+
+
+def test_sdpa_prefill_uses_is_causal_and_enable_gqa() -> None:
+    torch = _fake_torch(gqa=True)
+    result = time_sdpa(
+        torch,
+        SdpaPlan(parse_shape("prefill:q=64,kv=64,h=8,kvh=2,d=16"), "f16"),
+        Settings(repeats=20, warmup=2),
+    )
+    assert result.timing is not None and result.timing.runs == 20
+    assert result.timing.median_ns == pytest.approx(50_000)
+    assert result.note == "enable_gqa"
+    last = torch.calls[-1]
+    assert last["causal"] is True and last["mask"] is None and last["enable_gqa"] is True
+    assert last["q"] == (1, 8, 64, 16) and last["k"] == (1, 2, 64, 16)
+
+
+def test_sdpa_chunked_prefill_gets_a_bottom_right_mask_and_old_torch_repeats_kv() -> None:
+    torch = _fake_torch(gqa=False)
+    result = time_sdpa(
+        torch,
+        SdpaPlan(parse_shape("prefill:q=16,kv=48,h=8,kvh=2,d=16"), "f32"),
+        Settings(repeats=20, warmup=1),
+    )
+    assert result.timing is not None
+    assert "explicit bottom-right causal mask" in result.note and "K/V repeated" in result.note
+    last = torch.calls[-1]
+    assert (
+        last["causal"] is False and last["mask"].diagonal == 32 and last["mask"].shape == (16, 48)
+    )
+    assert last["k"] == (1, 8, 48, 16) and "enable_gqa" not in last
+
+
+def test_sdpa_decode_is_not_causal() -> None:
+    plan = SdpaPlan(parse_shape(DECODE), "f16")
+    assert not plan.is_causal and not plan.lower_right_mask
+    assert SdpaPlan(parse_shape(TIERED), "f16").is_causal is False
+
+
+def _torch_cuda_problem() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (the SDPA comparison needs torch with CUDA)"
+    return None if torch.cuda.is_available() else "torch sees no CUDA device"
+
+
+@pytest.mark.skipif(_torch_cuda_problem() is not None, reason=str(_torch_cuda_problem()))
+def test_real_sdpa_times_a_small_decode() -> None:  # pragma: no cover - needs CUDA
+    import torch
+
+    result = time_sdpa(
+        torch,
+        SdpaPlan(parse_shape("decode:kv=1024,h=8,kvh=2,d=64"), "f16"),
+        Settings(repeats=20, warmup=3),
+    )
+    assert result.timing is not None and 0 < result.timing.median_ns < 1e7
+
+
+# -- on lavapipe ---------------------------------------------------------------------------------
+
+
+@needs_cpu_adapter
+def test_bench_refuses_a_cpu_adapter_in_one_line() -> None:
+    result = run_cli(REPO_ROOT, "bench", "--adapter", "cpu", "--shape", "decode:kv=8,h=2,kvh=1,d=8")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert "bench measures GPUs;" in line and "is a CPU adapter" in line and "--allow-cpu" in line
+    assert result.stdout == ""
+
+
+@needs_cpu_adapter
+def test_tiny_bench_on_lavapipe_end_to_end(tmp_path: Path) -> None:
+    output = tmp_path / "bench.json"
+    result = run_cli(
+        REPO_ROOT,
+        "bench",
+        "attention_small_f16kv",
+        "attention_decode_tiered_f16",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--repeats",
+        "20",
+        "--warmup",
+        "1",
+        "--copy-mib",
+        "1",
+        "--shape",
+        "prefill:q=20,kv=36,h=4,kvh=2,d=16",
+        "--shape",
+        "decode:kv=40,h=4,kvh=2,d=16",
+        "--shape",
+        "decode:kv=8,h=2,kvh=1,d=128",
+        "--shape",
+        "tiered:cold=24,hot=8,h=4,kvh=2,d=16",
+        "--json",
+        "--output",
+        str(output),
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert json.loads(output.read_text()) == document
+    assert document["cpu_adapter"] is True and "say nothing about GPU" in document["warning"]
+    assert document["copy_bandwidth"]["gbps"] > 0 and document["peak_bw_basis"].startswith(
+        "measured copy"
+    )
+    assert document["sdpa_status"].startswith(SDPA_UNAVAILABLE) or document[
+        "sdpa_status"
+    ].startswith("torch")
+    rows = {(r["variant"], r["shape"]): r for r in document["rows"]}
+    assert len(rows) == 4  # three tiled shapes for the tiled variant, one tiered shape
+    refused = rows[("attention_small_f16kv", "decode:kv=8,h=2,kvh=1,d=128")]
+    assert refused["status"] == "n/a" and "head_dim 128 exceeds" in refused["reason"]
+    timed = [r for r in rows.values() if r["status"] == "ok"]
+    assert len(timed) == 3
+    for row in timed:
+        assert row["cpu_adapter"] is True and row["timing"]["runs"] == 20
+        assert 0 < row["timing"]["p10_us"] <= row["timing"]["median_us"] <= row["timing"]["p90_us"]
+        assert row["gbps"] > 0 and row["tflops"] > 0 and row["bytes"] > 0
+    prefill = rows[("attention_small_f16kv", "prefill:q=20,kv=36,h=4,kvh=2,d=16")]
+    # Q f32 + K/V f16 + output f32 + kv_len_buffer and page_table (one u32 each)
+    assert prefill["bytes"] == 20 * 4 * 16 * 4 + 2 * 36 * 2 * 16 * 2 + 20 * 4 * 16 * 4 + 8
+    assert prefill["flops"] == 4 * (20 * 16 + 20 * 21 // 2) * 4 * 16

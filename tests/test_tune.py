@@ -1,0 +1,462 @@
+"""`tune`: candidate enumeration (pure), the variants.toml edit, and --write on a project copy.
+
+The enumeration is tested on synthetic manifest entries so that the rules (powers of two from
+16 up to each override's default, the current configuration first, template parameters before
+override constants) are pinned independently of the real templates. On lavapipe, one candidate
+that breaks the tiled kernel's BLOCK_SIZE == WORKGROUP_SIZE rule must come out "invalid" from
+validation, and --write must leave a project whose `check` passes.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO_ROOT, assert_one_line_error, run_cli
+
+from doppler_gen.bench import BenchRow, Settings, Timing, choose_adapter, open_timing_device
+from doppler_gen.config import load_project
+from doppler_gen.errors import ConfigError, DopplerGenError, TemplateError
+from doppler_gen.shapes import parse_shape
+from doppler_gen.tune import (
+    Candidate,
+    CandidateRenderer,
+    CandidateResult,
+    TuneRun,
+    contract_changes,
+    edit_variant_entry,
+    enumerate_candidates,
+    evaluate,
+    override_sweep,
+    param_grid,
+    write_winner,
+)
+
+# -- enumeration (pure) --------------------------------------------------------------------------
+
+
+def _override(name: str, default: Any, type_: str = "u32") -> dict[str, Any]:
+    return {"name": name, "type": type_, "default": default}
+
+
+def test_override_sweep_is_powers_of_two_from_16_up_to_the_default() -> None:
+    entry = {
+        "overrides": [
+            _override("BLOCK_SIZE", 64),
+            _override("ODD", 48),
+            _override("TINY", 8),
+            _override("SIGNED", 32, "i32"),
+            _override("GAIN", 1.5, "f32"),
+            _override("FLAG", True, "bool"),
+        ]
+    }
+    assert override_sweep(entry) == {
+        "BLOCK_SIZE": [16, 32, 64],
+        "ODD": [16, 32, 48],
+        "TINY": [8],
+        "SIGNED": [16, 32],
+    }
+
+
+def test_param_grid_puts_the_current_values_first_and_drops_duplicates() -> None:
+    grid = param_grid(
+        {"block_size": (16, 32, 64), "unroll": (1, 2)}, {"block_size": 64, "unroll": 1}
+    )
+    assert grid[0] == {"block_size": 64, "unroll": 1}
+    assert len(grid) == 6 and len({tuple(sorted(g.items())) for g in grid}) == 6
+
+
+def _tiled_like_entry(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Like the tiled template: BLOCK_SIZE and WORKGROUP_SIZE default to block_size."""
+    block = params["block_size"]
+    if block > 64:
+        raise TemplateError(f"block_size {block} exceeds the 48 KiB tile budget")
+    return {
+        "overrides": [
+            _override("BLOCK_SIZE", block),
+            _override("HEAD_TILE", 64),
+            _override("WORKGROUP_SIZE", block),
+        ]
+    }
+
+
+def test_enumeration_covers_the_product_current_first_parameters_before_constants() -> None:
+    candidates = enumerate_candidates(
+        {"block_size": 64, "q_dtype": "f16"}, {}, {"block_size": (16, 32, 64)}, _tiled_like_entry
+    )
+    # block_size 64: 3*3*3 constants; 32: 2*3*2; 16: 1*3*1
+    assert len(candidates) == 27 + 12 + 3
+    current = candidates[0]
+    assert current.label(current) == "current"
+    assert dict(current.constants) == {"BLOCK_SIZE": 64, "HEAD_TILE": 64, "WORKGROUP_SIZE": 64}
+    labels = [c.label(current) for c in candidates]
+    assert labels[1:3] == ["block_size=16", "block_size=32"]  # parameter-only changes next
+    assert labels[3:9] == [
+        "BLOCK_SIZE=16",
+        "BLOCK_SIZE=32",
+        "HEAD_TILE=16",
+        "HEAD_TILE=32",
+        "WORKGROUP_SIZE=16",
+        "WORKGROUP_SIZE=32",
+    ]
+    assert "BLOCK_SIZE=32 WORKGROUP_SIZE=16" in labels  # invalid pairs are enumerated, not guessed
+    assert len(set(labels)) == len(labels)
+    distances = [len(c.changes(current)) for c in candidates]
+    assert distances == sorted(distances)
+
+
+def test_a_template_refusal_is_a_candidate_with_the_error() -> None:
+    candidates = enumerate_candidates(
+        {"block_size": 64}, {}, {"block_size": (64, 128)}, _tiled_like_entry
+    )
+    refused = [c for c in candidates if c.error]
+    assert len(refused) == 1 and dict(refused[0].params) == {"block_size": 128}
+    assert "48 KiB" in refused[0].error and not refused[0].constants
+
+
+def test_recorded_overrides_are_the_current_configuration() -> None:
+    candidates = enumerate_candidates(
+        {"block_size": 64},
+        {"WORKGROUP_SIZE": 64, "HEAD_TILE": 32},
+        {"block_size": (32,)},
+        _tiled_like_entry,
+    )
+    current = candidates[0]
+    assert dict(current.constants) == {"BLOCK_SIZE": 64, "HEAD_TILE": 32, "WORKGROUP_SIZE": 64}
+    assert current.overrides_to_record() == {"HEAD_TILE": 32}
+    back_to_default = next(c for c in candidates if c.label(current) == "HEAD_TILE=64")
+    assert back_to_default.overrides_to_record() == {}
+    smaller = next(c for c in candidates if c.label(current) == "block_size=32 HEAD_TILE=32")
+    assert smaller.overrides_to_record() == {"HEAD_TILE": 32}
+
+
+def test_the_real_variants_enumerate() -> None:
+    project = load_project(REPO_ROOT)
+    for name in ("attention_f16", "attention_decode_tiered_f16"):
+        variant = project.variant(name)
+        renderer = CandidateRenderer(project, variant)
+        candidates = enumerate_candidates(
+            variant.params, variant.overrides, variant.template.tunable, renderer.entry
+        )
+        assert candidates[0].label(candidates[0]) == "current"
+        assert all(not c.error for c in candidates), name
+        tunable = set(variant.template.tunable)
+        assert tunable and all(set(c.params) == tunable for c in candidates)
+
+
+def test_contract_changes_name_old_and_new() -> None:
+    before = {"max_head_dim": 256, "q_dtype": "f16"}
+    assert contract_changes(before, {"max_head_dim": 64, "q_dtype": "f16"}) == "max_head_dim 256→64"
+    assert contract_changes(before, dict(before)) == ""
+
+
+# -- editing variants.toml -----------------------------------------------------------------------
+
+TOML = """\
+# header comment
+[templates.t]
+source = "t.wgsl.j2"
+
+[[variant]]
+name = "plain"
+template = "t"
+requires = ["shader-f16"]
+
+[[variant]]
+name = "with_params"  # trailing comment
+template = "t"
+params = { kv_dtype = "f16", block_size = 16 }  # keep me
+overrides = { WORKGROUP_SIZE = 16 }
+
+# between entries
+[[variant]]
+name = "last"
+template = "t"
+"""
+
+
+def test_edit_inserts_params_after_the_last_key_and_nothing_else_changes() -> None:
+    edited = edit_variant_entry(TOML, "plain", {"max_head_dim": 64}, {"WORKGROUP_SIZE": 64})
+    assert (
+        edited.replace("params = { max_head_dim = 64 }\noverrides = { WORKGROUP_SIZE = 64 }\n", "")
+        == TOML
+    )
+    assert edited.index("overrides = { WORKGROUP_SIZE = 64 }") < edited.index(
+        'name = "with_params"'
+    )
+    data = tomllib.loads(edited)
+    assert data["variant"][0]["params"] == {"max_head_dim": 64}
+    assert data["variant"][0]["overrides"] == {"WORKGROUP_SIZE": 64}
+
+
+def test_edit_merges_params_keeps_their_comment_and_replaces_overrides() -> None:
+    edited = edit_variant_entry(
+        TOML, "with_params", {"block_size": 32, "head_tile": 32}, {"BLOCK_SIZE": 16}
+    )
+    assert 'params = { kv_dtype = "f16", block_size = 32, head_tile = 32 }  # keep me\n' in edited
+    assert "overrides = { BLOCK_SIZE = 16 }\n" in edited
+    assert edited.count("\n") == TOML.count("\n")
+    entry = tomllib.loads(edited)["variant"][1]
+    assert entry["params"] == {"kv_dtype": "f16", "block_size": 32, "head_tile": 32}
+    assert "# between entries" in edited and "# header comment" in edited
+
+
+def test_edit_removes_an_emptied_overrides_table() -> None:
+    edited = edit_variant_entry(TOML, "with_params", {}, {})
+    assert "overrides" not in edited
+    assert edited.count("\n") == TOML.count("\n") - 1
+
+
+def test_edit_of_the_last_entry_without_a_trailing_newline() -> None:
+    edited = edit_variant_entry(TOML.rstrip("\n"), "last", {"block_size": 32}, {})
+    assert tomllib.loads(edited)["variant"][2]["params"] == {"block_size": 32}
+
+
+def test_edit_refuses_forms_it_cannot_rewrite_safely() -> None:
+    sub_table = TOML + "[variant.params]\nblock_size = 16\n"
+    with pytest.raises(ConfigError, match=r"\[variant.params\] sub-table"):
+        edit_variant_entry(sub_table, "last", {"block_size": 32}, {})
+    dotted = TOML.replace('name = "last"\n', 'name = "last"\nparams.block_size = 16\n')
+    with pytest.raises(ConfigError, match="one inline table line"):
+        edit_variant_entry(dotted, "last", {"block_size": 32}, {})
+    with pytest.raises(ConfigError, match="no \\[\\[variant\\]\\] entry named 'nope'"):
+        edit_variant_entry(TOML, "nope", {"block_size": 32}, {})
+
+
+# -- on lavapipe ---------------------------------------------------------------------------------
+
+
+def _cpu_adapter_problem() -> str | None:
+    """None when wgpu sees a CPU (lavapipe) Vulkan adapter, else why the test must skip."""
+    try:
+        from doppler_gen.backends import get_backend, select_adapter
+
+        adapter = select_adapter(get_backend("wgpu").adapters(), "cpu")
+    except (DopplerGenError, ImportError, RuntimeError) as error:
+        return f"no CPU WebGPU adapter: {error}"
+    return None if adapter.is_cpu else "no CPU WebGPU adapter"
+
+
+needs_cpu_adapter = pytest.mark.skipif(
+    _cpu_adapter_problem() is not None, reason=str(_cpu_adapter_problem())
+)
+TINY_TIERED = "tiered:cold=24,hot=8,h=4,kvh=2,d=16"
+
+
+@needs_cpu_adapter
+def test_tune_refuses_a_cpu_adapter_in_one_line() -> None:
+    result = run_cli(REPO_ROOT, "tune", "attention_decode_tiered_f16", "--adapter", "cpu")
+    assert result.exit_code == 2
+    assert "tune measures GPUs;" in assert_one_line_error(result.stderr)
+
+
+@needs_cpu_adapter
+def test_a_block_size_workgroup_size_mismatch_is_invalid_not_timed() -> None:
+    from doppler_gen.backends import get_backend
+
+    project = load_project(REPO_ROOT)
+    variant = project.variant("attention_small_f16kv")
+    renderer = CandidateRenderer(project, variant)
+    kernel, entry = renderer.render({"block_size": 32})
+    backend = get_backend("wgpu")
+    adapter = choose_adapter(backend, "cpu", True, "tune")
+    candidate = Candidate(
+        {"block_size": 32},
+        {"BLOCK_SIZE": 32, "HEAD_TILE": 64, "WORKGROUP_SIZE": 16},
+        {"BLOCK_SIZE": 32, "HEAD_TILE": 64, "WORKGROUP_SIZE": 32},
+    )
+    device = open_timing_device(backend, adapter, [kernel], "adapter")
+    try:
+        result = evaluate(
+            device,
+            renderer,
+            candidate,
+            "block_size=32 WORKGROUP_SIZE=16",
+            parse_shape("prefill:q=16,kv=16,h=2,kvh=1,d=16"),
+            Settings(repeats=20, warmup=0),
+            entry["metadata"],
+        )
+    finally:
+        device.close()
+    assert result.validation == "invalid" and result.row is None
+    assert "failed" in result.reason or "refused" in result.reason
+
+
+@needs_cpu_adapter
+def test_tune_json_on_lavapipe(tmp_path: Path) -> None:
+    output = tmp_path / "tune.json"
+    result = run_cli(
+        REPO_ROOT,
+        "tune",
+        "attention_decode_tiered_f16",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--shape",
+        TINY_TIERED,
+        "--max-candidates",
+        "2",
+        "--repeats",
+        "20",
+        "--warmup",
+        "1",
+        "--json",
+        "--output",
+        str(output),
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert json.loads(output.read_text()) == document
+    assert document["cpu_adapter"] is True and document["shape"] == TINY_TIERED
+    assert document["capped"] is True and document["candidates_run"] == 2
+    assert document["candidates_total"] > 2
+    current, other = document["candidates"]
+    assert current["candidate"] == "current" and current["vs_current"] == 1.0
+    assert (
+        other["candidate"] == "max_head_dim=64"
+        and "max_head_dim 256→64" in other["contract_changes"]
+    )
+    assert all(
+        c["validation"] == "PASS" and c["timing"]["runs"] == 20 for c in document["candidates"]
+    )
+    assert document["winner"]["candidate"] in ("current", "max_head_dim=64")
+    assert document["written"] is None
+
+
+@needs_cpu_adapter
+def test_tune_write_records_the_winner_and_check_stays_clean(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timings are made deterministic (time = WORKGROUP_SIZE µs) so that max_head_dim=64 wins;
+    validation and the dispatches themselves are real."""
+    import doppler_gen.tune as tune_module
+
+    real_measure = tune_module.measure
+
+    def measure(*args: Any, constants: dict[str, float] | None = None, **kwargs: Any) -> Any:
+        row = real_measure(*args, constants=constants, **kwargs)
+        if row.timing is not None and constants:
+            row.timing = Timing(tuple([constants["WORKGROUP_SIZE"] * 1e3] * row.timing.runs))
+        return row
+
+    monkeypatch.setattr(tune_module, "measure", measure)
+    before = (fresh_project / "variants.toml").read_text()
+    result = run_cli(
+        fresh_project,
+        "tune",
+        "attention_decode_tiered_f16",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--shape",
+        TINY_TIERED,
+        "--max-candidates",
+        "3",
+        "--repeats",
+        "20",
+        "--warmup",
+        "0",
+        "--write",
+        "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["winner"]["candidate"] == "max_head_dim=64"
+    assert document["written"]["changed"] is True
+    assert "generated/attention_decode_tiered_f16.wgsl" in document["written"]["files"]
+    after = (fresh_project / "variants.toml").read_text()
+    assert after.replace("params = { max_head_dim = 64 }\n", "", 1) == before
+    project = load_project(fresh_project)
+    assert project.variant("attention_decode_tiered_f16").params["max_head_dim"] == 64
+    check = run_cli(fresh_project, "check")
+    assert check.exit_code == 0, check.output
+    again = run_cli(
+        fresh_project,
+        "tune",
+        "attention_decode_tiered_f16",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--shape",
+        TINY_TIERED,
+        "--max-candidates",
+        "1",
+        "--repeats",
+        "20",
+        "--warmup",
+        "0",
+        "--write",
+    )
+    assert again.exit_code == 0, again.stderr
+    assert "the winner is the current configuration; nothing written" in again.stdout
+    assert (fresh_project / "variants.toml").read_text() == after
+
+
+def test_tune_of_an_unknown_variant_is_one_line() -> None:
+    result = run_cli(REPO_ROOT, "tune", "no_such_variant")
+    assert result.exit_code == 2
+    assert "unknown variant 'no_such_variant'" in assert_one_line_error(result.stderr)
+
+
+def test_tune_shape_of_the_wrong_family_is_one_line() -> None:
+    result = run_cli(REPO_ROOT, "tune", "attention_f16", "--shape", TINY_TIERED)
+    assert result.exit_code == 2
+    assert "is for tiered kernels; attention_f16 is tiled" in assert_one_line_error(result.stderr)
+
+
+def _timed(candidate: Candidate, label: str, us: float) -> CandidateResult:
+    row = BenchRow("attention_small_f16kv", "prefill", "ok", timing=Timing(tuple([us * 1e3] * 20)))
+    return CandidateResult(candidate, label, "PASS", row=row)
+
+
+def test_write_winner_records_params_and_overrides_without_a_gpu(fresh_project: Path) -> None:
+    project = load_project(fresh_project)
+    variant = project.variant("attention_small_f16kv")
+    candidates = enumerate_candidates(
+        variant.params,
+        variant.overrides,
+        variant.template.tunable,
+        CandidateRenderer(project, variant).entry,
+    )
+    current = candidates[0]
+    winner = next(c for c in candidates if c.label(current) == "block_size=32 HEAD_TILE=32")
+    run = TuneRun(
+        "attention_small_f16kv",
+        "prefill",
+        "synthetic",
+        False,
+        Settings(),
+        [_timed(current, "current", 300.0), _timed(winner, "winner", 200.0)],
+        42,
+        32,
+    )
+    written = write_winner(project, run)
+    assert written["changed"] is True and written["summary"] == "block_size=32 HEAD_TILE=32"
+    text = (fresh_project / "variants.toml").read_text()
+    assert (
+        'params = { kv_dtype = "f16", block_size = 32 }\noverrides = { HEAD_TILE = 32 }\n' in text
+    )
+    reloaded = load_project(fresh_project).variant("attention_small_f16kv")
+    assert reloaded.params["block_size"] == 32 and dict(reloaded.overrides) == {"HEAD_TILE": 32}
+    manifest = json.loads((fresh_project / "generated" / "manifest.json").read_text())
+    assert manifest["variants"]["attention_small_f16kv"]["pipeline_constants"] == {"HEAD_TILE": 32}
+    assert run_cli(fresh_project, "check").exit_code == 0
+    # back to the original configuration: the overrides line goes away again
+    back = TuneRun(
+        "attention_small_f16kv",
+        "prefill",
+        "synthetic",
+        False,
+        Settings(),
+        [_timed(winner, "current", 300.0), _timed(current, "x", 100.0)],
+        42,
+        32,
+    )
+    project = load_project(fresh_project)
+    assert write_winner(project, back)["changed"] is True
+    assert "HEAD_TILE" not in (fresh_project / "variants.toml").read_text()
+    assert run_cli(fresh_project, "check").exit_code == 0
