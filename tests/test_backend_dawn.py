@@ -128,8 +128,15 @@ class _FakeDevice:
     """Just what static_skip reads."""
 
     def __init__(self, adapter_features: set[str], notes: dict[str, str] | None = None) -> None:
-        self.adapter = AdapterInfo(0, "NVIDIA H200", "Vulkan", "DiscreteGPU", "nvidia", "",
-                                   features=frozenset(adapter_features))
+        self.adapter = AdapterInfo(
+            0,
+            "NVIDIA H200",
+            "Vulkan",
+            "DiscreteGPU",
+            "nvidia",
+            "",
+            features=frozenset(adapter_features),
+        )
         self.features: frozenset[str] = frozenset()
         self.limits = {"max-compute-workgroup-storage-size": 49152}
         if notes is not None:
@@ -137,8 +144,11 @@ class _FakeDevice:
 
 
 def test_skip_reason_says_why_the_feature_is_missing() -> None:
-    entry = {"requires": ["shader-f16"], "workgroup_storage_bytes": 0,
-             "workgroup_size_default": [64, 1, 1]}
+    entry = {
+        "requires": ["shader-f16"],
+        "workgroup_storage_bytes": 0,
+        "workgroup_size_default": [64, 1, 1],
+    }
     opened_without = static_skip(entry, _FakeDevice({"shader-f16"}))[0]  # type: ignore[arg-type]
     assert opened_without == "needs shader-f16; the device was opened without it"
     refused = static_skip(entry, _FakeDevice(set(), {"shader-f16": F16_REFUSED}))[0]  # type: ignore[arg-type]
@@ -148,10 +158,12 @@ def test_skip_reason_says_why_the_feature_is_missing() -> None:
     assert lacking == "needs shader-f16; adapter NVIDIA H200 does not offer shader-f16"
 
 
-def _report(name: str, status: str, outputs: dict[CaseSpec, np.ndarray],
-            tolerance: float = 1e-3) -> VariantReport:
-    cases = [CaseResult(spec, Verdict(True, 0.0, 0.0, tolerance, (0,), 0, "test"))
-             for spec in outputs]
+def _report(
+    name: str, status: str, outputs: dict[CaseSpec, np.ndarray], tolerance: float = 1e-3
+) -> VariantReport:
+    cases = [
+        CaseResult(spec, Verdict(True, 0.0, 0.0, tolerance, (0,), 0, "test")) for spec in outputs
+    ]
     return VariantReport(name, status, cases=cases)
 
 
@@ -160,12 +172,14 @@ def test_outputs_agree_within_the_case_tolerance_and_differ_beyond_it() -> None:
     a = {spec: np.array([1.0, 2.0])}
     near = {spec: np.array([1.0, 2.0 + 5e-4])}
     far = {spec: np.array([1.0, 2.0 + 5e-3])}
-    agree = compare_variant("v", [_report("v", "PASS", a), _report("v", "PASS", near)], [a, near],
-                            ["wgpu", "dawn"])
+    agree = compare_variant(
+        "v", [_report("v", "PASS", a), _report("v", "PASS", near)], [a, near], ["wgpu", "dawn"]
+    )
     assert (agree.status, agree.compared) == ("AGREE", 1)
     assert agree.max_abs_diff == pytest.approx(5e-4) and agree.worst_ratio == pytest.approx(0.5)
-    differ = compare_variant("v", [_report("v", "PASS", a), _report("v", "PASS", far)], [a, far],
-                             ["wgpu", "dawn"])
+    differ = compare_variant(
+        "v", [_report("v", "PASS", a), _report("v", "PASS", far)], [a, far], ["wgpu", "dawn"]
+    )
     assert differ.status == "DIFFER" and "|wgpu - dawn| = 0.005" in differ.reason
 
 
@@ -185,8 +199,10 @@ def test_a_skip_on_one_backend_is_not_a_pass() -> None:
     passed = _report("f16", "PASS", out)
     skipped = VariantReport("f16", "SKIP", f"needs shader-f16: {F16_REFUSED}")
     f32 = _report("f32", "PASS", out)
-    agreements = [compare_variant("f16", [passed, skipped], [out, {}], ["wgpu", "dawn"]),
-                  compare_variant("f32", [f32, f32], [out, out], ["wgpu", "dawn"])]
+    agreements = [
+        compare_variant("f16", [passed, skipped], [out, {}], ["wgpu", "dawn"]),
+        compare_variant("f32", [f32, f32], [out, out], ["wgpu", "dawn"]),
+    ]
     assert agreements[0].status == "-" and agreements[0].reason == "not compared: dawn SKIP"
     cross = CrossRun([_run("wgpu", passed, f32), _run("dawn", skipped, f32)], agreements, 0.0)
     text = format_report(cross)
@@ -216,8 +232,14 @@ def without_pydawn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _run_without_pydawn(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*doppler_gen_command(), "--root", str(REPO_ROOT), *args], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [*doppler_gen_command(), "--root", str(REPO_ROOT), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_missing_pydawn_fails_dawn_with_one_install_line(without_pydawn: dict[str, str]) -> None:
@@ -231,8 +253,9 @@ def test_missing_pydawn_fails_dawn_with_one_install_line(without_pydawn: dict[st
 @pytest.mark.gpu
 @pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 def test_missing_pydawn_leaves_wgpu_and_doctor_working(without_pydawn: dict[str, str]) -> None:
-    result = _run_without_pydawn(without_pydawn, "validate", "--backend", "wgpu", "--quick",
-                                 "attention_decode_tiered_f16kv")
+    result = _run_without_pydawn(
+        without_pydawn, "validate", "--backend", "wgpu", "--quick", "attention_decode_tiered_f16kv"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed, 0 failed" in result.stdout
     doctor = _run_without_pydawn(without_pydawn, "doctor", "--json")
@@ -369,8 +392,9 @@ def test_timed_dispatch_returns_positive_nanoseconds(device: Device) -> None:
     params = device.uniform_buffer(np.array([64], np.uint32).tobytes())
     src = device.storage_buffer(np.zeros(64, np.float32))
     dst = device.storage_buffer(np.zeros(64, np.float32), read_write=True)
-    times = device.timed_dispatch(pipeline, {0: params, 1: src, 2: dst}, (1, 1, 1), repeats=3,
-                                  warmup=1)
+    times = device.timed_dispatch(
+        pipeline, {0: params, 1: src, 2: dst}, (1, 1, 1), repeats=3, warmup=1
+    )
     assert len(times) == 3 and all(t > 0 for t in times)
 
 
@@ -384,8 +408,11 @@ def test_timing_without_the_feature_says_so(backend: Backend, adapter: AdapterIn
 
 @pytest.mark.gpu
 def test_open_device_refuses_what_the_adapter_lacks(backend: Backend, adapter: AdapterInfo) -> None:
-    missing = next(f for f in ("texture-compression-astc", "texture-compression-etc2", "made-up")
-                   if f not in adapter.features)
+    missing = next(
+        f
+        for f in ("texture-compression-astc", "texture-compression-etc2", "made-up")
+        if f not in adapter.features
+    )
     with pytest.raises(BackendUnavailable, match=missing):
         backend.open_device(adapter, features=[missing], limits={})
     too_much = adapter.limits["max-compute-workgroup-storage-size"] * 2
@@ -397,13 +424,21 @@ def test_open_device_refuses_what_the_adapter_lacks(backend: Backend, adapter: A
 @needs_dawn
 def test_webgpu_default_limits_are_enforced_by_dawn_itself() -> None:
     """With --storage-overrun the 48 KiB tile reaches Dawn, which refuses it with its own words."""
-    run = validate(load_project(REPO_ROOT), ("attention",), backend_name="dawn",
-                   limits="webgpu-default", quick=True, storage_overrun=True)
+    run = validate(
+        load_project(REPO_ROOT),
+        ("attention",),
+        backend_name="dawn",
+        limits="webgpu-default",
+        quick=True,
+        storage_overrun=True,
+    )
     report = run.variants[0]
     assert report.status == "SKIP" and not report.cases
     assert report.reason.startswith("needs 49152 B workgroup storage; limit 16384, enforced")
-    assert ("The total use of workgroup storage (49152 bytes) is larger than the maximum allowed "
-            "(16384 bytes).") in report.reason
+    assert (
+        "The total use of workgroup storage (49152 bytes) is larger than the maximum allowed "
+        "(16384 bytes)."
+    ) in report.reason
 
 
 @pytest.mark.gpu
@@ -448,19 +483,28 @@ params = { block_size = 16 }
 DIVERGENT = [
     # Tint's uniformity analysis rejects a barrier under a non-uniform condition (as Chrome
     # would); naga 0.32 has no uniformity analysis. Every invocation takes the branch anyway.
-    ("barrier-in-non-uniform-flow", "    if (thread_idx != 0xffffffffu) { workgroupBarrier(); }\n", "dawn",
-     "'workgroupBarrier' must only be called from uniform control flow"),
+    (
+        "barrier-in-non-uniform-flow",
+        "    if (thread_idx != 0xffffffffu) { workgroupBarrier(); }\n",
+        "dawn",
+        "'workgroupBarrier' must only be called from uniform control flow",
+    ),
     # naga 0.32 does not implement @diagnostic on a compound statement (as Firefox would
     # reject it); Tint does. The block is empty.
-    ("diagnostic-attribute-on-block", "    @diagnostic(off, derivative_uniformity) { }\n", "wgpu",
-     "`@diagnostic(…)` attribute(s) not yet implemented"),
+    (
+        "diagnostic-attribute-on-block",
+        "    @diagnostic(off, derivative_uniformity) { }\n",
+        "wgpu",
+        "`@diagnostic(…)` attribute(s) not yet implemented",
+    ),
 ]
 
 
 @pytest.mark.gpu
 @needs_both
-@pytest.mark.parametrize(("planted", "rejecter", "message"), [d[1:] for d in DIVERGENT],
-                         ids=[d[0] for d in DIVERGENT])
+@pytest.mark.parametrize(
+    ("planted", "rejecter", "message"), [d[1:] for d in DIVERGENT], ids=[d[0] for d in DIVERGENT]
+)
 def test_a_construct_one_implementation_rejects_is_reported_at_the_template_line(
     tmp_path: Path, planted: str, rejecter: str, message: str
 ) -> None:
@@ -474,7 +518,9 @@ def test_a_construct_one_implementation_rejects_is_reported_at_the_template_line
     assert TILED_ANCHOR in text, f"anchor gone from {TILED}"
     template.write_text(text.replace(TILED_ANCHOR, TILED_ANCHOR + planted, 1))
     line = line_of(template.read_text(), planted.strip())
-    result = run_cli(root, "validate", "--backend", "all", "--quick", "--json", "attention_small_f32")
+    result = run_cli(
+        root, "validate", "--backend", "all", "--quick", "--json", "attention_small_f32"
+    )
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     accepter = next(b for b in report["backends"] if b != rejecter)

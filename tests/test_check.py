@@ -283,5 +283,7 @@ def test_memo_digest_covers_inputs_outputs_and_the_package(fresh_project: Path) 
 
     before = tree_digest(fresh_project)
     assert tree_digest(fresh_project) == before
-    edit(fresh_project / "templates/lib/attention_common.wgsl.j2", "// Causal mask", "// causal mask")
+    edit(
+        fresh_project / "templates/lib/attention_common.wgsl.j2", "// Causal mask", "// causal mask"
+    )
     assert tree_digest(fresh_project) != before

@@ -33,35 +33,105 @@ SMALL = "attention_small_f16kv"  # the tiled variant inside lavapipe's limits
 
 # (id, file, original text, planted text, variants that must fail)
 MUTATIONS = [
-    ("causal-off-by-one", COMMON, "{{ abs_key }} > {{ abs_query }}) { return true; }",
-     "{{ abs_key }} >= {{ abs_query }}) { return true; }", [SMALL, "attention_decode_tiered_int8_f16kv"]),
-    ("softcap-dropped", COMMON, "{{ score }} = tanh({{ score }} / u.attn_softcap) * u.attn_softcap;",
-     "{{ score }} = {{ score }};", [SMALL, "attention_decode_tiered_f16kv"]),
-    ("gqa-mapping-wrong", COMMON, "return query_head_idx / heads_per_kv;",
-     "return query_head_idx % u.num_kv_heads;", [SMALL, "attention_decode_tiered_f16"]),
-    ("page-table-ignored", COMMON, "let phys_page = {{ table }}[page_idx];",
-     "let phys_page = page_idx;", [SMALL, "attention_decode_tiered_f16kv"]),
-    ("ring-modulo-dropped", COMMON, "{{ abs }} % {{ window }}", "{{ abs }}",
-     [SMALL, "attention_decode_tiered_int4_f16kv"]),
-    ("window-off-by-one", COMMON, "{{ abs_query }} - u.sliding_window + 1u)",
-     "{{ abs_query }} - u.sliding_window)", [SMALL, "attention_decode_tiered_f16"]),
-    ("int8-sign-extension-dropped", COLD, "    if (q >= {{ 2 ** (bits - 1) }}) { q -= {{ 2 ** bits }}; }\n",
-     "", ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"]),
-    ("int4-lane-shift-wrong", COLD, "({{ bits }}u * lane)", "(8u * lane)", ["attention_decode_tiered_int4_f16kv"]),
-    ("output-conversion-wrong", COMMON,
-     "{% if dtype == \"f32\" %}{{ value }}{% else %}{{ dtype }}({{ value }}){% endif %}",
-     "{% if dtype == \"f32\" %}{{ value }}{% else %}{{ dtype }}(f32({{ dtype }}({{ value }})) * 0.999){% endif %}",
-     ["attention_f16", "attention_decode_tiered_f16"]),
-    ("kv-start-ignored", TILED, "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = u.kv_start + key_pos;",
-     "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = key_pos;", [SMALL]),
+    (
+        "causal-off-by-one",
+        COMMON,
+        "{{ abs_key }} > {{ abs_query }}) { return true; }",
+        "{{ abs_key }} >= {{ abs_query }}) { return true; }",
+        [SMALL, "attention_decode_tiered_int8_f16kv"],
+    ),
+    (
+        "softcap-dropped",
+        COMMON,
+        "{{ score }} = tanh({{ score }} / u.attn_softcap) * u.attn_softcap;",
+        "{{ score }} = {{ score }};",
+        [SMALL, "attention_decode_tiered_f16kv"],
+    ),
+    (
+        "gqa-mapping-wrong",
+        COMMON,
+        "return query_head_idx / heads_per_kv;",
+        "return query_head_idx % u.num_kv_heads;",
+        [SMALL, "attention_decode_tiered_f16"],
+    ),
+    (
+        "page-table-ignored",
+        COMMON,
+        "let phys_page = {{ table }}[page_idx];",
+        "let phys_page = page_idx;",
+        [SMALL, "attention_decode_tiered_f16kv"],
+    ),
+    (
+        "ring-modulo-dropped",
+        COMMON,
+        "{{ abs }} % {{ window }}",
+        "{{ abs }}",
+        [SMALL, "attention_decode_tiered_int4_f16kv"],
+    ),
+    (
+        "window-off-by-one",
+        COMMON,
+        "{{ abs_query }} - u.sliding_window + 1u)",
+        "{{ abs_query }} - u.sliding_window)",
+        [SMALL, "attention_decode_tiered_f16"],
+    ),
+    (
+        "int8-sign-extension-dropped",
+        COLD,
+        "    if (q >= {{ 2 ** (bits - 1) }}) { q -= {{ 2 ** bits }}; }\n",
+        "",
+        ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"],
+    ),
+    (
+        "int4-lane-shift-wrong",
+        COLD,
+        "({{ bits }}u * lane)",
+        "(8u * lane)",
+        ["attention_decode_tiered_int4_f16kv"],
+    ),
+    (
+        "output-conversion-wrong",
+        COMMON,
+        '{% if dtype == "f32" %}{{ value }}{% else %}{{ dtype }}({{ value }}){% endif %}',
+        '{% if dtype == "f32" %}{{ value }}{% else %}{{ dtype }}(f32({{ dtype }}({{ value }})) * 0.999){% endif %}',
+        ["attention_f16", "attention_decode_tiered_f16"],
+    ),
+    (
+        "kv-start-ignored",
+        TILED,
+        "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = u.kv_start + key_pos;",
+        "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = key_pos;",
+        [SMALL],
+    ),
     ("kv-len-buffer-ignored", TILED, "return kv_len_buffer[0];", "return u.seq_len;", [SMALL]),
-    ("online-softmax-rescale-dropped", TILED, "acc[d] = acc[d] * correction;", "acc[d] = acc[d];", [SMALL]),
-    ("last-query-not-written", TILED, "    if (valid_query) {\n        let out_offset",
-     "    if (valid_query && query_pos + 1u < query_len) {\n        let out_offset", [SMALL]),
-    ("hot-start-ignored", TIERED, "let abs_key = u.hot_start + hot_pos;", "let abs_key = hot_pos;",
-     ["attention_decode_tiered_f16kv"]),
-    ("masked-score-not-applied", TIERED, "        s = MASKED_SCORE;\n", "",
-     ["attention_decode_tiered_int8_f16kv"]),
+    (
+        "online-softmax-rescale-dropped",
+        TILED,
+        "acc[d] = acc[d] * correction;",
+        "acc[d] = acc[d];",
+        [SMALL],
+    ),
+    (
+        "last-query-not-written",
+        TILED,
+        "    if (valid_query) {\n        let out_offset",
+        "    if (valid_query && query_pos + 1u < query_len) {\n        let out_offset",
+        [SMALL],
+    ),
+    (
+        "hot-start-ignored",
+        TIERED,
+        "let abs_key = u.hot_start + hot_pos;",
+        "let abs_key = hot_pos;",
+        ["attention_decode_tiered_f16kv"],
+    ),
+    (
+        "masked-score-not-applied",
+        TIERED,
+        "        s = MASKED_SCORE;\n",
+        "",
+        ["attention_decode_tiered_int8_f16kv"],
+    ),
 ]
 
 
@@ -78,10 +148,14 @@ def test_unmutated_templates_pass(tmp_path: Path) -> None:
     assert all(v.status == "PASS" and v.cases for v in run.variants)
 
 
-@pytest.mark.parametrize(("file", "original", "planted", "variants"),
-                         [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS])
-def test_planted_bug_fails_validation(tmp_path: Path, file: str, original: str, planted: str,
-                                      variants: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("file", "original", "planted", "variants"),
+    [m[1:] for m in MUTATIONS],
+    ids=[m[0] for m in MUTATIONS],
+)
+def test_planted_bug_fails_validation(
+    tmp_path: Path, file: str, original: str, planted: str, variants: list[str]
+) -> None:
     root = copy_project(tmp_path / "mutant")
     path = root / file
     text = path.read_text()

@@ -6,7 +6,16 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, SEEDS, SEEDS_MISSING, assert_one_line_error, edit, run_cli, run_process, snapshot
+from conftest import (
+    REPO_ROOT,
+    SEEDS,
+    SEEDS_MISSING,
+    assert_one_line_error,
+    edit,
+    run_cli,
+    run_process,
+    snapshot,
+)
 
 from doppler_gen.config import load_project
 from doppler_gen.render import Renderer
@@ -50,22 +59,45 @@ def test_int4_interface_is_the_int8_interface() -> None:
     assert int4.constants["PACK_FACTOR"] == 8 and seed.constants["PACK_FACTOR"] == 4
 
 
-@pytest.mark.parametrize(("name", "q", "out"), [("attention_decode_tiered_f16", "f16", "f16"),
-                                                ("attention_decode_tiered_f16kv", "f32", "f32")])
+@pytest.mark.parametrize(
+    ("name", "q", "out"),
+    [
+        ("attention_decode_tiered_f16", "f16", "f16"),
+        ("attention_decode_tiered_f16kv", "f32", "f32"),
+    ],
+)
 def test_non_quantized_interface_matches_the_js_host(name: str, q: str, out: str) -> None:
     module = _module(name)
     bindings = [(b.binding, b.name, b.access, str(b.type)) for b in module.bindings]
     assert bindings == [
-        (0, "u", "read", "Uniforms"), (1, "Q", "read", f"array<{q}>"),
-        (2, "K_hot", "read", "array<f16>"), (3, "V_hot", "read", "array<f16>"),
-        (4, "K_cold", "read", "array<f16>"), (5, "V_cold", "read", "array<f16>"),
-        (6, "output", "read_write", f"array<{out}>"), (7, "cold_page_table", "read", "array<u32>"),
+        (0, "u", "read", "Uniforms"),
+        (1, "Q", "read", f"array<{q}>"),
+        (2, "K_hot", "read", "array<f16>"),
+        (3, "V_hot", "read", "array<f16>"),
+        (4, "K_cold", "read", "array<f16>"),
+        (5, "V_cold", "read", "array<f16>"),
+        (6, "output", "read_write", f"array<{out}>"),
+        (7, "cold_page_table", "read", "array<u32>"),
     ]
     fields = [f.name for f in module.structs["Uniforms"].fields]
     assert fields == [
-        "num_heads", "num_kv_heads", "head_dim", "cold_len", "hot_len", "seq_len", "scale", "is_causal",
-        "start_pos", "attn_softcap", "sliding_window", "hot_window", "hot_start", "cold_page_size",
-        "cold_layout", "hot_layout", "_pad",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "cold_len",
+        "hot_len",
+        "seq_len",
+        "scale",
+        "is_causal",
+        "start_pos",
+        "attn_softcap",
+        "sliding_window",
+        "hot_window",
+        "hot_start",
+        "cold_page_size",
+        "cold_layout",
+        "hot_layout",
+        "_pad",
     ]
     if JS_HOST.is_file():
         size, offsets = _js_writer_fields("createTieredAttentionUniformBuffer")
@@ -107,27 +139,43 @@ def test_metadata_records_what_a_host_needs() -> None:
 
 
 BAD_TIERED = [
-    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
-     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int3" }',
-     "variants.toml:", "parameter cold='int3' is not one of 'f16', 'int8', 'int4'"),
-    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
-     'params = { q_dtype = "f16", out_dtype = "f32", cold = "int8" }',
-     "templates/attention_decode_tiered.wgsl.j2:", "a quantized cold tier (int8) takes f32 Q and output"),
-    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
-     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", max_kv_len = "2048" }',
-     "variants.toml:", "parameter max_kv_len must be int"),
-    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
-     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", masked_row = "nan" }',
-     "variants.toml:", "masked_row='nan' is not one of"),
-    ('params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
-     'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", hot_ring = true }',
-     "variants.toml:", "unknown parameter 'hot_ring'"),
+    (
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int3" }',
+        "variants.toml:",
+        "parameter cold='int3' is not one of 'f16', 'int8', 'int4'",
+    ),
+    (
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+        'params = { q_dtype = "f16", out_dtype = "f32", cold = "int8" }',
+        "templates/attention_decode_tiered.wgsl.j2:",
+        "a quantized cold tier (int8) takes f32 Q and output",
+    ),
+    (
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", max_kv_len = "2048" }',
+        "variants.toml:",
+        "parameter max_kv_len must be int",
+    ),
+    (
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", masked_row = "nan" }',
+        "variants.toml:",
+        "masked_row='nan' is not one of",
+    ),
+    (
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8" }',
+        'params = { q_dtype = "f32", out_dtype = "f32", cold = "int8", hot_ring = true }',
+        "variants.toml:",
+        "unknown parameter 'hot_ring'",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("old", "new", "where", "message"), BAD_TIERED)
-def test_bad_tiered_parameters_are_rejected(project_copy: Path, old: str, new: str, where: str,
-                                            message: str) -> None:
+def test_bad_tiered_parameters_are_rejected(
+    project_copy: Path, old: str, new: str, where: str, message: str
+) -> None:
     before = snapshot(project_copy / "generated")
     edit(project_copy / "variants.toml", old, new)
     result = run_process(project_copy, "generate")
@@ -143,4 +191,7 @@ def test_list_and_show_cover_the_tiered_variants() -> None:
     for name in TIERED:
         assert name in listing.output
     shown = run_cli(REPO_ROOT, "show", "attention_decode_tiered_int4_f16kv", "--raw")
-    assert shown.output == (REPO_ROOT / "generated/attention_decode_tiered_int4_f16kv.wgsl").read_text()
+    assert (
+        shown.output
+        == (REPO_ROOT / "generated/attention_decode_tiered_int4_f16kv.wgsl").read_text()
+    )

@@ -6,6 +6,7 @@ import json
 import re
 import struct
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -40,11 +41,15 @@ def test_full_matrix_has_at_least_40_cases_per_variant_and_quick_is_a_subset() -
         _, entry = _entry(variant.name)
         meta = entry["metadata"]
         if entry["family"] == "tiled":
-            full, quick = (tiled_specs(meta["max_head_dim"], quick=q, seed=0) for q in (False, True))
+            full, quick = (
+                tiled_specs(meta["max_head_dim"], quick=q, seed=0) for q in (False, True)
+            )
         else:
             cold = entry["params"]["cold"]
-            full, quick = (tiered_specs(meta["max_head_dim"], meta["max_kv_len"], cold=cold, quick=q, seed=0)
-                           for q in (False, True))
+            full, quick = (
+                tiered_specs(meta["max_head_dim"], meta["max_kv_len"], cold=cold, quick=q, seed=0)
+                for q in (False, True)
+            )
         assert len(full) >= 40, variant.name
         assert 5 <= len(quick) < len(full)
 
@@ -79,8 +84,13 @@ def test_missing_or_unknown_uniform_is_an_error_not_a_silent_zero() -> None:
 
 
 def test_dispatch_rule_evaluation() -> None:
-    assert evaluate_dispatch("ceil(query_len / BLOCK_SIZE) * num_heads",
-                             {"query_len": 65, "BLOCK_SIZE": 64, "num_heads": 8}) == 16
+    assert (
+        evaluate_dispatch(
+            "ceil(query_len / BLOCK_SIZE) * num_heads",
+            {"query_len": 65, "BLOCK_SIZE": 64, "num_heads": 8},
+        )
+        == 16
+    )
     with pytest.raises(DopplerGenError, match="unknown names"):
         evaluate_dispatch("nope * 2", {})
 
@@ -106,15 +116,28 @@ class _NoDispatch:
 @pytest.mark.parametrize(
     ("name", "spec", "message"),
     [
-        (SMALL, CaseSpec("too wide", head_dim=65, query_len=2, kv_len=2), "head_dim 65 exceeds the kernel's maximum 64"),
-        ("attention_decode_tiered_f16", CaseSpec("too wide", head_dim=257, hot_len=2, hot_window=2),
-         "head_dim 257 exceeds the kernel's maximum 256"),
-        ("attention_decode_tiered_int8_f16kv", CaseSpec("too long", cold_len=2000, hot_len=49, hot_start=2000,
-                                                         hot_window=64, start_pos=2048),
-         "KV length 2049 (cold 2000 + hot 49) exceeds MAX_KV_LEN 2048"),
+        (
+            SMALL,
+            CaseSpec("too wide", head_dim=65, query_len=2, kv_len=2),
+            "head_dim 65 exceeds the kernel's maximum 64",
+        ),
+        (
+            "attention_decode_tiered_f16",
+            CaseSpec("too wide", head_dim=257, hot_len=2, hot_window=2),
+            "head_dim 257 exceeds the kernel's maximum 256",
+        ),
+        (
+            "attention_decode_tiered_int8_f16kv",
+            CaseSpec(
+                "too long", cold_len=2000, hot_len=49, hot_start=2000, hot_window=64, start_pos=2048
+            ),
+            "KV length 2049 (cold 2000 + hot 49) exceeds MAX_KV_LEN 2048",
+        ),
     ],
 )
-def test_unsupported_shapes_are_refused_before_dispatch(name: str, spec: CaseSpec, message: str) -> None:
+def test_unsupported_shapes_are_refused_before_dispatch(
+    name: str, spec: CaseSpec, message: str
+) -> None:
     from doppler_gen.backends import get_backend
 
     kernel, entry = _entry(name)
@@ -133,8 +156,12 @@ def test_unsupported_shapes_are_refused_before_dispatch(name: str, spec: CaseSpe
 @needs_adapter
 @pytest.mark.gpu
 def test_webgpu_default_limits_skip_the_48k_tiles_with_the_reason() -> None:
-    run = validate(load_project(REPO_ROOT), ("attention", SMALL, "attention_decode_tiered_f16"),
-                   limits="webgpu-default", quick=True)
+    run = validate(
+        load_project(REPO_ROOT),
+        ("attention", SMALL, "attention_decode_tiered_f16"),
+        limits="webgpu-default",
+        quick=True,
+    )
     status = {v.name: v for v in run.variants}
     assert status["attention"].status == "SKIP"
     assert status["attention"].reason == "needs 49152 B workgroup storage; limit 16384"
@@ -168,8 +195,11 @@ def test_compile_error_is_shown_at_the_template_line(tmp_path: Path) -> None:
     file = "templates/attention.wgsl.j2"
     old = "    let query_len = u.query_len;"
     root = _mutated(tmp_path, file, old, "    let query_len: f32 = u.query_len;")
-    line = next(i for i, text in enumerate((root / file).read_text().splitlines(), 1)
-                if "let query_len: f32" in text)
+    line = next(
+        i
+        for i, text in enumerate((root / file).read_text().splitlines(), 1)
+        if "let query_len: f32" in text
+    )
     result = run_cli(root, "validate", SMALL)
     assert result.exit_code == 1
     assert f"templates/attention.wgsl.j2:{line} (generated/{SMALL}.wgsl:" in result.output
@@ -180,8 +210,12 @@ def test_compile_error_is_shown_at_the_template_line(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_unwritten_output_is_caught_by_the_nan_sentinel(tmp_path: Path) -> None:
     old = "        output[head_idx * head_dim + tid] ="
-    root = _mutated(tmp_path, "templates/attention_decode_tiered.wgsl.j2", old,
-                    "        if (head_idx == 0u) { return; }\n" + old)
+    root = _mutated(
+        tmp_path,
+        "templates/attention_decode_tiered.wgsl.j2",
+        old,
+        "        if (head_idx == 0u) { return; }\n" + old,
+    )
     run = validate(load_project(root), ("attention_decode_tiered_f16kv",), quick=True)
     report = run.variants[0]
     assert report.status == "FAIL"
@@ -192,11 +226,16 @@ def test_unwritten_output_is_caught_by_the_nan_sentinel(tmp_path: Path) -> None:
 @needs_adapter
 @pytest.mark.gpu
 def test_cli_json_report_and_exit_code() -> None:
-    result = run_cli(REPO_ROOT, "validate", SMALL, "attention_decode_tiered_int4_f16kv", "--quick", "--json")
+    result = run_cli(
+        REPO_ROOT, "validate", SMALL, "attention_decode_tiered_int4_f16kv", "--quick", "--json"
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["ok"] is True
-    assert {v["variant"] for v in report["variants"]} == {SMALL, "attention_decode_tiered_int4_f16kv"}
+    assert {v["variant"] for v in report["variants"]} == {
+        SMALL,
+        "attention_decode_tiered_int4_f16kv",
+    }
     for variant in report["variants"]:
         assert variant["status"] == "PASS" and variant["failed"] == 0 and variant["cases"] >= 5
         assert variant["worst"]["error_over_tolerance"] < 1
@@ -224,7 +263,7 @@ def test_reference_sees_the_rounded_inputs() -> None:
     kernel, entry = _entry("attention_f16")
 
     class _Dev:
-        limits: dict = {}
+        limits: ClassVar[dict] = {}
 
     runner = KernelRunner(_Dev(), kernel, entry)  # type: ignore[arg-type]
     data = runner.build(CaseSpec("x", query_len=3, kv_len=5, head_dim=8))

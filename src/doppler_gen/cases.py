@@ -78,29 +78,102 @@ def tiled_specs(max_head_dim: int, *, quick: bool, seed: int) -> list[CaseSpec]:
     hd = max_head_dim
     fixed = [
         CaseSpec("decode, MHA", query_len=1, kv_len=37, start_pos=36, head_dim=32),
-        CaseSpec("prefill causal, GQA 2", num_heads=4, num_kv_heads=2, query_len=70, kv_len=70, head_dim=16),
-        CaseSpec("prefill causal, GQA 4", num_heads=8, num_kv_heads=2, query_len=33, kv_len=33, head_dim=hd),
-        CaseSpec("prefill causal, GQA 8", num_heads=8, num_kv_heads=1, query_len=20, kv_len=20, head_dim=8),
+        CaseSpec(
+            "prefill causal, GQA 2",
+            num_heads=4,
+            num_kv_heads=2,
+            query_len=70,
+            kv_len=70,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "prefill causal, GQA 4",
+            num_heads=8,
+            num_kv_heads=2,
+            query_len=33,
+            kv_len=33,
+            head_dim=hd,
+        ),
+        CaseSpec(
+            "prefill causal, GQA 8",
+            num_heads=8,
+            num_kv_heads=1,
+            query_len=20,
+            kv_len=20,
+            head_dim=8,
+        ),
         CaseSpec("chunked prefill (start_pos)", query_len=24, kv_len=88, start_pos=64, head_dim=24),
         CaseSpec("non-causal", is_causal=0, query_len=19, kv_len=53, head_dim=40),
         CaseSpec("length 1", query_len=1, kv_len=1, head_dim=8),
         CaseSpec("sliding window", query_len=40, kv_len=40, sliding_window=7, head_dim=16),
-        CaseSpec("window edge (query == w-1, w, w+1)", query_len=3, kv_len=11, start_pos=8,
-                 sliding_window=9, head_dim=8),
+        CaseSpec(
+            "window edge (query == w-1, w, w+1)",
+            query_len=3,
+            kv_len=11,
+            start_pos=8,
+            sliding_window=9,
+            head_dim=8,
+        ),
         CaseSpec("softcap", query_len=17, kv_len=17, softcap=2.0, logit_gain=6.0, head_dim=32),
-        CaseSpec("kv length from buffer", query_len=5, kv_len=29, start_pos=24, kv_len_source=1, head_dim=16),
+        CaseSpec(
+            "kv length from buffer",
+            query_len=5,
+            kv_len=29,
+            start_pos=24,
+            kv_len_source=1,
+            head_dim=16,
+        ),
         CaseSpec("kv_start", query_len=9, kv_len=21, kv_start=12, start_pos=24, head_dim=16),
-        CaseSpec("ring KV (window)", query_len=4, kv_len=50, start_pos=46, sliding_window=16,
-                 kv_layout="ring", head_dim=16),
-        CaseSpec("paged KV, shuffled pages", query_len=6, kv_len=45, start_pos=39, kv_layout="paged",
-                 page_size=8, head_dim=32, num_heads=4, num_kv_heads=2),
-        CaseSpec("paged KV with kv_start", query_len=3, kv_len=30, kv_start=5, start_pos=32,
-                 kv_layout="paged", page_size=4, head_dim=16),
-        CaseSpec("large logits", query_len=12, kv_len=40, start_pos=28, logit_gain=30.0, head_dim=hd),
-        CaseSpec("fully masked rows write zero", query_len=4, kv_len=6, kv_start=10, start_pos=0,
-                 head_dim=8),
-        CaseSpec("head_dim = max, ragged blocks", query_len=65, kv_len=131, start_pos=66, head_dim=hd,
-                 num_heads=2, num_kv_heads=1),
+        CaseSpec(
+            "ring KV (window)",
+            query_len=4,
+            kv_len=50,
+            start_pos=46,
+            sliding_window=16,
+            kv_layout="ring",
+            head_dim=16,
+        ),
+        CaseSpec(
+            "paged KV, shuffled pages",
+            query_len=6,
+            kv_len=45,
+            start_pos=39,
+            kv_layout="paged",
+            page_size=8,
+            head_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+        ),
+        CaseSpec(
+            "paged KV with kv_start",
+            query_len=3,
+            kv_len=30,
+            kv_start=5,
+            start_pos=32,
+            kv_layout="paged",
+            page_size=4,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "large logits", query_len=12, kv_len=40, start_pos=28, logit_gain=30.0, head_dim=hd
+        ),
+        CaseSpec(
+            "fully masked rows write zero",
+            query_len=4,
+            kv_len=6,
+            kv_start=10,
+            start_pos=0,
+            head_dim=8,
+        ),
+        CaseSpec(
+            "head_dim = max, ragged blocks",
+            query_len=65,
+            kv_len=131,
+            start_pos=66,
+            head_dim=hd,
+            num_heads=2,
+            num_kv_heads=1,
+        ),
     ]
     rng = np.random.default_rng(seed)
     count = 4 if quick else 26
@@ -112,12 +185,16 @@ def tiled_specs(max_head_dim: int, *, quick: bool, seed: int) -> list[CaseSpec]:
 def _random_tiled(rng: np.random.Generator, index: int, max_head_dim: int) -> CaseSpec:
     group = int(rng.choice([1, 2, 4, 8]))
     kv_heads = int(rng.choice([1, 2])) if group == 8 else int(rng.choice([1, 2, 3]))
-    head_dim = int(rng.choice([d for d in (8, 12, 16, 24, 32, 48, 64, 96, 128) if d <= max_head_dim]))
+    head_dim = int(
+        rng.choice([d for d in (8, 12, 16, 24, 32, 48, 64, 96, 128) if d <= max_head_dim])
+    )
     query_len = int(rng.choice([1, 1, 2, 7, 31, 64, 65, 100]))
     history = int(rng.integers(0, 90))
     kv_len = query_len + history
     layout = str(rng.choice(["contiguous", "contiguous", "ring", "paged"]))
-    window = int(rng.choice([0, 0, 5, 16, 33])) if layout != "ring" else int(rng.choice([8, 16, 40]))
+    window = (
+        int(rng.choice([0, 0, 5, 16, 33])) if layout != "ring" else int(rng.choice([8, 16, 40]))
+    )
     return CaseSpec(
         name=f"random #{index} ({layout})",
         num_heads=kv_heads * group,
@@ -136,56 +213,229 @@ def _random_tiled(rng: np.random.Generator, index: int, max_head_dim: int) -> Ca
     )
 
 
-def tiered_specs(max_head_dim: int, max_kv_len: int, *, cold: str, quick: bool, seed: int) -> list[CaseSpec]:
+def tiered_specs(
+    max_head_dim: int, max_kv_len: int, *, cold: str, quick: bool, seed: int
+) -> list[CaseSpec]:
     """Tiered-family cases (one decode query per head)."""
     hd = max_head_dim
     paged = cold == "f16"
     fixed = [
-        CaseSpec("decode, cold + hot", cold_len=40, hot_len=9, hot_start=40, hot_window=16,
-                 start_pos=48, head_dim=32),
-        CaseSpec("GQA 2", num_heads=4, num_kv_heads=2, cold_len=20, hot_len=5, hot_start=20, hot_window=8,
-                 start_pos=24, head_dim=16),
-        CaseSpec("GQA 4", num_heads=8, num_kv_heads=2, cold_len=10, hot_len=6, hot_start=10, hot_window=6,
-                 start_pos=15, head_dim=64),
-        CaseSpec("GQA 8", num_heads=8, num_kv_heads=1, cold_len=7, hot_len=3, hot_start=7, hot_window=4,
-                 start_pos=9, head_dim=8),
-        CaseSpec("hot ring wrap-around", cold_len=12, hot_len=10, hot_start=29, hot_window=12,
-                 start_pos=38, head_dim=16),
-        CaseSpec("hot only (cold_len 0)", cold_len=0, hot_len=11, hot_start=0, hot_window=16, start_pos=10,
-                 head_dim=24),
-        CaseSpec("cold only (hot_len 0)", cold_len=23, hot_len=0, hot_window=8, start_pos=22, head_dim=24),
+        CaseSpec(
+            "decode, cold + hot",
+            cold_len=40,
+            hot_len=9,
+            hot_start=40,
+            hot_window=16,
+            start_pos=48,
+            head_dim=32,
+        ),
+        CaseSpec(
+            "GQA 2",
+            num_heads=4,
+            num_kv_heads=2,
+            cold_len=20,
+            hot_len=5,
+            hot_start=20,
+            hot_window=8,
+            start_pos=24,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "GQA 4",
+            num_heads=8,
+            num_kv_heads=2,
+            cold_len=10,
+            hot_len=6,
+            hot_start=10,
+            hot_window=6,
+            start_pos=15,
+            head_dim=64,
+        ),
+        CaseSpec(
+            "GQA 8",
+            num_heads=8,
+            num_kv_heads=1,
+            cold_len=7,
+            hot_len=3,
+            hot_start=7,
+            hot_window=4,
+            start_pos=9,
+            head_dim=8,
+        ),
+        CaseSpec(
+            "hot ring wrap-around",
+            cold_len=12,
+            hot_len=10,
+            hot_start=29,
+            hot_window=12,
+            start_pos=38,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "hot only (cold_len 0)",
+            cold_len=0,
+            hot_len=11,
+            hot_start=0,
+            hot_window=16,
+            start_pos=10,
+            head_dim=24,
+        ),
+        CaseSpec(
+            "cold only (hot_len 0)", cold_len=23, hot_len=0, hot_window=8, start_pos=22, head_dim=24
+        ),
         CaseSpec("length 1", cold_len=0, hot_len=1, hot_window=1, start_pos=0, head_dim=8),
-        CaseSpec("sliding window", cold_len=30, hot_len=8, hot_start=30, hot_window=8, start_pos=37,
-                 sliding_window=12, head_dim=16),
-        CaseSpec("window edge", cold_len=9, hot_len=2, hot_start=9, hot_window=2, start_pos=10,
-                 sliding_window=10, head_dim=8),
-        CaseSpec("softcap", cold_len=16, hot_len=4, hot_start=16, hot_window=4, start_pos=19, softcap=3.0,
-                 logit_gain=8.0, head_dim=32),
-        CaseSpec("large logits", cold_len=25, hot_len=6, hot_start=25, hot_window=8, start_pos=30,
-                 logit_gain=30.0, head_dim=64),
-        CaseSpec("non-causal", is_causal=0, cold_len=14, hot_len=5, hot_start=14, hot_window=8,
-                 start_pos=3, head_dim=16),
-        CaseSpec("causal masks future hot keys", cold_len=10, hot_len=6, hot_start=10, hot_window=8,
-                 start_pos=12, head_dim=16),
-        CaseSpec("fully masked row", cold_len=0, hot_len=5, hot_start=20, hot_window=8, start_pos=3,
-                 head_dim=16),
-        CaseSpec("head_dim = max", cold_len=9, hot_len=4, hot_start=9, hot_window=4, start_pos=12,
-                 head_dim=hd, num_heads=2, num_kv_heads=1),
-        CaseSpec("linear hot (no ring)", cold_len=6, hot_len=7, hot_start=6, hot_window=0, hot_layout=0,
-                 start_pos=12, head_dim=16),
-        CaseSpec("MAX_KV_LEN boundary", cold_len=max_kv_len - 64, hot_len=64, hot_start=max_kv_len - 64,
-                 hot_window=64, start_pos=max_kv_len - 1, head_dim=32, num_heads=2, num_kv_heads=1),
+        CaseSpec(
+            "sliding window",
+            cold_len=30,
+            hot_len=8,
+            hot_start=30,
+            hot_window=8,
+            start_pos=37,
+            sliding_window=12,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "window edge",
+            cold_len=9,
+            hot_len=2,
+            hot_start=9,
+            hot_window=2,
+            start_pos=10,
+            sliding_window=10,
+            head_dim=8,
+        ),
+        CaseSpec(
+            "softcap",
+            cold_len=16,
+            hot_len=4,
+            hot_start=16,
+            hot_window=4,
+            start_pos=19,
+            softcap=3.0,
+            logit_gain=8.0,
+            head_dim=32,
+        ),
+        CaseSpec(
+            "large logits",
+            cold_len=25,
+            hot_len=6,
+            hot_start=25,
+            hot_window=8,
+            start_pos=30,
+            logit_gain=30.0,
+            head_dim=64,
+        ),
+        CaseSpec(
+            "non-causal",
+            is_causal=0,
+            cold_len=14,
+            hot_len=5,
+            hot_start=14,
+            hot_window=8,
+            start_pos=3,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "causal masks future hot keys",
+            cold_len=10,
+            hot_len=6,
+            hot_start=10,
+            hot_window=8,
+            start_pos=12,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "fully masked row",
+            cold_len=0,
+            hot_len=5,
+            hot_start=20,
+            hot_window=8,
+            start_pos=3,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "head_dim = max",
+            cold_len=9,
+            hot_len=4,
+            hot_start=9,
+            hot_window=4,
+            start_pos=12,
+            head_dim=hd,
+            num_heads=2,
+            num_kv_heads=1,
+        ),
+        CaseSpec(
+            "linear hot (no ring)",
+            cold_len=6,
+            hot_len=7,
+            hot_start=6,
+            hot_window=0,
+            hot_layout=0,
+            start_pos=12,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "MAX_KV_LEN boundary",
+            cold_len=max_kv_len - 64,
+            hot_len=64,
+            hot_start=max_kv_len - 64,
+            hot_window=64,
+            start_pos=max_kv_len - 1,
+            head_dim=32,
+            num_heads=2,
+            num_kv_heads=1,
+        ),
     ]
     if paged:
-        fixed.append(CaseSpec("cold paged, shuffled pages", cold_len=37, hot_len=5, hot_start=37, hot_window=8,
-                              start_pos=41, cold_layout=2, cold_page_size=8, head_dim=32))
-        fixed.append(CaseSpec("hot_layout 0 ignores hot_window", cold_len=5, hot_len=6, hot_start=5,
-                              hot_window=4, hot_layout=0, start_pos=10, head_dim=8))
+        fixed.append(
+            CaseSpec(
+                "cold paged, shuffled pages",
+                cold_len=37,
+                hot_len=5,
+                hot_start=37,
+                hot_window=8,
+                start_pos=41,
+                cold_layout=2,
+                cold_page_size=8,
+                head_dim=32,
+            )
+        )
+        fixed.append(
+            CaseSpec(
+                "hot_layout 0 ignores hot_window",
+                cold_len=5,
+                hot_len=6,
+                hot_start=5,
+                hot_window=4,
+                hot_layout=0,
+                start_pos=10,
+                head_dim=8,
+            )
+        )
     else:
-        fixed.append(CaseSpec("packed_stride larger than needed", cold_len=19, hot_len=3, hot_start=19,
-                              hot_window=4, start_pos=21, extra_stride=2, head_dim=20))
-        fixed.append(CaseSpec("head_dim not a multiple of the pack factor", cold_len=13, hot_len=2,
-                              hot_start=13, hot_window=2, start_pos=14, head_dim=13))
+        fixed.append(
+            CaseSpec(
+                "packed_stride larger than needed",
+                cold_len=19,
+                hot_len=3,
+                hot_start=19,
+                hot_window=4,
+                start_pos=21,
+                extra_stride=2,
+                head_dim=20,
+            )
+        )
+        fixed.append(
+            CaseSpec(
+                "head_dim not a multiple of the pack factor",
+                cold_len=13,
+                hot_len=2,
+                hot_start=13,
+                hot_window=2,
+                start_pos=14,
+                head_dim=13,
+            )
+        )
     rng = np.random.default_rng(seed + 1)
     count = 3 if quick else 24
     randoms = [_random_tiered(rng, i, hd, max_kv_len, paged) for i in range(count)]
@@ -193,8 +443,9 @@ def tiered_specs(max_head_dim: int, max_kv_len: int, *, cold: str, quick: bool, 
     return [replace(s, seed=seed * 1000 + 500 + i) for i, s in enumerate(specs)]
 
 
-def _random_tiered(rng: np.random.Generator, index: int, max_head_dim: int, max_kv_len: int,
-                   paged: bool) -> CaseSpec:
+def _random_tiered(
+    rng: np.random.Generator, index: int, max_head_dim: int, max_kv_len: int, paged: bool
+) -> CaseSpec:
     group = int(rng.choice([1, 2, 4, 8]))
     kv_heads = int(rng.choice([1, 2]))
     head_dim = int(rng.choice([d for d in (8, 16, 20, 32, 64, 80, 128, 256) if d <= max_head_dim]))
@@ -263,12 +514,21 @@ def build_tiled(spec: CaseSpec, dtypes: dict[str, str]) -> CaseData:
     v = _round(_normal(rng, (max(rows, 1), kv_heads, hd)), dtypes["V"])
     kv_len_buffer = np.array([spec.kv_len], np.uint32)
     uniforms = {
-        "num_heads": heads, "num_kv_heads": kv_heads, "head_dim": hd,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": hd,
         "seq_len": spec.kv_len if spec.kv_len_source == 0 else spec.kv_len + 1000,
-        "query_len": spec.query_len, "scale": scale, "is_causal": spec.is_causal,
-        "start_pos": spec.start_pos, "attn_softcap": spec.softcap, "sliding_window": spec.sliding_window,
-        "kv_len_source": spec.kv_len_source, "kv_start": spec.kv_start, "page_size": spec.page_size,
-        "kv_layout": layout, "_pad": 0,
+        "query_len": spec.query_len,
+        "scale": scale,
+        "is_causal": spec.is_causal,
+        "start_pos": spec.start_pos,
+        "attn_softcap": spec.softcap,
+        "sliding_window": spec.sliding_window,
+        "kv_len_source": spec.kv_len_source,
+        "kv_start": spec.kv_start,
+        "page_size": spec.page_size,
+        "kv_layout": layout,
+        "_pad": 0,
     }
     buffers = {"Q": q, "K": k, "V": v, "kv_len_buffer": kv_len_buffer, "page_table": page_table}
     reference = {"q": q, "k": k, "v": v, "kv_len_buffer": kv_len_buffer, "page_table": page_table}
@@ -286,10 +546,19 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
     k_hot = _round(_normal(rng, (max(hot_rows, 1), kv_heads, hd)), "f16")
     v_hot = _round(_normal(rng, (max(hot_rows, 1), kv_heads, hd)), "f16")
     uniforms: dict[str, float] = {
-        "num_heads": heads, "num_kv_heads": kv_heads, "head_dim": hd, "cold_len": spec.cold_len,
-        "hot_len": spec.hot_len, "seq_len": spec.cold_len + spec.hot_len, "scale": 1.0 / math.sqrt(hd),
-        "is_causal": spec.is_causal, "start_pos": spec.start_pos, "attn_softcap": spec.softcap,
-        "sliding_window": spec.sliding_window, "hot_window": spec.hot_window, "hot_start": spec.hot_start,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": hd,
+        "cold_len": spec.cold_len,
+        "hot_len": spec.hot_len,
+        "seq_len": spec.cold_len + spec.hot_len,
+        "scale": 1.0 / math.sqrt(hd),
+        "is_causal": spec.is_causal,
+        "start_pos": spec.start_pos,
+        "attn_softcap": spec.softcap,
+        "sliding_window": spec.sliding_window,
+        "hot_window": spec.hot_window,
+        "hot_start": spec.hot_start,
         "_pad": 0,
     }
     buffers: dict[str, np.ndarray] = {"Q": q, "K_hot": k_hot, "V_hot": v_hot}
@@ -309,8 +578,11 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
             table, cold_rows = _paged_buffer(rng, spec.cold_len, spec.cold_page_size)
         k_cold = _round(_normal(rng, (cold_rows, kv_heads, hd)), "f16")
         v_cold = _round(_normal(rng, (cold_rows, kv_heads, hd)), "f16")
-        uniforms.update(cold_page_size=spec.cold_page_size, cold_layout=spec.cold_layout,
-                        hot_layout=spec.hot_layout)
+        uniforms.update(
+            cold_page_size=spec.cold_page_size,
+            cold_layout=spec.cold_layout,
+            hot_layout=spec.hot_layout,
+        )
         buffers.update(K_cold=k_cold, V_cold=v_cold, cold_page_table=table)
         reference.update(k_cold=k_cold, v_cold=v_cold, cold_page_table=table)
     return CaseData(spec, uniforms, buffers, reference)

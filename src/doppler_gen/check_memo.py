@@ -42,7 +42,9 @@ def tree_digest(root: Path) -> str:
     ]
     for label, paths in groups:
         for path in paths:
-            name = path.name if label in ("config", "package") else path.relative_to(root).as_posix()
+            name = (
+                path.name if label in ("config", "package") else path.relative_to(root).as_posix()
+            )
             digest.update(f"\0{label}:{name}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -73,9 +75,3 @@ def remember_clean(root: Path) -> None:
     except OSError:
         pass
 
-
-def forget(root: Path) -> None:
-    try:
-        _memo_path(root).unlink()
-    except OSError:
-        pass

@@ -135,10 +135,25 @@ def check(state: State, as_json: bool, full: bool) -> None:
 
     if not full and check_memo.is_known_clean(state.root):
         if as_json:
-            click.echo(json.dumps({"ok": True, "stale": [], "missing": [], "orphaned": [], "diffs": {},
-                                   "fix": None, "memo": True}, indent=2, sort_keys=True))
+            click.echo(
+                json.dumps(
+                    {
+                        "ok": True,
+                        "stale": [],
+                        "missing": [],
+                        "orphaned": [],
+                        "diffs": {},
+                        "fix": None,
+                        "memo": True,
+                    },
+                    indent=2,
+                    sort_keys=True,
+                )
+            )
         else:
-            click.echo("generated/ is up to date (inputs and outputs unchanged since the last full check)")
+            click.echo(
+                "generated/ is up to date (inputs and outputs unchanged since the last full check)"
+            )
         return
     from doppler_gen.outputs import compare, plan
 
@@ -224,7 +239,6 @@ def main() -> None:
     cli(prog_name="doppler-gen")
 
 
-
 # WebGPU implementations kernels are validated on (backends.BACKENDS); "all" compares them.
 BACKEND_CHOICES = ("wgpu", "dawn", "all")
 
@@ -259,8 +273,15 @@ BACKEND_CHOICES = ("wgpu", "dawn", "all")
 @pass_state
 @handle_errors
 def validate(
-    state: State, names: tuple[str, ...], backend: str, adapter: str | None, limits: str,
-    quick: bool, seed: int, storage_overrun: bool, as_json: bool,
+    state: State,
+    names: tuple[str, ...],
+    backend: str,
+    adapter: str | None,
+    limits: str,
+    quick: bool,
+    seed: int,
+    storage_overrun: bool,
+    as_json: bool,
 ) -> None:
     """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
 
@@ -287,8 +308,12 @@ def validate(
             bar.update(step)
 
     options: dict[str, Any] = {
-        "adapter": adapter, "limits": limits, "quick": quick, "seed": seed,
-        "storage_overrun": storage_overrun, "progress": progress,
+        "adapter": adapter,
+        "limits": limits,
+        "quick": quick,
+        "seed": seed,
+        "storage_overrun": storage_overrun,
+        "progress": progress,
     }
     try:
         if len(backends) > 1:
@@ -467,10 +492,23 @@ Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults
 @pass_state
 @handle_errors
 def bench(
-    state: State, names: tuple[str, ...], shape_texts: tuple[str, ...], copy_mib: int,
-    profile: str | None, no_sdpa: bool, plot: Path | None, backend: str, adapter: str | None,
-    limits: str, allow_cpu: bool, repeats: int, warmup: int, seed: int, storage_overrun: bool,
-    as_json: bool, output: Path | None,
+    state: State,
+    names: tuple[str, ...],
+    shape_texts: tuple[str, ...],
+    copy_mib: int,
+    profile: str | None,
+    no_sdpa: bool,
+    plot: Path | None,
+    backend: str,
+    adapter: str | None,
+    limits: str,
+    allow_cpu: bool,
+    repeats: int,
+    warmup: int,
+    seed: int,
+    storage_overrun: bool,
+    as_json: bool,
+    output: Path | None,
 ) -> None:
     """GPU time per dispatch of every variant (or NAMES / globs) on each shape of its family.
 
@@ -492,8 +530,15 @@ def bench(
     if plot is not None:
         require_matplotlib()
     request = BenchRequest(
-        patterns=names, shapes=tuple(parse_shapes(shape_texts)), backend=backend, adapter=adapter,
-        limits=limits, allow_cpu=allow_cpu, copy_mib=copy_mib, profile=profile, sdpa=not no_sdpa,
+        patterns=names,
+        shapes=tuple(parse_shapes(shape_texts)),
+        backend=backend,
+        adapter=adapter,
+        limits=limits,
+        allow_cpu=allow_cpu,
+        copy_mib=copy_mib,
+        profile=profile,
+        sdpa=not no_sdpa,
         settings=Settings(repeats, warmup, seed, storage_overrun),
     )
     run = run_bench(state.project, request, progress=_progress("bench"))
@@ -528,9 +573,21 @@ def bench(
 @pass_state
 @handle_errors
 def tune(
-    state: State, name: str, shape_text: str | None, max_candidates: int, write: bool,
-    backend: str, adapter: str | None, limits: str, allow_cpu: bool, repeats: int, warmup: int,
-    seed: int, storage_overrun: bool, as_json: bool, output: Path | None,
+    state: State,
+    name: str,
+    shape_text: str | None,
+    max_candidates: int,
+    write: bool,
+    backend: str,
+    adapter: str | None,
+    limits: str,
+    allow_cpu: bool,
+    repeats: int,
+    warmup: int,
+    seed: int,
+    storage_overrun: bool,
+    as_json: bool,
+    output: Path | None,
 ) -> None:
     """Sweep variant NAME's override constants and tunable template parameters; time them.
 
@@ -544,8 +601,13 @@ def tune(
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
 
     request = TuneRequest(
-        name=name, shape=parse_shape(shape_text) if shape_text else None, backend=backend,
-        adapter=adapter, limits=limits, allow_cpu=allow_cpu, max_candidates=max_candidates,
+        name=name,
+        shape=parse_shape(shape_text) if shape_text else None,
+        backend=backend,
+        adapter=adapter,
+        limits=limits,
+        allow_cpu=allow_cpu,
+        max_candidates=max_candidates,
         settings=Settings(repeats, warmup, seed, storage_overrun),
     )
     run = run_tune(state.project, request, progress=_progress("tune"))

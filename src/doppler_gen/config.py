@@ -143,7 +143,9 @@ def _toml_syntax_error(exc: tomllib.TOMLDecodeError, text: str) -> ConfigError:
     match = re.search(r"\s*\(at end of document\)$", message)
     if match:  # e.g. an unclosed array or a key without a value on the last line
         where = f"{CONFIG_NAME}:{max(1, len(text.splitlines()))}"
-        return ConfigError(f"invalid TOML: {message[: match.start()]} at end of file", location=where)
+        return ConfigError(
+            f"invalid TOML: {message[: match.start()]} at end of file", location=where
+        )
     return ConfigError(f"invalid TOML: {message}", location=CONFIG_NAME)
 
 
@@ -255,7 +257,9 @@ class _Parser:
         choices = self.value_lists(name, spec.get("choices", {}), params, "choices")
         tunable = self.value_lists(name, spec.get("tunable", {}), params, "tunable")
         for param, allowed in choices.items():
-            self.check_choice(param, params[param], allowed, self.locate.template(name, param, "params"))
+            self.check_choice(
+                param, params[param], allowed, self.locate.template(name, param, "params")
+            )
         return TemplateSpec(
             name=name,
             source=source,
@@ -274,14 +278,18 @@ class _Parser:
         line = self.locate.template(name, "source")
         relative = PurePosixPath(source)
         if relative.is_absolute() or ".." in relative.parts:
-            raise self.fail(f"[templates.{name}] source {source!r} must be a path inside templates/", line)
+            raise self.fail(
+                f"[templates.{name}] source {source!r} must be a path inside templates/", line
+            )
         if not (self.root / TEMPLATES_DIR / relative).is_file():
             raise self.fail(f"template file templates/{source} not found", line)
 
     def template_params(self, name: str, params: Any) -> dict[str, ParamValue]:
         line = self.locate.template(name, None, "params")
         if not isinstance(params, dict):
-            raise self.fail(f"[templates.{name}.params] must be a table of parameter defaults", line)
+            raise self.fail(
+                f"[templates.{name}.params] must be a table of parameter defaults", line
+            )
         for param, value in params.items():
             if not isinstance(value, ParamValue):
                 raise self.fail(
@@ -300,7 +308,9 @@ class _Parser:
         self, name: str, table: Any, params: Mapping[str, ParamValue], sub: str
     ) -> dict[str, tuple[ParamValue, ...]]:
         if not isinstance(table, dict):
-            raise self.fail(f"[templates.{name}.{sub}] must be a table", self.locate.template(name, None, sub))
+            raise self.fail(
+                f"[templates.{name}.{sub}] must be a table", self.locate.template(name, None, sub)
+            )
         result: dict[str, tuple[ParamValue, ...]] = {}
         for param, values in table.items():
             line = self.locate.template(name, param, sub)
@@ -321,7 +331,9 @@ class _Parser:
         name = self.string(entry, "name", where, self.locate.variant(index, "name"))
         where = f"variant {name!r}"
         if not _NAME_RE.match(name):
-            raise self.fail(f"{where}: name must match [a-z][a-z0-9_]*", self.locate.variant(index, "name"))
+            raise self.fail(
+                f"{where}: name must match [a-z][a-z0-9_]*", self.locate.variant(index, "name")
+            )
         for key in sorted(set(entry) - _VARIANT_KEYS):
             raise self.fail(
                 f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(_VARIANT_KEYS))})",
@@ -336,10 +348,15 @@ class _Parser:
             )
         template = templates[template_name]
         output_line = self.locate.variant(index, "output")
-        output = self.output_path(self.string(entry, "output", where, output_line), where, output_line)
+        output = self.output_path(
+            self.string(entry, "output", where, output_line), where, output_line
+        )
         requires = entry.get("requires", [])
         if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
-            raise self.fail(f"{where}: requires must be a list of feature names", self.locate.variant(index, "requires"))
+            raise self.fail(
+                f"{where}: requires must be a list of feature names",
+                self.locate.variant(index, "requires"),
+            )
         for feature in requires:
             if feature not in KNOWN_FEATURES:
                 raise self.fail(
@@ -372,7 +389,9 @@ class _Parser:
         self, index: int, where: str, params: Any, template: TemplateSpec
     ) -> dict[str, ParamValue]:
         if not isinstance(params, dict):
-            raise self.fail(f"{where}: params must be a table", self.locate.variant(index, "params"))
+            raise self.fail(
+                f"{where}: params must be a table", self.locate.variant(index, "params")
+            )
         merged = dict(template.params)
         for param, value in params.items():
             line = self.locate.variant(index, param)
@@ -388,7 +407,9 @@ class _Parser:
             merged[param] = value
         return merged
 
-    def check_type(self, param: str, value: Any, default: ParamValue, line: int | None, where: str) -> None:
+    def check_type(
+        self, param: str, value: Any, default: ParamValue, line: int | None, where: str
+    ) -> None:
         expected = type(default)
         ok = type(value) is expected or (expected is float and type(value) is int)
         if not ok:
@@ -398,10 +419,17 @@ class _Parser:
                 line,
             )
         if expected is int and value <= 0:
-            raise self.fail(f"{where}: parameter {param} must be a positive integer, got {value}", line)
+            raise self.fail(
+                f"{where}: parameter {param} must be a positive integer, got {value}", line
+            )
 
     def check_choice(
-        self, param: str, value: Any, allowed: tuple[ParamValue, ...], line: int | None, where: str = ""
+        self,
+        param: str,
+        value: Any,
+        allowed: tuple[ParamValue, ...],
+        line: int | None,
+        where: str = "",
     ) -> None:
         if value not in allowed:
             prefix = f"{where}: " if where else ""

@@ -47,7 +47,9 @@ def pack_uniforms(layout: dict[str, Any], values: dict[str, float]) -> bytes:
     names = {f["name"] for f in layout["fields"]}
     extra = sorted(set(values) - names)
     if extra:
-        raise DopplerGenError(f"uniform values {', '.join(extra)} have no field in struct {layout['struct']}")
+        raise DopplerGenError(
+            f"uniform values {', '.join(extra)} have no field in struct {layout['struct']}"
+        )
     for f in layout["fields"]:
         if f["name"] not in values:
             raise DopplerGenError(f"no value for uniform field {layout['struct']}.{f['name']}")
@@ -63,8 +65,10 @@ def evaluate_dispatch(rule: str, names: dict[str, float]) -> int:
     """Evaluate a dispatch rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``."""
     unknown = set(re.findall(r"[A-Za-z_]\w*", rule)) - set(names) - {"ceil"}
     if unknown:
-        raise DopplerGenError(f"dispatch rule {rule!r} uses unknown names {', '.join(sorted(unknown))}")
-    value = eval(rule, {"__builtins__": {}}, {"ceil": math.ceil, **names})  # noqa: S307 - names checked
+        raise DopplerGenError(
+            f"dispatch rule {rule!r} uses unknown names {', '.join(sorted(unknown))}"
+        )
+    value = eval(rule, {"__builtins__": {}}, {"ceil": math.ceil, **names})
     return int(value)
 
 
@@ -83,8 +87,13 @@ class BoundCase:
 class KernelRunner:
     """One compiled variant on one device: runs cases and judges them."""
 
-    def __init__(self, device: Device, kernel: RenderedKernel, entry: dict[str, Any],
-                 constants: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        device: Device,
+        kernel: RenderedKernel,
+        entry: dict[str, Any],
+        constants: dict[str, float] | None = None,
+    ) -> None:
         self.device = device
         self.kernel = kernel
         self.entry = entry
@@ -101,8 +110,10 @@ class KernelRunner:
         if self.pipeline is None:
             try:
                 self.pipeline = self.device.compile(
-                    self.kernel.text, entry_point=self.entry["entry_point"],
-                    constants=self.constants or None, label=self.kernel.variant.name,
+                    self.kernel.text,
+                    entry_point=self.entry["entry_point"],
+                    constants=self.constants or None,
+                    label=self.kernel.variant.name,
                 )
             except ShaderCompileError as error:
                 raise ShaderCompileError(
@@ -120,27 +131,41 @@ class KernelRunner:
     def check_shape(self, data: CaseData) -> None:
         """Refuse, before any dispatch, a problem the kernel does not support."""
         u, name = data.uniforms, self.kernel.variant.name
-        head_dim_limit = self.override("WORKGROUP_SIZE") if self.family == "tiered" else self.meta["max_head_dim"]
+        head_dim_limit = (
+            self.override("WORKGROUP_SIZE")
+            if self.family == "tiered"
+            else self.meta["max_head_dim"]
+        )
         head_dim_limit = min(head_dim_limit, self.meta["max_head_dim"])
         if u["head_dim"] > head_dim_limit:
-            raise ShapeError(f"{name}: head_dim {u['head_dim']} exceeds the kernel's maximum {head_dim_limit}")
+            raise ShapeError(
+                f"{name}: head_dim {u['head_dim']} exceeds the kernel's maximum {head_dim_limit}"
+            )
         if u["head_dim"] < 1 or u["num_heads"] < 1 or u["num_kv_heads"] < 1:
             raise ShapeError(f"{name}: head_dim, num_heads and num_kv_heads must be positive")
         if u["num_heads"] % u["num_kv_heads"]:
-            raise ShapeError(f"{name}: num_heads {u['num_heads']} is not a multiple of num_kv_heads {u['num_kv_heads']}")
+            raise ShapeError(
+                f"{name}: num_heads {u['num_heads']} is not a multiple of num_kv_heads {u['num_kv_heads']}"
+            )
         max_kv = self.meta.get("max_kv_len")
         if max_kv is not None:
             total = u["cold_len"] + u["hot_len"]
             if total > max_kv:
-                raise ShapeError(f"{name}: KV length {total} (cold {u['cold_len']} + hot {u['hot_len']}) exceeds MAX_KV_LEN {max_kv}")
+                raise ShapeError(
+                    f"{name}: KV length {total} (cold {u['cold_len']} + hot {u['hot_len']}) exceeds MAX_KV_LEN {max_kv}"
+                )
         workgroups = self.workgroups(data)
         limit = self.device.limits.get("max-compute-workgroups-per-dimension", 65535)
         if workgroups > limit:
-            raise ShapeError(f"{name}: {workgroups} workgroups exceed the device limit {limit} per dimension")
+            raise ShapeError(
+                f"{name}: {workgroups} workgroups exceed the device limit {limit} per dimension"
+            )
         largest = self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)
         for binding, array in data.buffers.items():
             if array.nbytes > largest:
-                raise ShapeError(f"{name}: buffer {binding} needs {array.nbytes} B; the device binds at most {largest} B")
+                raise ShapeError(
+                    f"{name}: buffer {binding} needs {array.nbytes} B; the device binds at most {largest} B"
+                )
 
     def override(self, name: str) -> int:
         if name in self.constants:
@@ -151,7 +176,11 @@ class KernelRunner:
         raise KeyError(name)
 
     def workgroups(self, data: CaseData) -> int:
-        names = {**{o["name"]: o["default"] for o in self.entry["overrides"]}, **self.constants, **data.uniforms}
+        names = {
+            **{o["name"]: o["default"] for o in self.entry["overrides"]},
+            **self.constants,
+            **data.uniforms,
+        }
         return evaluate_dispatch(self.meta["dispatch"], names)
 
     def output_shape(self, data: CaseData) -> tuple[int, ...]:
@@ -177,7 +206,8 @@ class KernelRunner:
             name = b["name"]
             if b["address_space"] == "uniform":
                 bindings[b["binding"]] = self.device.uniform_buffer(
-                    pack_uniforms(self.entry["uniforms"], data.uniforms), label=name)
+                    pack_uniforms(self.entry["uniforms"], data.uniforms), label=name
+                )
             elif name == out_binding["name"]:
                 output = self.device.storage_buffer(poison, read_write=True, label=name)
                 bindings[b["binding"]] = output
@@ -203,17 +233,23 @@ class KernelRunner:
     def output_binding(self) -> dict[str, Any]:
         writable = [b for b in self.entry["bindings"] if b["access"] == "read_write"]
         if len(writable) != 1:
-            raise DopplerGenError(f"{self.kernel.variant.name}: expected exactly one read_write binding")
+            raise DopplerGenError(
+                f"{self.kernel.variant.name}: expected exactly one read_write binding"
+            )
         return writable[0]
 
     def input_array(self, binding: dict[str, Any], data: CaseData) -> np.ndarray:
         name = binding["name"]
         if name not in data.buffers:
-            raise DopplerGenError(f"{self.kernel.variant.name}: the case provides no data for binding {name}")
+            raise DopplerGenError(
+                f"{self.kernel.variant.name}: the case provides no data for binding {name}"
+            )
         array = np.ascontiguousarray(data.buffers[name]).reshape(-1)
         expected = NUMPY_DTYPES[binding["element_type"]]
         if array.dtype != expected:
-            raise DopplerGenError(f"binding {name} is array<{binding['element_type']}> but the case built {array.dtype}")
+            raise DopplerGenError(
+                f"binding {name} is array<{binding['element_type']}> but the case built {array.dtype}"
+            )
         return array
 
     # -- judging ------------------------------------------------------------------------------
@@ -222,13 +258,25 @@ class KernelRunner:
         r = data.reference_inputs
         if self.family == "tiled":
             return reference.tiled_attention(
-                data.uniforms, r["q"], r["k"], r["v"], kv_len_buffer=r["kv_len_buffer"],
-                page_table=r["page_table"], compute_dtype=compute_dtype,
+                data.uniforms,
+                r["q"],
+                r["k"],
+                r["v"],
+                kv_len_buffer=r["kv_len_buffer"],
+                page_table=r["page_table"],
+                compute_dtype=compute_dtype,
             )
         return reference.tiered_attention(
-            data.uniforms, r["q"], r["k_hot"], r["v_hot"], r["k_cold"], r["v_cold"],
-            cold_page_table=r.get("cold_page_table"), masked_row=self.meta["masked_row"],
-            quantized=r["quantized"], compute_dtype=compute_dtype,
+            data.uniforms,
+            r["q"],
+            r["k_hot"],
+            r["v_hot"],
+            r["k_cold"],
+            r["v_cold"],
+            cold_page_table=r.get("cold_page_table"),
+            masked_row=self.meta["masked_row"],
+            quantized=r["quantized"],
+            compute_dtype=compute_dtype,
         )
 
     def tolerance(self, data: CaseData, ref: np.ndarray) -> tuple[float, str]:
@@ -236,14 +284,18 @@ class KernelRunner:
         if out_dtype == "f16":
             baseline = self.reference(data, np.float32).astype(np.float16).astype(np.float64)
             error = float(np.max(np.abs(baseline - ref))) if ref.size else 0.0
-            return f16_tolerance(error, float(np.max(np.abs(ref))) if ref.size else 0.0), "f16: 2x numpy-f32 baseline + floor"
+            return f16_tolerance(
+                error, float(np.max(np.abs(ref))) if ref.size else 0.0
+            ), "f16: 2x numpy-f32 baseline + floor"
         r = data.reference_inputs
         keys, values = _all_keys(self.family, r)
         scale = float(np.float32(data.uniforms["scale"]))
         logits = logit_magnitude(r["q"], keys, scale)
         v_max = float(np.max(np.abs(values))) if values.size else 0.0
         count = keys.shape[0] if keys.ndim else 0
-        return f32_tolerance(v_max, int(data.uniforms["head_dim"]), logits, count), "f32: rounding bound vs fp64"
+        return f32_tolerance(
+            v_max, int(data.uniforms["head_dim"]), logits, count
+        ), "f32: rounding bound vs fp64"
 
     def run_case(self, spec: CaseSpec) -> CaseResult:
         data = self.build(spec)
@@ -262,11 +314,15 @@ def _all_keys(family: str, r: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     if family == "tiled":
         return np.asarray(r["k"], np.float64), np.asarray(r["v"], np.float64)
     keys = np.concatenate([np.asarray(r["k_hot"], np.float64), np.asarray(r["k_cold"], np.float64)])
-    values = np.concatenate([np.asarray(r["v_hot"], np.float64), np.asarray(r["v_cold"], np.float64)])
+    values = np.concatenate(
+        [np.asarray(r["v_hot"], np.float64), np.asarray(r["v_cold"], np.float64)]
+    )
     return keys, values
 
 
-def describe_compile_error(kernel: RenderedKernel, error: ShaderCompileError, context: int = 2) -> str:
+def describe_compile_error(
+    kernel: RenderedKernel, error: ShaderCompileError, context: int = 2
+) -> str:
     """The compiler's complaint at the template line, with the rendered lines around it."""
     if not error.diagnostics:
         return f"{kernel.variant.template.source_path} (variant {kernel.variant.name}): {error.message}"

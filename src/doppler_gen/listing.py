@@ -45,7 +45,15 @@ def listing_rows(project: Project) -> list[dict[str, Any]]:
 
 
 def format_listing(rows: list[dict[str, Any]]) -> str:
-    headers = ["variant", "template", "output", "Q/KV/out", "requires", "wg storage", "WebGPU defaults"]
+    headers = [
+        "variant",
+        "template",
+        "output",
+        "Q/KV/out",
+        "requires",
+        "wg storage",
+        "WebGPU defaults",
+    ]
     table = [
         [
             row["name"],
@@ -66,5 +74,7 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines.extend("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    lines.extend(
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
     return "\n".join(lines)

@@ -111,7 +111,7 @@ def _metadata_problems(variant: Variant, module: Module):
         return
     has_f16 = "f16" in module.enables
     if has_f16 and "shader-f16" not in variant.requires:
-        yield "the WGSL enables f16 but the variant does not list requires = [\"shader-f16\"]"
+        yield 'the WGSL enables f16 but the variant does not list requires = ["shader-f16"]'
     if not has_f16 and "shader-f16" in variant.requires:
         yield "the variant requires shader-f16 but the WGSL has no `enable f16;`"
     roles = ROLE_BINDINGS[variant.template.family]
@@ -120,10 +120,7 @@ def _metadata_problems(variant: Variant, module: Module):
         if binding is None:
             yield f"the WGSL has no binding named {roles[role]}"
         elif binding.element_type != meta[key]:
-            yield (
-                f"{key} = {meta[key]!r} but the WGSL binds {binding.name} as "
-                f"{binding.type}"
-            )
+            yield (f"{key} = {meta[key]!r} but the WGSL binds {binding.name} as {binding.type}")
     for name in variant.overrides:
         if name not in module.overrides:
             yield f"overrides sets {name}, which the WGSL does not declare as `override`"

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from doppler_gen.config import Project, Variant
 from doppler_gen.errors import ConfigError
-from doppler_gen.manifest import MANIFEST_PATH, build_manifest, check_metadata, parse_kernel, variant_entry
+from doppler_gen.manifest import (
+    MANIFEST_PATH,
+    build_manifest,
+    check_metadata,
+    parse_kernel,
+    variant_entry,
+)
 from doppler_gen.render import RenderedKernel, Renderer, is_generated_file
 
 
@@ -58,7 +64,9 @@ def select(project: Project, patterns: tuple[str, ...]) -> list[Variant]:
     return [v for v in project.variants if v in chosen]
 
 
-def plan(project: Project, patterns: tuple[str, ...] = (), renderer: Renderer | None = None) -> Plan:
+def plan(
+    project: Project, patterns: tuple[str, ...] = (), renderer: Renderer | None = None
+) -> Plan:
     """Render all variants (the manifest needs all) and collect the files to write."""
     renderer = renderer or Renderer(project)
     selected = {v.name for v in select(project, patterns)}
@@ -120,7 +128,9 @@ def unified_diff(relative: str, actual: str, expected: str) -> str:
         fromfile=f"{relative} (on disk)",
         tofile=f"{relative} (generated)",
     )
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
 
 
 @dataclass

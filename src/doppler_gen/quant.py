@@ -25,7 +25,6 @@ import numpy as np
 
 from doppler_gen.formats import QUANT_BITS
 
-
 _WORD_BITS = 32
 _F16_MAX = float(np.finfo(np.float16).max)
 _F16_TINY = float(np.float16(2.0**-24))  # smallest positive (subnormal) f16

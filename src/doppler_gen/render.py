@@ -60,7 +60,9 @@ class RenderedKernel:
     text: str
     source_hash: str
     sources: tuple[str, ...]  # every template file the variant's rendering read
-    origins: tuple[Origin | None, ...] | None  # per generated line (1-based index - 1); None: unknown
+    origins: (
+        tuple[Origin | None, ...] | None
+    )  # per generated line (1-based index - 1); None: unknown
 
     def origin(self, line: int) -> Origin | None:
         """The template line that produced generated line ``line`` (1-based), if known."""
@@ -173,7 +175,9 @@ class Renderer:
             "requires": list(variant.requires),
             "overrides": dict(variant.overrides),
             "globals": {"QUANT_BITS": dict(sorted(QUANT_BITS.items()))},
-            "sources": {name: hashlib.sha256(self._read(name).encode()).hexdigest() for name in sources},
+            "sources": {
+                name: hashlib.sha256(self._read(name).encode()).hexdigest() for name in sources
+            },
         }
         digest.update(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
         return digest.hexdigest()
@@ -225,7 +229,9 @@ class Renderer:
     ) -> list[Origin | None] | None:
         """Per normalized body line, the template line it came from; None if unavailable."""
         if self._marked_env is None:
-            self._marked_env = self._environment(jinja2.FunctionLoader(self._marked_source), cache=False)
+            self._marked_env = self._environment(
+                jinja2.FunctionLoader(self._marked_source), cache=False
+            )
         try:
             marked = self._marked_env.get_template(variant.template.source).render(context)
         except Exception:  # the real render succeeded; a map is a convenience, never a blocker

@@ -63,7 +63,11 @@ def logit_magnitude(q: np.ndarray, k_rows: np.ndarray, scale: float) -> float:
 
 
 def f32_tolerance(v_max: float, head_dim: int, logits: float, keys: int) -> float:
-    return max(v_max, 1e-30) * F32_UNIT_ROUNDOFF * (16 + 2 * math.sqrt(head_dim) * logits + 2 * math.sqrt(keys))
+    return (
+        max(v_max, 1e-30)
+        * F32_UNIT_ROUNDOFF
+        * (16 + 2 * math.sqrt(head_dim) * logits + 2 * math.sqrt(keys))
+    )
 
 
 def f16_tolerance(baseline_error: float, ref_max: float) -> float:

@@ -116,12 +116,18 @@ def case_specs(entry: dict[str, Any], *, quick: bool, seed: int) -> list[CaseSpe
     meta = entry["metadata"]
     if entry["family"] == "tiled":
         return tiled_specs(meta["max_head_dim"], quick=quick, seed=seed)
-    return tiered_specs(meta["max_head_dim"], meta["max_kv_len"], cold=str(entry["params"]["cold"]),
-                        quick=quick, seed=seed)
+    return tiered_specs(
+        meta["max_head_dim"],
+        meta["max_kv_len"],
+        cold=str(entry["params"]["cold"]),
+        quick=quick,
+        seed=seed,
+    )
 
 
-def static_skip(entry: dict[str, Any], device: Device, *,
-                storage_overrun: bool = False) -> tuple[str | None, str]:
+def static_skip(
+    entry: dict[str, Any], device: Device, *, storage_overrun: bool = False
+) -> tuple[str | None, str]:
     """(why the device cannot run this variant, or None; a note to show when it runs anyway)."""
     missing = [f for f in entry["requires"] if f not in device.features]
     if missing:
@@ -130,8 +136,10 @@ def static_skip(entry: dict[str, Any], device: Device, *,
     if storage > limit:
         if not storage_overrun:
             return f"needs {storage} B workgroup storage; limit {limit}", ""
-        note = (f"ran beyond the device limit: {storage} B workgroup storage > {limit} B "
-                "(--storage-overrun)")
+        note = (
+            f"ran beyond the device limit: {storage} B workgroup storage > {limit} B "
+            "(--storage-overrun)"
+        )
         return None, note
     invocations = 1
     for size in entry["workgroup_size_default"]:
@@ -183,8 +191,12 @@ def _limit_refusal(error: ShaderCompileError) -> str | None:
     return (match["why"] if match else error.message).strip()
 
 
-def open_device(backend: Backend, kernels: Sequence[RenderedKernel], adapter_want: str | None,
-                limits_profile: str) -> Device:
+def open_device(
+    backend: Backend,
+    kernels: Sequence[RenderedKernel],
+    adapter_want: str | None,
+    limits_profile: str,
+) -> Device:
     """Open one device able to run as many of the kernels as the adapter allows."""
     adapter = select_adapter(backend.adapters(), adapter_want)
     wanted = {f for k in kernels for f in k.variant.requires}
@@ -208,28 +220,55 @@ def backend_names(choice: str) -> list[str]:
     return list(ALL_BACKENDS) if choice == "all" else [choice]
 
 
-def _render(project: Project, patterns: tuple[str, ...]
-            ) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
+def _render(
+    project: Project, patterns: tuple[str, ...]
+) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
     """The selected variants, rendered with source maps, and their manifest entries."""
     renderer = Renderer(project)
     kernels = [renderer.render(v, with_origins=True) for v in select(project, patterns)]
     return kernels, [variant_entry(k, parse_kernel(k)) for k in kernels]
 
 
-def validate(project: Project, patterns: tuple[str, ...] = (), *, backend_name: str = "wgpu",
-             adapter: str | None = None, limits: str = "adapter", quick: bool = False,
-             seed: int = 0, storage_overrun: bool = False,
-             progress: Progress | None = None) -> ValidationRun:
+def validate(
+    project: Project,
+    patterns: tuple[str, ...] = (),
+    *,
+    backend_name: str = "wgpu",
+    adapter: str | None = None,
+    limits: str = "adapter",
+    quick: bool = False,
+    seed: int = 0,
+    storage_overrun: bool = False,
+    progress: Progress | None = None,
+) -> ValidationRun:
     """Validate the selected variants; never raises for a kernel failure (that is a report)."""
     kernels, entries = _render(project, patterns)
-    return _run_backend(get_backend(backend_name), kernels, entries, adapter=adapter, limits=limits,
-                        quick=quick, seed=seed, storage_overrun=storage_overrun, progress=progress)
+    return _run_backend(
+        get_backend(backend_name),
+        kernels,
+        entries,
+        adapter=adapter,
+        limits=limits,
+        quick=quick,
+        seed=seed,
+        storage_overrun=storage_overrun,
+        progress=progress,
+    )
 
 
-def _run_backend(backend: Backend, kernels: Sequence[RenderedKernel],
-                 entries: Sequence[dict[str, Any]], *, adapter: str | None, limits: str,
-                 quick: bool, seed: int, storage_overrun: bool, progress: Progress | None,
-                 outputs: Outputs | None = None) -> ValidationRun:
+def _run_backend(
+    backend: Backend,
+    kernels: Sequence[RenderedKernel],
+    entries: Sequence[dict[str, Any]],
+    *,
+    adapter: str | None,
+    limits: str,
+    quick: bool,
+    seed: int,
+    storage_overrun: bool,
+    progress: Progress | None,
+    outputs: Outputs | None = None,
+) -> ValidationRun:
     """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
     started = time.perf_counter()
     device = open_device(backend, kernels, adapter, limits)
@@ -237,13 +276,29 @@ def _run_backend(backend: Backend, kernels: Sequence[RenderedKernel],
     try:
         for kernel, entry in zip(kernels, entries, strict=True):
             kept = None if outputs is None else outputs.setdefault(kernel.variant.name, {})
-            reports.append(validate_variant(device, kernel, entry, quick=quick, seed=seed,
-                                            progress=progress, storage_overrun=storage_overrun,
-                                            outputs=kept))
+            reports.append(
+                validate_variant(
+                    device,
+                    kernel,
+                    entry,
+                    quick=quick,
+                    seed=seed,
+                    progress=progress,
+                    storage_overrun=storage_overrun,
+                    outputs=kept,
+                )
+            )
     finally:
         device.close()
-    return ValidationRun(backend.name, device.adapter.describe(), limits, seed, quick, reports,
-                         time.perf_counter() - started)
+    return ValidationRun(
+        backend.name,
+        device.adapter.describe(),
+        limits,
+        seed,
+        quick,
+        reports,
+        time.perf_counter() - started,
+    )
 
 
 # --------------------------------------------------------------------------- across backends
@@ -306,10 +361,18 @@ class CrossRun:
         }
 
 
-def validate_all(project: Project, patterns: tuple[str, ...] = (), *,
-                 backends: Sequence[str] = ALL_BACKENDS, adapter: str | None = None,
-                 limits: str = "adapter", quick: bool = False, seed: int = 0,
-                 storage_overrun: bool = False, progress: Progress | None = None) -> CrossRun:
+def validate_all(
+    project: Project,
+    patterns: tuple[str, ...] = (),
+    *,
+    backends: Sequence[str] = ALL_BACKENDS,
+    adapter: str | None = None,
+    limits: str = "adapter",
+    quick: bool = False,
+    seed: int = 0,
+    storage_overrun: bool = False,
+    progress: Progress | None = None,
+) -> CrossRun:
     """Validate on every implementation in ``backends``, then compare their outputs pairwise.
 
     Every backend is instantiated before any work, so a missing one (pydawn not installed)
@@ -321,21 +384,39 @@ def validate_all(project: Project, patterns: tuple[str, ...] = (), *,
     runs, outputs = [], []
     for backend in implementations:
         kept: Outputs = {}
-        runs.append(_run_backend(backend, kernels, entries, adapter=adapter, limits=limits,
-                                 quick=quick, seed=seed, storage_overrun=storage_overrun,
-                                 progress=progress, outputs=kept))
+        runs.append(
+            _run_backend(
+                backend,
+                kernels,
+                entries,
+                adapter=adapter,
+                limits=limits,
+                quick=quick,
+                seed=seed,
+                storage_overrun=storage_overrun,
+                progress=progress,
+                outputs=kept,
+            )
+        )
         outputs.append(kept)
     agreements = [
-        compare_variant(name, [r.variants[i] for r in runs], [o.get(name, {}) for o in outputs],
-                        [r.backend for r in runs])
+        compare_variant(
+            name,
+            [r.variants[i] for r in runs],
+            [o.get(name, {}) for o in outputs],
+            [r.backend for r in runs],
+        )
         for i, name in enumerate(k.variant.name for k in kernels)
     ]
     return CrossRun(runs, agreements, time.perf_counter() - started)
 
 
-def compare_variant(name: str, reports: Sequence[VariantReport],
-                    outputs: Sequence[dict[CaseSpec, np.ndarray]],
-                    backends: Sequence[str]) -> Agreement:
+def compare_variant(
+    name: str,
+    reports: Sequence[VariantReport],
+    outputs: Sequence[dict[CaseSpec, np.ndarray]],
+    backends: Sequence[str],
+) -> Agreement:
     """Compare the first backend's outputs of one variant with every other backend's.
 
     Each case is judged by the tolerance its outputs were judged by against the reference.
@@ -351,14 +432,16 @@ def compare_variant(name: str, reports: Sequence[VariantReport],
     if ratio <= 1.0:
         return Agreement(name, "AGREE", len(pairs), max_diff, ratio, case)
     diff = max(p[1] for p in pairs if p[2] == case and p[3] == other)
-    reason = (f"case {case!r}: max |{backends[0]} - {backends[other]}| = {diff:.3g} exceeds the "
-              f"tolerance ({ratio:.2f} of it)")
+    reason = (
+        f"case {case!r}: max |{backends[0]} - {backends[other]}| = {diff:.3g} exceeds the "
+        f"tolerance ({ratio:.2f} of it)"
+    )
     return Agreement(name, "DIFFER", len(pairs), max_diff, ratio, case, reason)
 
 
-def _case_differences(reports: Sequence[VariantReport],
-                      outputs: Sequence[dict[CaseSpec, np.ndarray]]
-                      ) -> list[tuple[float, float, str, int]]:
+def _case_differences(
+    reports: Sequence[VariantReport], outputs: Sequence[dict[CaseSpec, np.ndarray]]
+) -> list[tuple[float, float, str, int]]:
     """(|first - other| / tolerance, |first - other|, case, other) for every case both ran."""
     tolerances = [{c.spec: c.verdict.tolerance for c in r.cases if c.verdict} for r in reports]
     found = []
@@ -403,10 +486,18 @@ class _RecordingRunner(KernelRunner):
         return output
 
 
-def validate_variant(device: Device, kernel: RenderedKernel, entry: dict[str, Any], *, quick: bool,
-                     seed: int, progress: Progress | None = None, storage_overrun: bool = False,
-                     constants: dict[str, float] | None = None,
-                     outputs: dict[CaseSpec, np.ndarray] | None = None) -> VariantReport:
+def validate_variant(
+    device: Device,
+    kernel: RenderedKernel,
+    entry: dict[str, Any],
+    *,
+    quick: bool,
+    seed: int,
+    progress: Progress | None = None,
+    storage_overrun: bool = False,
+    constants: dict[str, float] | None = None,
+    outputs: dict[CaseSpec, np.ndarray] | None = None,
+) -> VariantReport:
     """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
     name = kernel.variant.name
     started = time.perf_counter()
@@ -432,8 +523,10 @@ def validate_variant(device: Device, kernel: RenderedKernel, entry: dict[str, An
         if refusal:
             storage, limit = _storage_need(entry, device)
             report.status = "SKIP"
-            report.reason = (f"needs {storage} B workgroup storage; limit {limit}, enforced by the "
-                             f"implementation (--storage-overrun cannot apply): {refusal}")
+            report.reason = (
+                f"needs {storage} B workgroup storage; limit {limit}, enforced by the "
+                f"implementation (--storage-overrun cannot apply): {refusal}"
+            )
             if progress:
                 progress(name, len(specs))
         else:
@@ -473,8 +566,11 @@ def _cells(v: VariantReport) -> list[str]:
 
 def _details(run: ValidationRun, prefix: str = "") -> list[str]:
     """Multi-line failure reasons (compile errors with their source lines), after the table."""
-    return [f"\n{prefix}{v.name}: {v.reason}" for v in run.variants
-            if v.status == "FAIL" and "\n" in v.reason]
+    return [
+        f"\n{prefix}{v.name}: {v.reason}"
+        for v in run.variants
+        if v.status == "FAIL" and "\n" in v.reason
+    ]
 
 
 def _summary(run: ValidationRun) -> str:
@@ -510,8 +606,13 @@ def format_cross_report(cross: CrossRun) -> str:
     rows = []
     for i, agreement in enumerate(cross.agreements):
         for run in cross.runs:
-            rows.append(["" if run is not cross.runs[0] else agreement.name, run.backend,
-                         *_cells(run.variants[i])])
+            rows.append(
+                [
+                    "" if run is not cross.runs[0] else agreement.name,
+                    run.backend,
+                    *_cells(run.variants[i]),
+                ]
+            )
         rows.append(["", "agree", *_agreement_cells(agreement)])
     headers = ["variant", "backend", "result", "cases", "worst error / difference", "time", "note"]
     table = format_table(headers, rows)

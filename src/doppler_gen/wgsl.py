@@ -177,8 +177,7 @@ _BRACE_RE = re.compile(r"[{}]")
 _ATTRS = r"((?:@\w+(?:\([^)]*\))?\s*)*)"
 _IDENT = r"[A-Za-z_]\w*"
 _DECL_RE = re.compile(
-    _ATTRS
-    + r"\b(?P<kw>enable|const|override|struct|var|fn|alias|requires|diagnostic)\b"
+    _ATTRS + r"\b(?P<kw>enable|const|override|struct|var|fn|alias|requires|diagnostic)\b"
 )
 
 
@@ -210,7 +209,9 @@ def parse_module(source: str) -> Module:
             continue
         end = text.find(";", start)
         if end < 0:
-            raise InterfaceError(f"unterminated {keyword} declaration at line {_line_of(text, start)}")
+            raise InterfaceError(
+                f"unterminated {keyword} declaration at line {_line_of(text, start)}"
+            )
         statement = " ".join(text[start:end].split())
         _parse_statement(module, attrs, keyword, statement, _line_of(text, start))
         position = end + 1
@@ -318,7 +319,9 @@ def _parse_fn(module: Module, attrs: str, text: str) -> None:
     if not match or size is None:
         raise InterfaceError("compute entry point without a name or @workgroup_size")
     if module.entry_point is not None:
-        raise InterfaceError(f"more than one compute entry point ({module.entry_point}, {match.group('name')})")
+        raise InterfaceError(
+            f"more than one compute entry point ({module.entry_point}, {match.group('name')})"
+        )
     module.entry_point = match.group("name")
     module.workgroup_size = tuple(" ".join(p.split()) for p in _split_top_level(size))
 

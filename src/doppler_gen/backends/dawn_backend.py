@@ -128,8 +128,12 @@ def tint_messages(text: str) -> list[TintMessage]:
         match = _DIAGNOSTIC.search(_PREFIX.sub("", raw.strip()))
         if match:
             found.append(
-                TintMessage(int(match["line"]), int(match["col"]), match["severity"],
-                            match["message"].strip())
+                TintMessage(
+                    int(match["line"]),
+                    int(match["col"]),
+                    match["severity"],
+                    match["message"].strip(),
+                )
             )
     return found
 
@@ -177,8 +181,9 @@ def _ordered(messages: Iterable[TintMessage]) -> list[tuple[int, int, str]]:
     return [(m.line, m.column, m.describe()) for m in ranked]
 
 
-def _compile_error(text: str, label: str, messages: list[TintMessage] | None = None,
-                   stage: str = "shader module") -> ShaderCompileError:
+def _compile_error(
+    text: str, label: str, messages: list[TintMessage] | None = None, stage: str = "shader module"
+) -> ShaderCompileError:
     """A one-line ShaderCompileError from Dawn's text; locations from ``messages`` or the text."""
     diagnostics = _ordered(messages) if messages else parse_diagnostics(text)
     where = f" at line {diagnostics[0][0]}:{diagnostics[0][1]}" if diagnostics else ""
@@ -260,8 +265,9 @@ class _Dawn:
 
     # -- callbacks and futures
 
-    def callback_info(self, struct_name: str, on_call: Callable[..., None],
-                      mode: str = "WaitAnyOnly") -> tuple[Any, Any]:
+    def callback_info(
+        self, struct_name: str, on_call: Callable[..., None], mode: str = "WaitAnyOnly"
+    ) -> tuple[Any, Any]:
         """A ``WGPU...CallbackInfo2`` whose callback runs ``on_call``; also the C thunk to keep."""
         info = getattr(self.w, struct_name)()
         if hasattr(info, "mode"):
@@ -279,8 +285,13 @@ class _Dawn:
             name = _enum_short(self.w.WGPUWaitStatus__enumvalues, status, "WGPUWaitStatus_")
             raise DopplerGenError(f"Dawn did not finish {doing}: wait status {name}")
 
-    def request(self, start: Callable[[Any], Any], struct_name: str, doing: str,
-                convert: Callable[..., tuple[Any, ...]] | None = None) -> tuple[Any, ...]:
+    def request(
+        self,
+        start: Callable[[Any], Any],
+        struct_name: str,
+        doing: str,
+        convert: Callable[..., tuple[Any, ...]] | None = None,
+    ) -> tuple[Any, ...]:
         """Run an asynchronous Dawn call to completion and return its callback's arguments.
 
         String views are turned into ``str`` inside the callback (they die with it); the two
@@ -300,8 +311,9 @@ class _Dawn:
 
     def _plain(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         values = args[:-2]  # the userdata1 / userdata2 pointers
-        return tuple(self.text(a) if isinstance(a, self.w.struct_WGPUStringView) else a
-                     for a in values)
+        return tuple(
+            self.text(a) if isinstance(a, self.w.struct_WGPUStringView) else a for a in values
+        )
 
     # -- enumeration
 
@@ -312,7 +324,8 @@ class _Dawn:
         options.powerPreference = power
         status, adapter, _message = self.request(
             lambda info: self.w.wgpuInstanceRequestAdapter2(self.instance, options, info),
-            "WGPURequestAdapterCallbackInfo2", "requesting an adapter",
+            "WGPURequestAdapterCallbackInfo2",
+            "requesting an adapter",
         )
         return adapter if status == self.w.WGPURequestAdapterStatus_Success and adapter else None
 
@@ -325,17 +338,22 @@ class _Dawn:
             name = self.text(info.device) or self.text(info.description) or "unknown adapter"
             vendor = self.text(info.vendor) or f"0x{int(info.vendorID):04x}"
             driver = self.text(info.description)
-            backend = _enum_short(w.WGPUBackendType__enumvalues, info.backendType,
-                                  "WGPUBackendType_")
-            kind = _enum_short(w.WGPUAdapterType__enumvalues, info.adapterType,
-                               "WGPUAdapterType_")
+            backend = _enum_short(
+                w.WGPUBackendType__enumvalues, info.backendType, "WGPUBackendType_"
+            )
+            kind = _enum_short(w.WGPUAdapterType__enumvalues, info.adapterType, "WGPUAdapterType_")
         finally:
             w.wgpuAdapterInfoFreeMembers(info)
         limits = w.WGPUSupportedLimits()
         w.wgpuAdapterGetLimits(adapter, ctypes.byref(limits))
         return AdapterInfo(
-            index=index, name=name, backend=backend, adapter_type=kind, vendor=vendor,
-            driver=driver, features=self.features(w.wgpuAdapterGetFeatures, adapter),
+            index=index,
+            name=name,
+            backend=backend,
+            adapter_type=kind,
+            vendor=vendor,
+            driver=driver,
+            features=self.features(w.wgpuAdapterGetFeatures, adapter),
             limits=self.limits_of(limits.limits),
         )
 
@@ -462,8 +480,17 @@ def _release(release: Callable[[Any], None], handle: Any) -> None:
 class DawnBuffer(Buffer):
     """A Buffer holding a Dawn WGPUBuffer (allocated ``padded_size`` bytes)."""
 
-    def __init__(self, native: Any, padded_size: int, size: int, kind: str, *,
-                 read_write: bool, label: str, release: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        native: Any,
+        padded_size: int,
+        size: int,
+        kind: str,
+        *,
+        read_write: bool,
+        label: str,
+        release: Callable[[Any], None],
+    ) -> None:
         super().__init__(size, kind, read_write=read_write, label=label)
         self.native = native
         self.padded_size = padded_size
@@ -473,8 +500,9 @@ class DawnBuffer(Buffer):
 class DawnPipeline(Pipeline):
     """A Pipeline holding a Dawn WGPUComputePipeline."""
 
-    def __init__(self, native: Any, label: str, entry_point: str,
-                 release: Callable[[Any], None]) -> None:
+    def __init__(
+        self, native: Any, label: str, entry_point: str, release: Callable[[Any], None]
+    ) -> None:
         super().__init__(label, entry_point)
         self.native = native
         weakref.finalize(self, _release, release, native)
@@ -528,8 +556,9 @@ class DawnDevice(Device):
         source.chain.sType = w.WGPUSType_ShaderSourceWGSL
         source.code, code_buffer = self._dawn.view(wgsl)
         descriptor = w.WGPUShaderModuleDescriptor()
-        descriptor.nextInChain = ctypes.cast(ctypes.pointer(source),
-                                             ctypes.POINTER(w.struct_WGPUChainedStruct))
+        descriptor.nextInChain = ctypes.cast(
+            ctypes.pointer(source), ctypes.POINTER(w.struct_WGPUChainedStruct)
+        )
         descriptor.label, label_buffer = self._dawn.view(label)
         with self._scoped("creating shader module", raise_errors=False) as errors:
             module = w.wgpuDeviceCreateShaderModule(self.native, ctypes.byref(descriptor))
@@ -569,14 +598,17 @@ class DawnDevice(Device):
 
         status, messages = self._dawn.request(
             lambda info: w.wgpuShaderModuleGetCompilationInfo2(module, info),
-            "WGPUCompilationInfoCallbackInfo2", "reading compilation info", convert,
+            "WGPUCompilationInfoCallbackInfo2",
+            "reading compilation info",
+            convert,
         )
         if status != w.WGPUCompilationInfoRequestStatus_Success:
             raise DopplerGenError(f"Dawn could not report compilation info (status {status})")
         return messages
 
-    def _compute_pipeline(self, module: Any, entry_point: str, constants: Mapping[str, float],
-                          label: str) -> Any:
+    def _compute_pipeline(
+        self, module: Any, entry_point: str, constants: Mapping[str, float], label: str
+    ) -> Any:
         """The compute pipeline with layout "auto"; Dawn checks limits and overrides here."""
         w = self._w
         keep: list[Any] = []
@@ -617,8 +649,9 @@ class DawnDevice(Device):
         usage = w.WGPUBufferUsage_Uniform | w.WGPUBufferUsage_CopyDst | w.WGPUBufferUsage_CopySrc
         return self._buffer(_as_bytes(data), usage, "uniform", 16, read_write=False, label=label)
 
-    def _buffer(self, raw: bytes, usage: int, kind: str, multiple: int, *, read_write: bool,
-                label: str) -> DawnBuffer:
+    def _buffer(
+        self, raw: bytes, usage: int, kind: str, multiple: int, *, read_write: bool, label: str
+    ) -> DawnBuffer:
         padded = _pad(raw, multiple)
         with self._scoped(f"creating {kind} buffer {label!r}"):
             native = self._create_buffer(len(padded), usage, label, mapped=True)
@@ -628,8 +661,15 @@ class DawnDevice(Device):
                 raise DopplerGenError(f"Dawn could not map new {kind} buffer {label!r}")
             ctypes.memmove(mapped, padded, len(padded))
             self._w.wgpuBufferUnmap(native)
-        return DawnBuffer(native, len(padded), len(raw), kind, read_write=read_write,
-                          label=label, release=self._w.wgpuBufferRelease)
+        return DawnBuffer(
+            native,
+            len(padded),
+            len(raw),
+            kind,
+            read_write=read_write,
+            label=label,
+            release=self._w.wgpuBufferRelease,
+        )
 
     def _create_buffer(self, size: int, usage: int, label: str, *, mapped: bool = False) -> Any:
         descriptor = self._w.WGPUBufferDescriptor()
@@ -668,7 +708,8 @@ class DawnDevice(Device):
                 self._submit(encoder)
                 status, message = self._dawn.request(
                     lambda info: w.wgpuBufferMapAsync2(staging, w.WGPUMapMode_Read, 0, size, info),
-                    "WGPUBufferMapCallbackInfo2", f"reading buffer {label!r}",
+                    "WGPUBufferMapCallbackInfo2",
+                    f"reading buffer {label!r}",
                 )
                 if status != w.WGPUMapAsyncStatus_Success:
                     why = one_line(message)
@@ -727,16 +768,18 @@ class DawnDevice(Device):
                 times.extend(self._timed_batch(compiled, group, workgroups, count))
         return times
 
-    def _timed_batch(self, pipeline: DawnPipeline, group: Any, workgroups: tuple[int, int, int],
-                     count: int) -> list[float]:
+    def _timed_batch(
+        self, pipeline: DawnPipeline, group: Any, workgroups: tuple[int, int, int], count: int
+    ) -> list[float]:
         """``count`` timestamped passes in one submit; returns their durations in ns."""
         w = self._w
         descriptor = w.WGPUQuerySetDescriptor()
         descriptor.type = w.WGPUQueryType_Timestamp
         descriptor.count = 2 * count
         query_set = w.wgpuDeviceCreateQuerySet(self.native, ctypes.byref(descriptor))
-        resolved = self._create_buffer(16 * count, w.WGPUBufferUsage_QueryResolve
-                                       | w.WGPUBufferUsage_CopySrc, "timestamps")
+        resolved = self._create_buffer(
+            16 * count, w.WGPUBufferUsage_QueryResolve | w.WGPUBufferUsage_CopySrc, "timestamps"
+        )
         try:
             encoder = w.wgpuDeviceCreateCommandEncoder(self.native, None)
             for i in range(count):
@@ -794,8 +837,14 @@ class DawnDevice(Device):
             _release(w.wgpuBindGroupRelease, group)
             _release(w.wgpuBindGroupLayoutRelease, layout)
 
-    def _encode_pass(self, encoder: Any, pipeline: DawnPipeline, group: Any,
-                     workgroups: tuple[int, int, int], writes: Any = None) -> None:
+    def _encode_pass(
+        self,
+        encoder: Any,
+        pipeline: DawnPipeline,
+        group: Any,
+        workgroups: tuple[int, int, int],
+        writes: Any = None,
+    ) -> None:
         w = self._w
         descriptor = w.WGPUComputePassDescriptor()
         if writes is not None:
@@ -829,8 +878,11 @@ class DawnDevice(Device):
         """
         self._raise_events(doing)
         w = self._w
-        filters = (w.WGPUErrorFilter_Validation, w.WGPUErrorFilter_OutOfMemory,
-                   w.WGPUErrorFilter_Internal)
+        filters = (
+            w.WGPUErrorFilter_Validation,
+            w.WGPUErrorFilter_OutOfMemory,
+            w.WGPUErrorFilter_Internal,
+        )
         for error_filter in filters:
             w.wgpuDevicePushErrorScope(self.native, error_filter)
         errors: list[str] = []
@@ -854,7 +906,8 @@ class DawnDevice(Device):
         for _ in range(count):
             status, error_type, message = self._dawn.request(
                 lambda info: w.wgpuDevicePopErrorScope2(self.native, info),
-                "WGPUPopErrorScopeCallbackInfo2", f"{doing} (error scope)",
+                "WGPUPopErrorScopeCallbackInfo2",
+                f"{doing} (error scope)",
             )
             if status != w.WGPUPopErrorScopeStatus_Success:
                 raise DopplerGenError(f"Dawn lost an error scope while {doing} (status {status})")
@@ -927,8 +980,10 @@ class DawnBackend(Backend):
             w = self._dawn.w
             seen: dict[tuple[Any, ...], Any] = {}
             for backend in (w.WGPUBackendType_Vulkan, w.WGPUBackendType_Undefined):
-                for power in (w.WGPUPowerPreference_HighPerformance,
-                              w.WGPUPowerPreference_LowPower):
+                for power in (
+                    w.WGPUPowerPreference_HighPerformance,
+                    w.WGPUPowerPreference_LowPower,
+                ):
                     adapter = self._dawn.request_adapter(backend, power)
                     if adapter is None:
                         continue
@@ -974,8 +1029,14 @@ class DawnBackend(Backend):
         device = self._request_device(native, adapter, wanted, requested, events)
         return DawnDevice(self._dawn, adapter, device, events)
 
-    def _request_device(self, adapter_native: Any, adapter: AdapterInfo, features: list[str],
-                        limits: Mapping[str, int], events: _Events) -> Any:
+    def _request_device(
+        self,
+        adapter_native: Any,
+        adapter: AdapterInfo,
+        features: list[str],
+        limits: Mapping[str, int],
+        events: _Events,
+    ) -> Any:
         """wgpuAdapterRequestDevice2 with error, loss and logging callbacks wired to ``events``."""
         dawn, w = self._dawn, self._dawn.w
         keep: list[Any] = []
@@ -989,12 +1050,14 @@ class DawnBackend(Backend):
         required = dawn.required_limits(limits)
         descriptor.requiredLimits = ctypes.pointer(required)
         toggles = self._toggles(keep)
-        descriptor.nextInChain = ctypes.cast(ctypes.pointer(toggles),
-                                             ctypes.POINTER(w.struct_WGPUChainedStruct))
+        descriptor.nextInChain = ctypes.cast(
+            ctypes.pointer(toggles), ctypes.POINTER(w.struct_WGPUChainedStruct)
+        )
         self._wire_callbacks(descriptor, events)
         status, device, message = dawn.request(
             lambda info: w.wgpuAdapterRequestDevice2(adapter_native, descriptor, info),
-            "WGPURequestDeviceCallbackInfo2", f"opening a device on {adapter.short()}",
+            "WGPURequestDeviceCallbackInfo2",
+            f"opening a device on {adapter.short()}",
         )
         if status != w.WGPURequestDeviceStatus_Success or not device:
             raise BackendUnavailable(f"Dawn could not open {adapter.short()}: {one_line(message)}")
@@ -1031,8 +1094,9 @@ class DawnBackend(Backend):
         def uncaptured(_device: Any, error_type: int, message: Any, *_userdata: Any) -> None:
             events.errors.append(dawn.text(message) or f"error type {error_type}")
 
-        lost_info, lost_thunk = dawn.callback_info("WGPUDeviceLostCallbackInfo2", lost,
-                                                   mode="AllowSpontaneous")
+        lost_info, lost_thunk = dawn.callback_info(
+            "WGPUDeviceLostCallbackInfo2", lost, mode="AllowSpontaneous"
+        )
         error_info, error_thunk = dawn.callback_info("WGPUUncapturedErrorCallbackInfo2", uncaptured)
         descriptor.deviceLostCallbackInfo2 = lost_info
         descriptor.uncapturedErrorCallbackInfo2 = error_info
