@@ -16,9 +16,16 @@ from conftest import (
     run_process,
     snapshot,
 )
+from gpu_support import adapter_problem
 
+from doppler_gen.backends import get_backend
+from doppler_gen.cases import CaseSpec
 from doppler_gen.config import load_project
+from doppler_gen.harness import KernelRunner
+from doppler_gen.manifest import parse_kernel, variant_entry
+from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
+from doppler_gen.validate import open_device, validate
 from doppler_gen.wgsl import parse_module
 
 TIERED = (
@@ -195,3 +202,48 @@ def test_list_and_show_cover_the_tiered_variants() -> None:
         shown.output
         == (REPO_ROOT / "generated/attention_decode_tiered_int4_f16kv.wgsl").read_text()
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+def test_the_zero_contract_is_a_template_parameter_the_validator_holds_it_to(
+    project_copy: Path,
+) -> None:
+    """A tiered variant generated with masked_row = "zero" passes against the zero contract,
+    and the default ("mean_v") kernel fails when held to it: the contract is real."""
+    with (project_copy / "variants.toml").open("a") as config:
+        config.write(
+            '\n[[variant]]\nname = "tiered_zero"\ntemplate = "attention_decode_tiered"\n'
+            'output = "generated/tiered_zero.wgsl"\nrequires = ["shader-f16"]\n'
+            'params = { q_dtype = "f32", out_dtype = "f32", masked_row = "zero" }\n'
+        )
+    project = load_project(project_copy)
+    write(plan(project))
+    assert (
+        'masked_row = "zero": no unmasked key'
+        in (project_copy / "generated/tiered_zero.wgsl").read_text()
+    )
+    run = validate(project, ("tiered_zero", "attention_decode_tiered_f16kv"))
+    assert [v.status for v in run.variants] == ["PASS", "PASS"], [v.reason for v in run.variants]
+    # hold the mean_v kernel to the zero contract: its fully masked rows must now fail
+    kernel = Renderer(project).render(
+        project.variant("attention_decode_tiered_f16kv"), with_origins=True
+    )
+    entry = variant_entry(kernel, parse_kernel(kernel))
+    entry["metadata"]["masked_row"] = "zero"
+    device = open_device(get_backend("wgpu"), [kernel], None, "adapter")
+    try:
+        runner = KernelRunner(device, kernel, entry)
+        spec = CaseSpec(
+            "fully masked row",
+            cold_len=0,
+            hot_len=5,
+            hot_start=20,
+            hot_window=8,
+            start_pos=3,
+            head_dim=16,
+            seed=7,
+        )
+        assert not runner.run_case(spec).passed
+    finally:
+        device.close()
