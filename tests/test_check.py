@@ -287,3 +287,13 @@ def test_memo_digest_covers_inputs_outputs_and_the_package(fresh_project: Path) 
         fresh_project / "templates/lib/attention_common.wgsl.j2", "// Causal mask", "// causal mask"
     )
     assert tree_digest(fresh_project) != before
+
+
+def test_crlf_line_endings_in_a_generated_file_are_stale(fresh_project: Path) -> None:
+    path = fresh_project / "generated/attention.wgsl"
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    result = run_cli(fresh_project, "check", "--full")
+    assert result.exit_code == 1 and "stale:    generated/attention.wgsl" in result.output
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert b"\r" not in path.read_bytes()
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0

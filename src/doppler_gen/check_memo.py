@@ -45,8 +45,9 @@ def tree_digest(root: Path) -> str:
             name = (
                 path.name if label in ("config", "package") else path.relative_to(root).as_posix()
             )
-            digest.update(f"\0{label}:{name}\0".encode())
-            digest.update(path.read_bytes())
+            data = path.read_bytes()
+            digest.update(f"\0{label}:{name}:{len(data)}\0".encode())  # unambiguous framing
+            digest.update(data)
     return digest.hexdigest()
 
 
@@ -56,22 +57,25 @@ def _memo_path(root: Path) -> Path:
     return Path(base) / "doppler-gen" / "check" / key
 
 
-def is_known_clean(root: Path) -> bool:
-    """True when the tree is byte-for-byte one that a full `check` found clean."""
+def is_known_clean(root: Path, digest: str) -> bool:
+    """True when ``digest`` (of the tree now) is the one a full `check` found clean."""
     try:
-        return _memo_path(root).read_text().strip() == tree_digest(root)
+        return _memo_path(root).read_text().strip() == digest
     except OSError:
         return False
 
 
-def remember_clean(root: Path) -> None:
-    """Record the current tree as clean (best effort: no cache directory, no memo)."""
+def remember_clean(root: Path, digest: str) -> None:
+    """Record ``digest`` as clean (best effort: no cache directory, no memo).
+
+    The digest must be the one taken *before* the check compared anything, so a file saved
+    while the check ran can never be recorded as verified.
+    """
     path = _memo_path(root)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(tree_digest(root) + "\n")
+        temporary.write_text(digest + "\n")
         os.replace(temporary, path)
     except OSError:
         pass
-

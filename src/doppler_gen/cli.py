@@ -100,10 +100,6 @@ def generate(state: State, names: tuple[str, ...]) -> None:
 
     outcome = plan(state.project, names)
     result = write(outcome)
-    if outcome.full:
-        from doppler_gen import check_memo
-
-        check_memo.remember_clean(state.root)  # generated/ now equals the plan by construction
     for path in result.written:
         click.echo(f"wrote     {path}")
     for path in result.removed:
@@ -133,22 +129,12 @@ def check(state: State, as_json: bool, full: bool) -> None:
     """
     from doppler_gen import check_memo
 
-    if not full and check_memo.is_known_clean(state.root):
+    digest = check_memo.tree_digest(state.root)  # taken before comparing anything
+    fix = "doppler-gen generate"
+    if not full and check_memo.is_known_clean(state.root, digest):
         if as_json:
             click.echo(
-                json.dumps(
-                    {
-                        "ok": True,
-                        "stale": [],
-                        "missing": [],
-                        "orphaned": [],
-                        "diffs": {},
-                        "fix": None,
-                        "memo": True,
-                    },
-                    indent=2,
-                    sort_keys=True,
-                )
+                json.dumps({**_check_json(None, fix), "memo": True}, indent=2, sort_keys=True)
             )
         else:
             click.echo(
@@ -159,18 +145,9 @@ def check(state: State, as_json: bool, full: bool) -> None:
 
     status = compare(plan(state.project))
     if status.clean:
-        check_memo.remember_clean(state.root)
-    fix = "doppler-gen generate"
+        check_memo.remember_clean(state.root, digest)
     if as_json:
-        report = {
-            "ok": status.clean,
-            "stale": sorted(status.stale),
-            "missing": status.missing,
-            "orphaned": status.orphaned,
-            "diffs": status.stale,
-            "fix": None if status.clean else fix,
-        }
-        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        click.echo(json.dumps(_check_json(status, fix), indent=2, sort_keys=True))
         sys.exit(0 if status.clean else 1)
     if status.clean:
         click.echo(f"generated/ is up to date ({len(status.unchanged)} files)")
@@ -185,6 +162,19 @@ def check(state: State, as_json: bool, full: bool) -> None:
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)
     click.echo(f"generated/ is out of date ({problems} file(s)); fix with: {fix}", err=True)
     sys.exit(1)
+
+
+def _check_json(status: Any, fix: str) -> dict[str, Any]:
+    """The --json report of `check`; ``status`` None means clean (confirmed by the memo)."""
+    clean = status is None or status.clean
+    return {
+        "ok": clean,
+        "stale": sorted(status.stale) if status else [],
+        "missing": status.missing if status else [],
+        "orphaned": status.orphaned if status else [],
+        "diffs": status.stale if status else {},
+        "fix": None if clean else fix,
+    }
 
 
 @cli.command(name="list")

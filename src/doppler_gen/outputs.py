@@ -90,16 +90,19 @@ def compare(plan: Plan) -> Status:
     for relative, expected in sorted(plan.files.items()):
         path = root / relative
         try:
-            actual = path.read_text(encoding="utf-8")
+            # bytes, not text: text mode would read CRLF as LF and pass a file whose sha256
+            # differs from the manifest's
+            actual = path.read_bytes()
         except FileNotFoundError:
             status.missing.append(relative)
             continue
-        except (OSError, UnicodeDecodeError):
-            actual = None
-        if actual == expected:
+        except OSError:
+            actual = b""
+        if actual == expected.encode("utf-8"):
             status.unchanged.append(relative)
         else:
-            status.stale[relative] = unified_diff(relative, actual or "", expected)
+            shown = actual.decode("utf-8", errors="replace").replace("\r", "\\r")
+            status.stale[relative] = unified_diff(relative, shown, expected)
     if plan.full:
         status.orphaned = orphans(plan)
     return status
