@@ -235,6 +235,30 @@ def _softmax_excluding(scores: np.ndarray, masked: np.ndarray) -> np.ndarray:
     return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
 
 
+def _record_bounds(
+    stats: dict[str, float],
+    query: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    counted: np.ndarray,
+    scale: float,
+) -> None:
+    """Magnitudes that bound a correct f32 kernel's rounding error, over the keys that count.
+
+    ``query`` is ``[heads, queries, d]``, ``keys``/``values`` ``[heads, keys, d]`` (already the
+    matching KV head per query head) and ``counted`` ``[queries, keys]``: keys that enter each
+    row's softmax. ``logit_bound`` = max of ``|scale| * sum_d |q_d k_d|`` (bounds each logit and
+    its dot product's rounding, before any softcap, whose derivative is at most 1);
+    ``value_bound`` = max |v| over counted keys; ``keys`` = most keys in one row.
+    """
+    magnitude = np.matmul(np.abs(query), np.abs(keys).transpose(0, 2, 1)) * abs(scale)
+    mask = np.broadcast_to(counted, magnitude.shape)
+    any_key = counted.any(axis=0)
+    stats["logit_bound"] = float(magnitude[mask].max()) if mask.any() else 0.0
+    stats["value_bound"] = float(np.abs(values[:, any_key, :]).max()) if any_key.any() else 0.0
+    stats["keys"] = int(counted.sum(axis=-1).max()) if counted.size else 0
+
+
 # --- tiled ------------------------------------------------------------------------------------
 
 
@@ -247,12 +271,14 @@ def tiled_attention(
     kv_len_buffer: np.ndarray | None = None,
     page_table: np.ndarray | None = None,
     compute_dtype: Any = np.float64,
+    stats: dict[str, float] | None = None,
 ) -> np.ndarray:
     """Reference for ``attention``, ``attention_f16`` and ``attention_f16kv``.
 
     ``q`` is ``[query_len, num_heads, head_dim]``; ``k``/``v`` are physical buffers
     ``[rows, num_kv_heads, head_dim]``. Returns ``[query_len, num_heads, head_dim]`` in
-    ``compute_dtype``.
+    ``compute_dtype``. ``stats``, when given, receives the problem's magnitudes over the keys
+    that count (see :func:`_record_bounds`), which the f32 tolerance is built from.
     """
     dtype = _check_compute_dtype(compute_dtype)
     fields = _read_uniforms(u, _TILED_U32)
@@ -272,6 +298,8 @@ def tiled_attention(
     values = _gather(v, rows, kv_head_of, "v", dtype)
     masked = _mask(abs_query, abs_key, fields["is_causal"], fields["sliding_window"])
     query = q.transpose(1, 0, 2).astype(dtype)
+    if stats is not None:
+        _record_bounds(stats, query, keys, values, ~masked, fields["scale"])
     scores = _scores(query, keys, fields["scale"], fields["attn_softcap"], dtype)
     probs = _softmax_excluding(scores, masked[None])
     return np.matmul(probs, values).transpose(1, 0, 2).astype(dtype)
@@ -345,6 +373,7 @@ def tiered_attention(
     masked_row: str = "mean_v",
     quantized: bool = False,
     compute_dtype: Any = np.float64,
+    stats: dict[str, float] | None = None,
 ) -> np.ndarray:
     """Reference for ``attention_decode_tiered_{f16,f16kv,int8_f16kv,int4_f16kv}``.
 
@@ -378,6 +407,10 @@ def tiered_attention(
         masked = _mask(
             np.array([fields["start_pos"]]), abs_key, fields["is_causal"], fields["sliding_window"]
         )
+        if stats is not None:
+            # a fully masked "mean_v" row averages every key: then every key counts
+            counted = np.ones_like(masked) if masked.all() and masked_row == "mean_v" else ~masked
+            _record_bounds(stats, query[:, None, :], keys, values, counted, fields["scale"])
         out = _tiered_softmax(fields, query, keys, values, masked, masked_row, dtype)
     return out if np.ndim(q) == 2 else out[None]
 

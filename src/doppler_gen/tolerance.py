@@ -9,8 +9,10 @@ reads, so input rounding and quantization never count as kernel error.
 
       tol = max|V| * u * (16 + 2 * sqrt(head_dim) * S + 2 * sqrt(L))
 
-  where ``S`` is the largest ``scale * sum_d |q_d k_d|`` over the keys (bounds every logit and
-  the rounding of its dot product, which grows with large logits), ``L`` the number of keys, and
+  where ``S`` is the largest ``scale * sum_d |q_d k_d|`` over the (query head, matching KV
+  head, key) triples that enter a softmax (bounds every logit and the rounding of its dot
+  product, which grows with large logits), ``max|V|`` is taken over those keys, ``L`` is the
+  most keys in one row, and
   the factor 2 the softmax's sensitivity to score errors. The sqrt terms are the probabilistic
   form of the classical n*u bounds for n-term sums (rounding errors of independent operations
   add like a random walk; Higham & Mary 2019): the worst-case n*u form is ~10x looser than any
@@ -51,15 +53,6 @@ class Verdict:
     def ratio(self) -> float:
         """Error as a fraction of the tolerance (> 1 fails)."""
         return self.max_abs_error / self.tolerance if self.tolerance > 0 else float("inf")
-
-
-def logit_magnitude(q: np.ndarray, k_rows: np.ndarray, scale: float) -> float:
-    """max over query rows and keys of ``scale * sum_d |q_d k_d|`` (all heads pooled)."""
-    q2 = np.abs(np.asarray(q, np.float64)).reshape(-1, q.shape[-1])
-    k2 = np.abs(np.asarray(k_rows, np.float64)).reshape(-1, k_rows.shape[-1])
-    if q2.size == 0 or k2.size == 0:
-        return 0.0
-    return float(abs(scale) * (q2 @ k2.T).max())
 
 
 def f32_tolerance(v_max: float, head_dim: int, logits: float, keys: int) -> float:
