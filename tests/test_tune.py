@@ -345,8 +345,7 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
 
     monkeypatch.setattr(tune_module, "measure", measure)
     before = (fresh_project / "variants.toml").read_text()
-    result = run_cli(
-        fresh_project,
+    args = [
         "tune",
         "attention_decode_tiered_f16",
         "--adapter",
@@ -362,7 +361,13 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
         "0",
         "--write",
         "--json",
-    )
+    ]
+    # the winner narrows the host contract (max_head_dim 256 -> 64): not written without consent
+    refused = run_cli(fresh_project, *args)
+    assert refused.exit_code == 2
+    assert "--accept-contract-change" in refused.stderr
+    assert (fresh_project / "variants.toml").read_text() == before
+    result = run_cli(fresh_project, *args, "--accept-contract-change")
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["winner"]["candidate"] == "max_head_dim=64"
@@ -434,6 +439,9 @@ def test_write_winner_records_params_and_overrides_without_a_gpu(fresh_project: 
         42,
         32,
     )
+    with pytest.raises(DopplerGenError, match="did not pass the full validation matrix"):
+        write_winner(project, run)  # screened with the quick matrix only: not enough to write
+    run.winner_full_validation = "PASS"
     written = write_winner(project, run)
     assert written["changed"] is True and written["summary"] == "block_size=32 HEAD_TILE=32"
     text = (fresh_project / "variants.toml").read_text()
@@ -455,8 +463,62 @@ def test_write_winner_records_params_and_overrides_without_a_gpu(fresh_project: 
         [_timed(winner, "current", 300.0), _timed(current, "x", 100.0)],
         42,
         32,
+        winner_full_validation="PASS",
     )
     project = load_project(fresh_project)
     assert write_winner(project, back)["changed"] is True
     assert "HEAD_TILE" not in (fresh_project / "variants.toml").read_text()
     assert run_cli(fresh_project, "check").exit_code == 0
+
+
+def test_a_winner_inside_the_current_spread_is_not_a_winner(fresh_project: Path) -> None:
+    project = load_project(fresh_project)
+    variant = project.variant("attention_small_f16kv")
+    candidates = enumerate_candidates(
+        variant.params,
+        variant.overrides,
+        variant.template.tunable,
+        CandidateRenderer(project, variant).entry,
+    )
+    current_timing = Timing(tuple(us * 1e3 for us in [290.0] * 2 + [300.0] * 16 + [310.0] * 2))
+    current = CandidateResult(
+        candidates[0],
+        "current",
+        "PASS",
+        row=BenchRow("attention_small_f16kv", "prefill", "ok", timing=current_timing),
+    )
+    noisy = _timed(candidates[1], "noise", 299.5)  # faster median, not below the p10 (299)
+    run = TuneRun(
+        "attention_small_f16kv", "prefill", "synthetic", False, Settings(), [current, noisy], 2, 32
+    )
+    assert run.winner is current
+    clear = _timed(candidates[1], "clear", 250.0)
+    run.results = [current, clear]
+    assert run.winner is clear
+
+
+def test_write_refuses_when_variants_toml_changed_during_the_run(fresh_project: Path) -> None:
+    project = load_project(fresh_project)
+    variant = project.variant("attention_small_f16kv")
+    candidates = enumerate_candidates(
+        variant.params,
+        variant.overrides,
+        variant.template.tunable,
+        CandidateRenderer(project, variant).entry,
+    )
+    run = TuneRun(
+        "attention_small_f16kv",
+        "prefill",
+        "synthetic",
+        False,
+        Settings(),
+        [_timed(candidates[0], "current", 300.0), _timed(candidates[1], "w", 100.0)],
+        2,
+        32,
+        winner_full_validation="PASS",
+    )
+    path = fresh_project / "variants.toml"
+    path.write_text(path.read_text() + "\n# edited meanwhile\n")
+    with pytest.raises(DopplerGenError, match="changed while tune ran"):
+        write_winner(project, run)
+    assert path.read_text().endswith("# edited meanwhile\n")

@@ -230,7 +230,7 @@ def main() -> None:
 
 
 # WebGPU implementations kernels are validated on (backends.BACKENDS); "all" compares them.
-BACKEND_CHOICES = ("wgpu", "dawn", "all")
+BACKEND_CHOICES = ("wgpu", "dawn", "all")  # validate.ALL_BACKENDS + "all" (kept here: no numpy)
 
 
 @cli.command()
@@ -252,7 +252,13 @@ BACKEND_CHOICES = ("wgpu", "dawn", "all")
     help="Device limits: the adapter's maxima, or WebGPU's defaults (what a browser grants).",
 )
 @click.option("--quick", is_flag=True, help="A subset of the cases (for the test suite).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the case generator.")
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the case generator.",
+)
 @click.option(
     "--storage-overrun",
     is_flag=True,
@@ -336,8 +342,9 @@ def doctor(backend: str, as_json: bool) -> None:
     The JSON form is ``{"backends": [report, ...]}``; a backend that cannot be loaded (pydawn
     not installed) has ``"available": false`` and its one-line ``"error"``.
     """
-    names = ["wgpu", "dawn"] if backend == "all" else [backend]
-    reports = [_doctor_report(name) for name in names]
+    from doppler_gen.validate import backend_names
+
+    reports = [_doctor_report(name) for name in backend_names(backend)]
     if as_json:
         click.echo(json.dumps({"backends": reports}, indent=2, sort_keys=True, default=str))
     else:
@@ -367,7 +374,13 @@ def _format_doctor(report: dict[str, Any]) -> str:
 def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Options bench and tune share: where to run, how to time, where the results go."""
     options = [
-        click.option("--backend", default="wgpu", show_default=True, help="WebGPU implementation."),
+        click.option(
+            "--backend",
+            type=click.Choice(BACKEND_CHOICES[:-1]),
+            default="wgpu",
+            show_default=True,
+            help="WebGPU implementation.",
+        ),
         click.option(
             "--adapter", default=None, help="Adapter by index, type (gpu/cpu), backend or name."
         ),
@@ -398,7 +411,11 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Untimed dispatches before the timed ones.",
         ),
         click.option(
-            "--seed", type=int, default=0, show_default=True, help="Seed of the input data."
+            "--seed",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="Seed of the input data.",
         ),
         click.option(
             "--storage-overrun",
@@ -557,7 +574,14 @@ def bench(
 @click.option(
     "--write",
     is_flag=True,
-    help="Record the winner in variants.toml (params / overrides) and regenerate generated/.",
+    help="Record the winner in variants.toml (params / overrides) and regenerate generated/. "
+    "The winner must pass the full validation matrix and beat the current configuration's p10.",
+)
+@click.option(
+    "--accept-contract-change",
+    is_flag=True,
+    help="Let --write record a winner that changes the variant's host metadata (e.g. a smaller "
+    "max_head_dim).",
 )
 @_timing_options
 @pass_state
@@ -568,6 +592,7 @@ def tune(
     shape_text: str | None,
     max_candidates: int,
     write: bool,
+    accept_contract_change: bool,
     backend: str,
     adapter: str | None,
     limits: str,
@@ -582,8 +607,10 @@ def tune(
     """Sweep variant NAME's override constants and tunable template parameters; time them.
 
     Each candidate is quick-validated first; one that fails is reported invalid with the
-    reason and not timed. Prints the table and the winner; --write records the winner in
-    variants.toml, keeping its comments and layout, and regenerates generated/. Refuses a CPU
+    reason and not timed. The winner must beat the current configuration's p10 (else the
+    current one stays) and pass the full validation matrix. Prints the table and the winner;
+    --write records the winner in variants.toml, keeping its comments and layout, and
+    regenerates generated/. Refuses a CPU
     adapter unless --allow-cpu. Exit 1 if no candidate passed.
     """
     from doppler_gen.bench import Settings
@@ -602,6 +629,8 @@ def tune(
     )
     run = run_tune(state.project, request, progress=_progress("tune"))
     if write:
-        run.written = write_winner(state.project, run)
+        run.written = write_winner(
+            state.project, run, accept_contract_change=accept_contract_change
+        )
     _emit(run.as_dict(), format_report(run), as_json, output)
     sys.exit(0 if run.winner is not None else 1)

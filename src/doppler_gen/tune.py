@@ -219,6 +219,7 @@ class TuneRun:
     total: int  # candidates enumerated before the cap
     max_candidates: int
     written: dict[str, Any] | None = None
+    winner_full_validation: str = ""  # PASS, or why the winner failed the full matrix
 
     @property
     def capped(self) -> bool:
@@ -230,8 +231,26 @@ class TuneRun:
 
     @property
     def winner(self) -> CandidateResult | None:
+        """The fastest validated candidate, if it beats the current configuration beyond noise.
+
+        A candidate whose median is not below the current configuration's p10 is within the
+        current one's run-to-run spread: the current configuration then stays the winner.
+        """
         timed = [r for r in self.results if r.timed and r.validation == "PASS"]
-        return min(timed, key=lambda r: r.median_ns or 0.0) if timed else None
+        if not timed:
+            return None
+        best = min(timed, key=lambda r: r.median_ns or 0.0)
+        current = self.current
+        within_noise = (
+            best is not current
+            and current in timed
+            and current.row is not None
+            and current.row.timing is not None
+            and (best.median_ns or 0.0) >= current.row.timing.percentile_ns(10)
+        )
+        if within_noise:
+            return current
+        return best
 
     def as_dict(self) -> dict[str, Any]:
         current_ns = self.current.median_ns
@@ -333,17 +352,43 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             results.append(
                 evaluate(device, renderer, candidate, label, shape, request.settings, baseline)
             )
+        run = TuneRun(
+            variant.name,
+            shape.label,
+            adapter.describe(),
+            adapter.is_cpu,
+            request.settings,
+            results,
+            len(candidates),
+            request.max_candidates,
+        )
+        run.winner_full_validation = _full_validation(device, renderer, run, request.settings)
     finally:
         device.close()
-    return TuneRun(
-        variant.name,
-        shape.label,
-        adapter.describe(),
-        adapter.is_cpu,
-        request.settings,
-        results,
-        len(candidates),
-        request.max_candidates,
+    return run
+
+
+def _full_validation(
+    device: Any, renderer: CandidateRenderer, run: TuneRun, settings: Settings
+) -> str:
+    """Candidates were screened with the quick matrix; the winner must pass the full one."""
+    from doppler_gen.validate import validate_variant
+
+    winner = run.winner
+    if winner is None or winner is run.current:
+        return ""
+    kernel, entry = renderer.render(winner.candidate.params)
+    report = validate_variant(
+        device,
+        kernel,
+        entry,
+        quick=False,
+        seed=settings.seed,
+        storage_overrun=settings.storage_overrun,
+        constants={k: float(v) for k, v in winner.candidate.constants.items()},
+    )
+    return (
+        "PASS" if report.status == "PASS" else f"{report.status}: {report.reason.splitlines()[0]}"
     )
 
 
@@ -452,12 +497,6 @@ def winner_line(run: TuneRun) -> str:
     speed = ""
     if current.median_ns and winner.median_ns:
         speed = f", {current.median_ns / winner.median_ns:.2f}× the current speed"
-        if (
-            current.row
-            and current.row.timing
-            and winner.median_ns >= current.row.timing.percentile_ns(10)
-        ):
-            speed += " (within the current configuration's p10–p90 spread: noise?)"
     contract = f"; it changes the variant's {winner.contract}" if winner.contract else ""
     return f"winner: {winner.label} ({(winner.median_ns or 0) / 1e3:.1f} µs{speed}){contract}"
 
@@ -473,14 +512,31 @@ def written_line(written: dict[str, Any]) -> str:
 # -- --write ------------------------------------------------------------------------------------
 
 
-def write_winner(project: Project, run: TuneRun) -> dict[str, Any]:
-    """Record the winner in variants.toml (params and overrides), verify, regenerate."""
+def write_winner(
+    project: Project, run: TuneRun, *, accept_contract_change: bool = False
+) -> dict[str, Any]:
+    """Record the winner in variants.toml (params and overrides), verify, regenerate.
+
+    Refuses a winner that narrows the variant's host contract (unless accepted) or that did not
+    pass the full validation matrix, and refuses if variants.toml changed since it was read.
+    """
     from doppler_gen.outputs import plan, write
 
     winner = run.winner
     variant = project.variant(run.variant)
     if winner is None:
         return {"changed": False, "variant": variant.name, "message": "no winner; nothing written"}
+    if winner.contract and not accept_contract_change:
+        raise DopplerGenError(
+            f"--write: the winner {winner.label} changes {variant.name}'s {winner.contract}; "
+            "hosts relying on the old contract would break. Pass --accept-contract-change to "
+            "record it anyway"
+        )
+    if winner is not run.current and run.winner_full_validation != "PASS":
+        raise DopplerGenError(
+            f"--write: the winner {winner.label} did not pass the full validation matrix "
+            f"({run.winner_full_validation or 'not run'}); nothing written"
+        )
     params = {k: v for k, v in winner.candidate.params.items() if variant.params[k] != v}
     unswept = {k: v for k, v in variant.overrides.items() if k not in winner.candidate.constants}
     overrides = dict(sorted({**unswept, **winner.candidate.overrides_to_record()}.items()))
@@ -491,7 +547,11 @@ def write_winner(project: Project, run: TuneRun) -> dict[str, Any]:
             "message": "the winner is the current configuration; nothing written",
         }
     path = project.config_path
-    original = project.config_text or path.read_text(encoding="utf-8")
+    original = path.read_text(encoding="utf-8")
+    if project.config_text and original != project.config_text:
+        raise DopplerGenError(
+            f"--write: {CONFIG_NAME} changed while tune ran; nothing written (run tune again)"
+        )
     edited = edit_variant_entry(original, variant.name, params, overrides)
     _atomic(path, edited)
     try:

@@ -208,9 +208,8 @@ def open_device(
 Progress = Callable[[str, int], None]
 
 
-# What `--backend` accepts: one implementation, or "all" of them (then compared case by case).
+# The implementations `--backend all` runs (then compared case by case), in report order.
 ALL_BACKENDS = ("wgpu", "dawn")
-BACKEND_CHOICES = (*ALL_BACKENDS, "all")
 
 Outputs = dict[str, dict[CaseSpec, np.ndarray]]  # variant -> case -> output
 
