@@ -208,11 +208,16 @@ class BenchRow:
     @property
     def gbps(self) -> float | None:
         """Effective bandwidth: bytes per ns is GB/s."""
-        return self.bytes_moved / self.timing.median_ns if self.timing else None
+        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else None
 
     @property
     def tflops(self) -> float | None:
-        return self.flops / self.timing.median_ns / 1e3 if self.timing else None
+        return self.flops / self.timing.median_ns / 1e3 if _positive(self.timing) else None
+
+
+def _positive(timing: Timing | None) -> bool:
+    """A median a rate can be divided by (a coarse timer can report 0 ns for a tiny dispatch)."""
+    return timing is not None and timing.median_ns > 0
 
 
 @dataclass
@@ -224,7 +229,7 @@ class CopyBandwidth:
 
     @property
     def gbps(self) -> float:
-        return self.bytes_moved / self.timing.median_ns
+        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"bytes": self.bytes_moved, "gbps": round(self.gbps, 1), **self.timing.as_dict()}
@@ -286,7 +291,7 @@ class BenchRun:
     def ratio(self, row: BenchRow) -> float | None:
         """Variant time over SDPA time (2.0: twice as slow as torch)."""
         ref = self.sdpa_for(row)
-        if row.timing is None or ref is None or ref.timing is None:
+        if row.timing is None or ref is None or not _positive(ref.timing):
             return None
         return row.timing.median_ns / ref.timing.median_ns
 
@@ -464,8 +469,10 @@ def measure(
         row.reason = skip
         return row
     runner = KernelRunner(device, kernel, entry, constants)
-    data = runner.build(shape.case_spec(settings.seed))
+    spec = shape.case_spec(settings.seed)
     try:
+        runner.check_spec(spec)  # before building (possibly huge) inputs
+        data = runner.build(spec)
         runner.check_shape(data)
     except ShapeError as error:
         row.reason = _without_prefix(error.message, kernel.variant.name)

@@ -56,9 +56,6 @@ class CaseSpec:
     extra_stride: int = 0  # quantized cold: packed_stride beyond the minimum
     seed: int = 0
 
-    def describe(self) -> str:
-        return self.name
-
 
 @dataclass
 class CaseData:

@@ -129,9 +129,10 @@ def check(state: State, as_json: bool, full: bool) -> None:
     """
     from doppler_gen import check_memo
 
-    digest = check_memo.tree_digest(state.root)  # taken before comparing anything
+    project = state.project  # a config error is reported the same way with or without the memo
+    digest = check_memo.tree_digest(project.root)  # taken before comparing anything
     fix = "doppler-gen generate"
-    if not full and check_memo.is_known_clean(state.root, digest):
+    if not full and check_memo.is_known_clean(project.root, digest):
         if as_json:
             click.echo(
                 json.dumps({**_check_json(None, fix), "memo": True}, indent=2, sort_keys=True)
@@ -143,9 +144,9 @@ def check(state: State, as_json: bool, full: bool) -> None:
         return
     from doppler_gen.outputs import compare, plan
 
-    status = compare(plan(state.project))
+    status = compare(plan(project))
     if status.clean:
-        check_memo.remember_clean(state.root, digest)
+        check_memo.remember_clean(project.root, digest)
     if as_json:
         click.echo(json.dumps(_check_json(status, fix), indent=2, sort_keys=True))
         sys.exit(0 if status.clean else 1)

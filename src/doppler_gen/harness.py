@@ -128,32 +128,46 @@ class KernelRunner:
             return build_tiled(spec, self.dtypes)
         return build_tiered(spec, self.dtypes, str(self.entry["params"]["cold"]))
 
-    def check_shape(self, data: CaseData) -> None:
-        """Refuse, before any dispatch, a problem the kernel does not support."""
-        u, name = data.uniforms, self.kernel.variant.name
-        head_dim_limit = (
-            self.override("WORKGROUP_SIZE")
-            if self.family == "tiered"
-            else self.meta["max_head_dim"]
-        )
-        head_dim_limit = min(head_dim_limit, self.meta["max_head_dim"])
-        if u["head_dim"] > head_dim_limit:
+    def check_spec(self, spec: CaseSpec) -> None:
+        """Refuse a problem the kernel does not support, from its dimensions alone.
+
+        Cheap: runs before any tensor is built, so an oversized bench shape is refused instead
+        of allocating gigabytes of inputs first.
+        """
+        name = self.kernel.variant.name
+        head_dim_limit = int(self.meta["max_head_dim"])
+        if self.family == "tiered" and self.has_override("WORKGROUP_SIZE"):
+            head_dim_limit = min(head_dim_limit, self.override("WORKGROUP_SIZE"))
+        if spec.head_dim > head_dim_limit:
             raise ShapeError(
-                f"{name}: head_dim {u['head_dim']} exceeds the kernel's maximum {head_dim_limit}"
+                f"{name}: head_dim {spec.head_dim} exceeds the kernel's maximum {head_dim_limit}"
             )
-        if u["head_dim"] < 1 or u["num_heads"] < 1 or u["num_kv_heads"] < 1:
+        if spec.head_dim < 1 or spec.num_heads < 1 or spec.num_kv_heads < 1:
             raise ShapeError(f"{name}: head_dim, num_heads and num_kv_heads must be positive")
-        if u["num_heads"] % u["num_kv_heads"]:
+        if spec.num_heads % spec.num_kv_heads:
             raise ShapeError(
-                f"{name}: num_heads {u['num_heads']} is not a multiple of num_kv_heads {u['num_kv_heads']}"
+                f"{name}: num_heads {spec.num_heads} is not a multiple of num_kv_heads "
+                f"{spec.num_kv_heads}"
             )
         max_kv = self.meta.get("max_kv_len")
-        if max_kv is not None:
-            total = u["cold_len"] + u["hot_len"]
-            if total > max_kv:
-                raise ShapeError(
-                    f"{name}: KV length {total} (cold {u['cold_len']} + hot {u['hot_len']}) exceeds MAX_KV_LEN {max_kv}"
-                )
+        total = spec.cold_len + spec.hot_len if self.family == "tiered" else spec.kv_len
+        if max_kv is not None and total > max_kv:
+            detail = (
+                f" (cold {spec.cold_len} + hot {spec.hot_len})" if self.family == "tiered" else ""
+            )
+            raise ShapeError(f"{name}: KV length {total}{detail} exceeds MAX_KV_LEN {max_kv}")
+        largest = self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)
+        rows = max(spec.kv_start + spec.kv_len, spec.cold_len, spec.hot_len, spec.hot_window)
+        biggest = 4 * spec.head_dim * max(spec.query_len * spec.num_heads, rows * spec.num_kv_heads)
+        if biggest > largest:
+            raise ShapeError(
+                f"{name}: a buffer would need about {biggest} B; the device binds at most {largest} B"
+            )
+
+    def check_shape(self, data: CaseData) -> None:
+        """Refuse, before any dispatch, a problem the kernel does not support."""
+        self.check_spec(data.spec)
+        name = self.kernel.variant.name
         workgroups = self.workgroups(data)
         limit = self.device.limits.get("max-compute-workgroups-per-dimension", 65535)
         if workgroups > limit:
@@ -166,6 +180,9 @@ class KernelRunner:
                 raise ShapeError(
                     f"{name}: buffer {binding} needs {array.nbytes} B; the device binds at most {largest} B"
                 )
+
+    def has_override(self, name: str) -> bool:
+        return name in self.constants or any(o["name"] == name for o in self.entry["overrides"])
 
     def override(self, name: str) -> int:
         if name in self.constants:
@@ -302,8 +319,9 @@ class KernelRunner:
         return bound, "f32: rounding bound vs fp64"
 
     def run_case(self, spec: CaseSpec) -> CaseResult:
-        data = self.build(spec)
         try:
+            self.check_spec(spec)
+            data = self.build(spec)
             self.check_shape(data)
         except ShapeError as error:
             return CaseResult(spec, None, refused=error.message)

@@ -495,7 +495,7 @@ def winner_line(run: TuneRun) -> str:
     if winner is current:
         return f"winner: the current configuration ({(winner.median_ns or 0) / 1e3:.1f} µs)"
     speed = ""
-    if current.median_ns and winner.median_ns:
+    if current.median_ns and winner.median_ns and winner.median_ns > 0:
         speed = f", {current.median_ns / winner.median_ns:.2f}× the current speed"
     contract = f"; it changes the variant's {winner.contract}" if winner.contract else ""
     return f"winner: {winner.label} ({(winner.median_ns or 0) / 1e3:.1f} µs{speed}){contract}"

@@ -198,6 +198,19 @@ def effective_limits(adapter: AdapterInfo, profile: str) -> dict[str, int]:
     return limits
 
 
+def as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
+    """The raw bytes of a buffer's contents (numpy arrays in C order)."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).tobytes()
+    return bytes(data)
+
+
+def pad_bytes(data: bytes, multiple: int) -> bytes:
+    """Pad to a non-zero multiple of ``multiple``: WebGPU copies and bindings need 4 B units."""
+    size = max(multiple, -(-len(data) // multiple) * multiple)
+    return data + bytes(size - len(data))
+
+
 class Buffer:
     """A GPU buffer. ``size`` is the caller's byte count; the allocation may be padded.
 

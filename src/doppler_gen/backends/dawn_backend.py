@@ -40,7 +40,9 @@ from doppler_gen.backends.base import (
     Buffer,
     Device,
     Pipeline,
+    as_bytes,
     effective_limits,
+    pad_bytes,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -413,18 +415,6 @@ def _runtime() -> _Dawn:
 # --------------------------------------------------------------------------- helpers
 
 
-def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
-    if isinstance(data, np.ndarray):
-        return np.ascontiguousarray(data).tobytes()
-    return bytes(data)
-
-
-def _pad(data: bytes, multiple: int) -> bytes:
-    """Pad to a non-zero multiple of ``multiple``: WebGPU copies and bindings need 4 B units."""
-    size = max(multiple, -(-len(data) // multiple) * multiple)
-    return data + bytes(size - len(data))
-
-
 def _override_value(name: str, value: Any) -> float:
     """WebGPU passes every override constant as a double."""
     if isinstance(value, bool | np.bool_):
@@ -641,18 +631,18 @@ class DawnDevice(Device):
     ) -> DawnBuffer:
         w = self._w
         usage = w.WGPUBufferUsage_Storage | w.WGPUBufferUsage_CopyDst | w.WGPUBufferUsage_CopySrc
-        raw = _as_bytes(data)
+        raw = as_bytes(data)
         return self._buffer(raw, usage, "storage", 4, read_write=read_write, label=label)
 
     def uniform_buffer(self, data: bytes, label: str = "") -> DawnBuffer:
         w = self._w
         usage = w.WGPUBufferUsage_Uniform | w.WGPUBufferUsage_CopyDst | w.WGPUBufferUsage_CopySrc
-        return self._buffer(_as_bytes(data), usage, "uniform", 16, read_write=False, label=label)
+        return self._buffer(as_bytes(data), usage, "uniform", 16, read_write=False, label=label)
 
     def _buffer(
         self, raw: bytes, usage: int, kind: str, multiple: int, *, read_write: bool, label: str
     ) -> DawnBuffer:
-        padded = _pad(raw, multiple)
+        padded = pad_bytes(raw, multiple)
         with self._scoped(f"creating {kind} buffer {label!r}"):
             native = self._create_buffer(len(padded), usage, label, mapped=True)
             mapped = self._w.wgpuBufferGetMappedRange(native, 0, len(padded))
@@ -683,12 +673,12 @@ class DawnDevice(Device):
 
     def write_buffer(self, buffer: Buffer, data: bytes | np.ndarray) -> None:
         target = self._own(buffer)
-        raw = _as_bytes(data)
+        raw = as_bytes(data)
         if len(raw) > target.size:
             raise DopplerGenError(
                 f"{len(raw)} bytes do not fit buffer {target.label!r} of {target.size} bytes"
             )
-        padded = _pad(raw, 4)
+        padded = pad_bytes(raw, 4)
         with self._scoped(f"writing buffer {target.label!r}"):
             self._w.wgpuQueueWriteBuffer(self.queue, target.native, 0, padded, len(padded))
 

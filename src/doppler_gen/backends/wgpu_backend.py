@@ -29,7 +29,9 @@ from doppler_gen.backends.base import (
     Buffer,
     Device,
     Pipeline,
+    as_bytes,
     effective_limits,
+    pad_bytes,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -196,18 +198,6 @@ def _adapter_info(index: int, native: Any) -> AdapterInfo:
     )
 
 
-def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
-    if isinstance(data, np.ndarray):
-        return np.ascontiguousarray(data).tobytes()
-    return bytes(data)
-
-
-def _pad(data: bytes, multiple: int) -> bytes:
-    """Pad to a non-zero multiple of ``multiple``: WebGPU copies and bindings need 4 B units."""
-    size = max(multiple, -(-len(data) // multiple) * multiple)
-    return data + bytes(size - len(data))
-
-
 def _override_value(name: str, value: Any) -> bool | int | float:
     """Plain Python numbers for wgpu (it asserts on numpy scalars)."""
     if isinstance(value, bool | np.bool_):
@@ -315,22 +305,22 @@ class WgpuDevice(Device):
     def _buffer(
         self, data: Any, flags: int, kind: str, multiple: int, *, read_write: bool, label: str
     ) -> WgpuBuffer:
-        raw = _as_bytes(data)
+        raw = as_bytes(data)
         with self._gpu_errors(f"creating {kind} buffer {label!r}"):
             native = self.native.create_buffer_with_data(
-                label=label, data=_pad(raw, multiple), usage=flags
+                label=label, data=pad_bytes(raw, multiple), usage=flags
             )
         return WgpuBuffer(native, len(raw), kind, read_write=read_write, label=label)
 
     def write_buffer(self, buffer: Buffer, data: bytes | np.ndarray) -> None:
         target = self._own(buffer)
-        raw = _as_bytes(data)
+        raw = as_bytes(data)
         if len(raw) > target.size:
             raise DopplerGenError(
                 f"{len(raw)} bytes do not fit buffer {target.label!r} of {target.size} bytes"
             )
         with self._gpu_errors(f"writing buffer {target.label!r}"):
-            self.native.queue.write_buffer(target.native, 0, _pad(raw, 4))
+            self.native.queue.write_buffer(target.native, 0, pad_bytes(raw, 4))
 
     def read_buffer(self, buffer: Buffer) -> bytes:
         source = self._own(buffer)
