@@ -522,3 +522,35 @@ def test_write_refuses_when_variants_toml_changed_during_the_run(fresh_project: 
     with pytest.raises(DopplerGenError, match="changed while tune ran"):
         write_winner(project, run)
     assert path.read_text().endswith("# edited meanwhile\n")
+
+
+def test_among_candidates_within_the_fastest_spread_the_simplest_wins(fresh_project: Path) -> None:
+    project = load_project(fresh_project)
+    variant = project.variant("attention_small_f16kv")
+    candidates = enumerate_candidates(
+        variant.params,
+        variant.overrides,
+        variant.template.tunable,
+        CandidateRenderer(project, variant).entry,
+    )
+    spread = Timing(tuple(us * 1e3 for us in [198.0] * 2 + [200.0] * 14 + [202.0] * 4))
+    simple = CandidateResult(
+        candidates[1],
+        "simple",
+        "PASS",
+        row=BenchRow("v", "prefill", "ok", timing=Timing((200.5e3,) * 20)),
+    )
+    fancy = CandidateResult(
+        candidates[2], "fancy", "PASS", row=BenchRow("v", "prefill", "ok", timing=spread)
+    )
+    run = TuneRun(
+        "attention_small_f16kv",
+        "prefill",
+        "synthetic",
+        False,
+        Settings(),
+        [_timed(candidates[0], "current", 300.0), simple, fancy],
+        3,
+        32,
+    )
+    assert run.winner is simple  # 200.5 µs is within the fastest (200 µs) one's p90 (202)

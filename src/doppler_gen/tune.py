@@ -239,7 +239,13 @@ class TuneRun:
         timed = [r for r in self.results if r.timed and r.validation == "PASS"]
         if not timed:
             return None
-        best = min(timed, key=lambda r: r.median_ns or 0.0)
+        fastest = min(timed, key=lambda r: r.median_ns or 0.0)
+        # candidates run in order of fewest changes: among those within the fastest one's
+        # spread (median <= its p90), the simplest wins, so a no-op knob never rides along
+        spread = fastest.row.timing.percentile_ns(90) if fastest.row and fastest.row.timing else 0.0
+        best = next(
+            r for r in timed if (r.median_ns or 0.0) <= max(spread, fastest.median_ns or 0.0)
+        )
         current = self.current
         within_noise = (
             best is not current
@@ -273,6 +279,7 @@ class TuneRun:
             "max_candidates": self.max_candidates,
             "candidates": [r.as_dict(current_ns) for r in self.results],
             "winner": winner.as_dict(current_ns) if winner else None,
+            "winner_full_validation": self.winner_full_validation or None,
             "written": self.written,
         }
 
@@ -498,7 +505,11 @@ def winner_line(run: TuneRun) -> str:
     if current.median_ns and winner.median_ns and winner.median_ns > 0:
         speed = f", {current.median_ns / winner.median_ns:.2f}× the current speed"
     contract = f"; it changes the variant's {winner.contract}" if winner.contract else ""
-    return f"winner: {winner.label} ({(winner.median_ns or 0) / 1e3:.1f} µs{speed}){contract}"
+    full = run.winner_full_validation or "not run"
+    return (
+        f"winner: {winner.label} ({(winner.median_ns or 0) / 1e3:.1f} µs{speed}){contract}; "
+        f"full validation matrix: {full}"
+    )
 
 
 def written_line(written: dict[str, Any]) -> str:
