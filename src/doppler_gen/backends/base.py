@@ -252,6 +252,22 @@ class Device(ABC):
     adapter: AdapterInfo
     limits: Mapping[str, int]
     features: frozenset[str]
+    backend_name = "WebGPU"
+
+    def _require_timestamps(self) -> None:
+        """Timing needs timestamp queries; say whether to request them or to use another adapter."""
+        if "timestamp-query" in self.features:
+            return
+        offered = "timestamp-query" in self.adapter.features
+        fix = (
+            "open the device with features=['timestamp-query']"
+            if offered
+            else f"this adapter does not offer it under {self.backend_name}; time on another adapter"
+        )
+        raise BackendUnavailable(
+            f"GPU timing needs the timestamp-query feature, which the {self.backend_name} device "
+            f"on {self.adapter.short()} lacks: {fix}"
+        )
 
     @abstractmethod
     def compile(

@@ -501,6 +501,8 @@ class DawnPipeline(Pipeline):
 class DawnDevice(Device):
     """A Dawn WGPUDevice behind the neutral Device interface."""
 
+    backend_name = "Dawn"
+
     def __init__(self, runtime: _Dawn, adapter: AdapterInfo, native: Any, events: _Events) -> None:
         self._dawn = runtime
         self._w = runtime.w
@@ -788,20 +790,6 @@ class DawnDevice(Device):
             w.wgpuBufferRelease(resolved)
         spans = ticks.astype(np.int64)
         return [float(d) for d in spans[1::2] - spans[0::2]]
-
-    def _require_timestamps(self) -> None:
-        if "timestamp-query" in self.features:
-            return
-        offered = "timestamp-query" in self.adapter.features
-        fix = (
-            "open the device with features=['timestamp-query']"
-            if offered
-            else "this adapter does not offer it under Dawn; time on another adapter"
-        )
-        raise BackendUnavailable(
-            f"GPU timing needs the timestamp-query feature, which the Dawn device on "
-            f"{self.adapter.short()} lacks: {fix}"
-        )
 
     @contextmanager
     def _bind_group(self, pipeline: DawnPipeline, bindings: Mapping[int, Buffer]) -> Iterator[Any]:

@@ -255,6 +255,8 @@ class WgpuPipeline(Pipeline):
 class WgpuDevice(Device):
     """A wgpu GPUDevice behind the neutral Device interface."""
 
+    backend_name = "wgpu"
+
     def __init__(self, adapter: AdapterInfo, native: Any) -> None:
         self._wgpu = _import_wgpu()
         self.adapter = adapter
@@ -410,20 +412,6 @@ class WgpuDevice(Device):
             return float(lib.wgpuQueueGetTimestampPeriod(self.native.queue._internal))
         except (ImportError, AttributeError):  # pragma: no cover - other wgpu-py versions
             return 1.0
-
-    def _require_timestamps(self) -> None:
-        if "timestamp-query" in self.features:
-            return
-        offered = "timestamp-query" in self.adapter.features
-        fix = (
-            "open the device with features=['timestamp-query']"
-            if offered
-            else "this adapter does not offer it; time on another adapter"
-        )
-        raise BackendUnavailable(
-            f"GPU timing needs the timestamp-query feature, which device on "
-            f"{self.adapter.short()} lacks: {fix}"
-        )
 
     def _bind_group(self, pipeline: WgpuPipeline, bindings: Mapping[int, Buffer]) -> Any:
         entries = []
