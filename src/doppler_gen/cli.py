@@ -233,6 +233,34 @@ def main() -> None:
 # WebGPU implementations kernels are validated on (backends.BACKENDS); "all" compares them.
 BACKEND_CHOICES = ("wgpu", "dawn", "all")  # validate.ALL_BACKENDS + "all" (kept here: no numpy)
 
+# Options validate, bench and tune share, defined once.
+adapter_option = click.option(
+    "--adapter", default=None, help="Adapter by index, type (gpu/cpu), backend or name."
+)
+limits_option = click.option(
+    "--limits",
+    type=click.Choice(["adapter", "webgpu-default"]),
+    default="adapter",
+    show_default=True,
+    help="Device limits: the adapter's maxima, or WebGPU's defaults (what a browser grants).",
+)
+storage_overrun_option = click.option(
+    "--storage-overrun",
+    is_flag=True,
+    help="Run variants whose static workgroup storage exceeds the device limit instead of skipping "
+    "them (lavapipe runs 48 KiB tiles correctly while advertising 32 KiB); flagged in the report.",
+)
+
+
+def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--seed",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help=f"Seed of the {what}.",
+    )
+
 
 @cli.command()
 @click.argument("names", nargs=-1)
@@ -244,28 +272,11 @@ BACKEND_CHOICES = ("wgpu", "dawn", "all")  # validate.ALL_BACKENDS + "all" (kept
     help="WebGPU implementation: wgpu (naga, as in Firefox), dawn (Tint, as in Chrome; needs the "
     "[dawn] extra), or all: both, and every case's two outputs must agree within its tolerance.",
 )
-@click.option("--adapter", default=None, help="Adapter by index, type (gpu/cpu), backend or name.")
-@click.option(
-    "--limits",
-    type=click.Choice(["adapter", "webgpu-default"]),
-    default="adapter",
-    show_default=True,
-    help="Device limits: the adapter's maxima, or WebGPU's defaults (what a browser grants).",
-)
+@adapter_option
+@limits_option
 @click.option("--quick", is_flag=True, help="A subset of the cases (for the test suite).")
-@click.option(
-    "--seed",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Seed of the case generator.",
-)
-@click.option(
-    "--storage-overrun",
-    is_flag=True,
-    help="Run variants whose static workgroup storage exceeds the device limit instead of skipping "
-    "them (lavapipe runs 48 KiB tiles correctly while advertising 32 KiB); flagged in the report.",
-)
+@seed_option("case generator")
+@storage_overrun_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @pass_state
 @handle_errors
@@ -382,16 +393,8 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="WebGPU implementation.",
         ),
-        click.option(
-            "--adapter", default=None, help="Adapter by index, type (gpu/cpu), backend or name."
-        ),
-        click.option(
-            "--limits",
-            type=click.Choice(["adapter", "webgpu-default"]),
-            default="adapter",
-            show_default=True,
-            help="Device limits: the adapter's maxima, or WebGPU's defaults.",
-        ),
+        adapter_option,
+        limits_option,
         click.option(
             "--allow-cpu",
             is_flag=True,
@@ -411,18 +414,8 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Untimed dispatches before the timed ones.",
         ),
-        click.option(
-            "--seed",
-            type=click.IntRange(min=0),
-            default=0,
-            show_default=True,
-            help="Seed of the input data.",
-        ),
-        click.option(
-            "--storage-overrun",
-            is_flag=True,
-            help="Run variants whose workgroup storage exceeds the device limit (as validate).",
-        ),
+        seed_option("input data"),
+        storage_overrun_option,
         click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout."),
         click.option(
             "--output",

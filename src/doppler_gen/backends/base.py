@@ -12,10 +12,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 import numpy as np
 
 from doppler_gen.errors import BackendUnavailable
+
+_T = TypeVar("_T")
 
 LAVAPIPE_HINT = (
     "install Mesa's lavapipe (a Vulkan driver running on the CPU): "
@@ -209,6 +212,13 @@ def pad_bytes(data: bytes, multiple: int) -> bytes:
     """Pad to a non-zero multiple of ``multiple``: WebGPU copies and bindings need 4 B units."""
     size = max(multiple, -(-len(data) // multiple) * multiple)
     return data + bytes(size - len(data))
+
+
+def owned(value: object, kind: type[_T], backend: str, made: str) -> _T:
+    """``value`` as this backend's own ``kind``; another backend's object is a programming error."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{value!r} was not {made} by a {backend} device")
+    return value
 
 
 class Buffer:

@@ -42,6 +42,7 @@ from doppler_gen.backends.base import (
     Pipeline,
     as_bytes,
     effective_limits,
+    owned,
     pad_bytes,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
@@ -908,15 +909,11 @@ class DawnDevice(Device):
     # -- plumbing
 
     def _own(self, buffer: Buffer) -> DawnBuffer:
-        if not isinstance(buffer, DawnBuffer):
-            raise TypeError(f"{buffer!r} was not created by a Dawn device")
-        return buffer
+        return owned(buffer, DawnBuffer, "Dawn", "created")
 
     @staticmethod
     def _own_pipeline(pipeline: Pipeline) -> DawnPipeline:
-        if not isinstance(pipeline, DawnPipeline):
-            raise TypeError(f"{pipeline!r} was not compiled by a Dawn device")
-        return pipeline
+        return owned(pipeline, DawnPipeline, "Dawn", "compiled")
 
     def close(self) -> None:
         """Destroy the Dawn device; its loss (reason "destroyed") is expected, not an error."""

@@ -31,6 +31,7 @@ from doppler_gen.backends.base import (
     Pipeline,
     as_bytes,
     effective_limits,
+    owned,
     pad_bytes,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
@@ -451,15 +452,11 @@ class WgpuDevice(Device):
             raise DopplerGenError(f"wgpu error while {doing}: {one_line(logged[0])}")
 
     def _own(self, buffer: Buffer) -> WgpuBuffer:
-        if not isinstance(buffer, WgpuBuffer):
-            raise TypeError(f"{buffer!r} was not created by a wgpu device")
-        return buffer
+        return owned(buffer, WgpuBuffer, "wgpu", "created")
 
     @staticmethod
     def _own_pipeline(pipeline: Pipeline) -> WgpuPipeline:
-        if not isinstance(pipeline, WgpuPipeline):
-            raise TypeError(f"{pipeline!r} was not compiled by a wgpu device")
-        return pipeline
+        return owned(pipeline, WgpuPipeline, "wgpu", "compiled")
 
     def close(self) -> None:
         """Destroy the wgpu device (stopping its poller thread)."""
