@@ -83,7 +83,9 @@ def extract(text: str) -> dict[str, Any]:
     }
     names = {**constants, **{name: value for name, (_, value) in overrides.items()}}
     storage = 0
-    for _, wgsl_type in _WORKGROUP_VAR.findall(code):
+    for var_name, wgsl_type in _WORKGROUP_VAR.findall(code):
+        if len(re.findall(rf"\b{var_name}\b", code)) < 2:
+            continue  # declared, never used: WebGPU counts only what the entry point uses
         array = re.fullmatch(r"array<\s*(\w+)\s*,\s*([^>]+)>", wgsl_type)
         size = (
             SCALAR_SIZES[array.group(1)] * product(array.group(2), names)
@@ -183,8 +185,15 @@ def test_manifest_lists_every_variant(
 def test_bindings(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
     for name, entry in manifest["variants"].items():
         ours = extracted[name]["bindings"]
-        theirs = [{**b, "type": re.sub(r"\s+", "", b["type"])} for b in entry["bindings"]]
+        theirs = [
+            {k: v for k, v in b.items() if k != "role"} | {"type": re.sub(r"\s+", "", b["type"])}
+            for b in entry["bindings"]
+        ]
         assert theirs == ours, name
+        roles = {b["name"]: b["role"] for b in entry["bindings"]}
+        assert roles["output"] == "output" and roles["Q"] == "input", name
+        assert {r for n, r in roles.items() if n == "u"} == {"uniform"}, name
+        assert entry["passes"][0]["bindings"] == entry["bindings"], name
         assert len({(b["group"], b["binding"]) for b in ours}) == len(ours), (
             f"{name}: binding reused"
         )
