@@ -28,7 +28,6 @@ so with ``--allow-cpu`` every row is labelled CPU.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,25 +35,30 @@ from typing import Any
 
 import numpy as np
 
-from doppler_gen.backends import AdapterInfo, Device, PassTimes, get_backend
+from doppler_gen.backends import AdapterInfo, Device, get_backend
 from doppler_gen.config import Project
-from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.errors import DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import select
 from doppler_gen.render import RenderedKernel, Renderer
-from doppler_gen.runtime.runner import KernelRunner, Refusal
+from doppler_gen.runtime.measure import (
+    BenchRow,
+    Settings,
+    Timing,
+    cpu_warning,
+    measure,
+    positive,
+)
 from doppler_gen.runtime.session import (
     Progress,
     choose_adapter,
     open_device,
-    static_skip,
     timestamp_period,
 )
 from doppler_gen.shapes import kinds
 
-MIN_REPEATS = 20
 SDPA_UNAVAILABLE = "torch+CUDA not available"
 METHODOLOGY = {
     "timing": "GPU timestamps at begin/end of each compute pass, scaled by the queue's timestamp "
@@ -134,92 +138,6 @@ def profile_named(name: str) -> DeviceProfile:
 # -- timings -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Per-dispatch GPU times in ns; summarised by median and p10–p90 (robust to stragglers)."""
-
-    samples_ns: tuple[float, ...]
-
-    @property
-    def runs(self) -> int:
-        return len(self.samples_ns)
-
-    @property
-    def median_ns(self) -> float:
-        return float(statistics.median(self.samples_ns))
-
-    def percentile_ns(self, q: float) -> float:
-        return float(np.percentile(np.asarray(self.samples_ns, np.float64), q))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "median_us": _us(self.median_ns),
-            "p10_us": _us(self.percentile_ns(10)),
-            "p90_us": _us(self.percentile_ns(90)),
-            "min_us": _us(min(self.samples_ns)),
-            "max_us": _us(max(self.samples_ns)),
-            "runs": self.runs,
-        }
-
-    def spread_text(self) -> str:
-        return f"{self.percentile_ns(10) / 1e3:.1f}–{self.percentile_ns(90) / 1e3:.1f}"
-
-
-def _us(ns: float) -> float:
-    return round(ns / 1e3, 3)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How each measurement is taken; shared by bench and tune so their numbers compare."""
-
-    repeats: int = 30
-    warmup: int = 5
-    seed: int = 0
-    storage_overrun: bool = False
-
-    def __post_init__(self) -> None:
-        if self.repeats < MIN_REPEATS:
-            raise DopplerGenError(
-                f"--repeats {self.repeats}: at least {MIN_REPEATS} runs are needed for a median "
-                "and spread"
-            )
-        if self.warmup < 0:
-            raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-@dataclass
-class BenchRow:
-    """One variant on one shape: timed (ok), not runnable (n/a, with why) or broken (FAIL)."""
-
-    variant: str
-    shape: str
-    status: str  # ok | n/a | FAIL
-    reason: str = ""
-    timing: Timing | None = None
-    bytes_moved: int = 0
-    flops: int = 0
-    sdpa_dtype: str | None = None  # the dtype torch SDPA runs in for this row
-    passes: dict[str, Timing] = field(default_factory=dict)  # per pass, multi-pass variants
-
-    @property
-    def gbps(self) -> float | None:
-        """Effective bandwidth: bytes per ns is GB/s."""
-        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else None
-
-    @property
-    def tflops(self) -> float | None:
-        return self.flops / self.timing.median_ns / 1e3 if _positive(self.timing) else None
-
-
-def _positive(timing: Timing | None) -> bool:
-    """A median a rate can be divided by (a coarse timer can report 0 ns for a tiny dispatch)."""
-    return timing is not None and timing.median_ns > 0
-
-
 @dataclass
 class CopyBandwidth:
     """A large device-local copy timed like the kernels: the attainable streaming bandwidth."""
@@ -229,7 +147,7 @@ class CopyBandwidth:
 
     @property
     def gbps(self) -> float:
-        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else 0.0
+        return self.bytes_moved / self.timing.median_ns if positive(self.timing) else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"bytes": self.bytes_moved, "gbps": round(self.gbps, 1), **self.timing.as_dict()}
@@ -291,7 +209,7 @@ class BenchRun:
     def ratio(self, row: BenchRow) -> float | None:
         """Variant time over SDPA time (2.0: twice as slow as torch)."""
         ref = self.sdpa_for(row)
-        if row.timing is None or ref is None or not _positive(ref.timing):
+        if row.timing is None or ref is None or not positive(ref.timing):
             return None
         return row.timing.median_ns / ref.timing.median_ns
 
@@ -371,10 +289,6 @@ def _round(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else float(f"{value:.{digits}g}")
 
 
-def cpu_warning(adapter: str) -> str:
-    return f"CPU ADAPTER ({adapter}): these timings say nothing about GPU performance"
-
-
 COPY_WGSL = """
 @group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
@@ -412,66 +326,6 @@ def measure_copy(device: Device, mib: int, settings: Settings) -> CopyBandwidth:
 
 
 # -- measuring one variant on one shape ---------------------------------------------------------
-
-
-def measure(
-    device: Device,
-    kernel: RenderedKernel,
-    entry: dict[str, Any],
-    shape: Shape,
-    settings: Settings,
-    constants: dict[str, float] | None = None,
-) -> BenchRow:
-    """Check once (finite output), then time ``settings.repeats`` runs on the same buffers."""
-    family = get_family(entry["family"])
-    row = BenchRow(kernel.variant.name, shape.label, "n/a", sdpa_dtype=family.baseline_dtype(entry))
-    skip, note = static_skip(entry, device, storage_overrun=settings.storage_overrun)
-    if skip:
-        row.reason = skip
-        return row
-    runner = KernelRunner(device, kernel, entry, constants)
-    try:
-        prepared = runner.prepare(shape.case_spec(settings.seed))
-        if isinstance(prepared, Refusal):
-            row.reason = prepared.reason
-            return row
-        row.bytes_moved = prepared.bytes_moved
-        row.flops = shape.flops()
-        _time(runner, prepared, settings, row)
-    except ShaderCompileError as error:
-        row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
-    except DopplerGenError as error:
-        row.status, row.reason = "FAIL", str(error)
-    if note and row.status == "ok":
-        row.reason = note
-    return row
-
-
-def _time(runner: KernelRunner, prepared: Any, settings: Settings, row: BenchRow) -> None:
-    output = runner.run(prepared)
-    bad = int(output.size - np.isfinite(output).sum())
-    if bad:
-        row.status = "FAIL"
-        row.reason = (
-            f"{bad} of {output.size} outputs NaN/Inf after one run on NaN-poisoned "
-            f"output; not timed (run `doppler-gen validate {row.variant}`)"
-        )
-        return
-    runs = runner.timed(prepared, repeats=settings.repeats, warmup=settings.warmup)
-    row.status, row.timing = "ok", Timing(tuple(r.total_ns for r in runs))
-    names = [p["name"] for p in runner.entry["passes"]]
-    if len(names) > 1:
-        row.passes = per_pass(names, runs)
-
-
-def per_pass(names: Sequence[str], runs: Sequence[PassTimes]) -> dict[str, Timing]:
-    """Each pass's own timing over the runs (the total spans them all, gaps included)."""
-    return {
-        name: Timing(tuple(r.passes_ns[index] for r in runs)) for index, name in enumerate(names)
-    }
-
-
-# -- the run -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

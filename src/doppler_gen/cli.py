@@ -623,7 +623,7 @@ def tune(
     regenerates generated/. Refuses a CPU
     adapter unless --allow-cpu. Exit 1 if no candidate passed.
     """
-    from doppler_gen.bench import Settings
+    from doppler_gen.runtime.measure import Settings
     from doppler_gen.shapes import parse_shape
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from doppler_gen.bench import BenchRow, Settings, cpu_warning, measure
 from doppler_gen.config import CONFIG_NAME, ParamValue, Project, Variant, load_project
 from doppler_gen.config_edit import edit_variant_entry
 from doppler_gen.errors import ConfigError, DopplerGenError
@@ -33,7 +32,9 @@ from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.manifest import check_metadata, parse_kernel, variant_entry
 from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.runtime.measure import BenchRow, Settings, cpu_warning, measure
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
+from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.shapes import parse_shape
 
 MIN_SWEEP_VALUE = 16
@@ -388,7 +389,6 @@ def _full_validation(
     device: Any, renderer: CandidateRenderer, run: TuneRun, settings: Settings
 ) -> str:
     """Candidates were screened with the quick matrix; the winner must pass the full one."""
-    from doppler_gen.validate import validate_variant
 
     winner = run.winner
     if winner is None or winner is run.current:
@@ -422,7 +422,6 @@ def evaluate(
     ``baseline`` is the current configuration's host metadata: a candidate that changes it (a
     smaller max_head_dim, say) is still a candidate, but the report must say so.
     """
-    from doppler_gen.validate import validate_variant
 
     if candidate.error:
         return CandidateResult(candidate, label, "invalid", f"template: {candidate.error}")
