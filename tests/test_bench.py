@@ -37,6 +37,7 @@ from doppler_gen.shapes import DEFAULT_SHAPES, ShapeSyntaxError, parse_shape, pa
 PREFILL = "prefill:q=2048,kv=2048,h=32,kvh=8,d=64"
 DECODE = "decode:kv=8192,h=32,kvh=8,d=64"
 TIERED = "tiered:cold=1536,hot=512,h=32,kvh=8,d=64"
+RMSNORM = "rmsnorm:rows=2048,size=4096"
 
 
 def cpu_adapter_problem() -> str | None:
@@ -59,13 +60,19 @@ needs_cpu_adapter = pytest.mark.skipif(
 
 
 def test_default_shapes_are_the_issue_s_shapes() -> None:
-    prefill, decode, tiered = parse_shapes(())
+    prefill, decode, tiered, rmsnorm = parse_shapes(())
+    assert rmsnorm.label == RMSNORM and rmsnorm.family == "rmsnorm"
     assert [s.label for s in (prefill, decode, tiered)] == [PREFILL, DECODE, TIERED]
     assert (prefill.query_len, prefill.kv_len, prefill.causal) == (2048, 2048, True)
     assert (decode.query_len, decode.kv_len) == (1, 8192)
     assert (tiered.cold_len, tiered.hot_len, tiered.kv_len) == (1536, 512, 2048)
     assert {s.family for s in (prefill, decode)} == {"tiled"} and tiered.family == "tiered"
-    assert tuple(s.label for s in parse_shapes(DEFAULT_SHAPES)) == (PREFILL, DECODE, TIERED)
+    assert tuple(s.label for s in parse_shapes(DEFAULT_SHAPES)) == (
+        PREFILL,
+        DECODE,
+        TIERED,
+        RMSNORM,
+    )
 
 
 @pytest.mark.parametrize(

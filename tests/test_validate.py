@@ -21,7 +21,7 @@ from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
 from doppler_gen.runtime.runner import KernelRunner, Refusal, evaluate_dispatch, pack_uniforms
-from doppler_gen.validate import open_run_device, validate
+from doppler_gen.validate import case_specs, open_run_device, validate
 
 needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 SMALL = "attention_small_f16kv"
@@ -45,12 +45,15 @@ def test_full_matrix_has_at_least_40_cases_per_variant_and_quick_is_a_subset() -
             full, quick = (
                 tiled_specs(meta["max_head_dim"], quick=q, seed=0) for q in (False, True)
             )
-        else:
+        elif entry["family"] == "tiered":
             cold = entry["params"]["cold"]
             full, quick = (
                 tiered_specs(meta["max_head_dim"], meta["max_kv_len"], cold=cold, quick=q, seed=0)
                 for q in (False, True)
             )
+        else:
+            full, quick = (case_specs(entry, quick=q, seed=0) for q in (False, True))
+        assert full == case_specs(entry, seed=0) and quick == case_specs(entry, quick=True, seed=0)
         assert len(full) >= 40, variant.name
         assert 5 <= len(quick) < len(full)
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, object] = {
     "tiled": "doppler_gen.families.tiled:FAMILY",
     "tiered": "doppler_gen.families.tiered:FAMILY",
+    "rmsnorm": "doppler_gen.families.rmsnorm:FAMILY",
 }
 
 
