@@ -176,10 +176,11 @@ def test_orphan(fresh_project: Path) -> None:
 
 
 def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:
+    # an output is always named after its variant, so renaming one renames both
     edit(
         fresh_project / "variants.toml",
-        'output = "generated/attention_f16kv.wgsl"',
-        'output = "generated/attention_kv16.wgsl"',
+        'name = "attention_f16kv"\ntemplate = "attention"\noutput = "generated/attention_f16kv.wgsl"',
+        'name = "attention_kv16"\ntemplate = "attention"\noutput = "generated/attention_kv16.wgsl"',
     )
     result = check(fresh_project)
     assert_out_of_date(
