@@ -159,12 +159,15 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
 class DopplerGenGroup(click.Group):
     """Adds a JSON error object on stdout for usage errors of a ``--json`` subcommand."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["doppler_gen.args"] = list(args)  # the words given, before click consumes them
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
-        raw = [*ctx.protected_args, *ctx.args] if hasattr(ctx, "protected_args") else ctx.args
         try:
             return super().invoke(ctx)
         except click.UsageError as error:
-            if "--json" in raw:
+            if "--json" in ctx.meta.get("doppler_gen.args", ()):
                 click.echo(error_document("UsageError", error.format_message(), None, 2))
             raise
 
