@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -342,3 +343,49 @@ def test_duration_text() -> None:
         "3.5 min",
         "2.5 h",
     ]
+
+
+def _cpu_adapter_problem() -> str | None:
+    try:
+        from doppler_gen.backends import get_backend, select_adapter
+        from doppler_gen.errors import DopplerGenError
+
+        adapter = select_adapter(get_backend("wgpu").adapters(), "cpu")
+    except (DopplerGenError, ImportError, RuntimeError) as error:
+        return f"no CPU WebGPU adapter: {error}"
+    return None if adapter.is_cpu else "no CPU WebGPU adapter"
+
+
+@pytest.mark.skipif(_cpu_adapter_problem() is not None, reason=str(_cpu_adapter_problem()))
+def test_cpu_bench_estimates_its_duration_and_batches_warmups(fresh_project: Path) -> None:
+    """More warm-ups than one command buffer holds, and the estimate lines on stderr."""
+    result = run_cli(
+        fresh_project,
+        "bench",
+        "attention_small_f16kv",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--warmup",
+        "300",
+        "--repeats",
+        "20",
+        "--copy-mib",
+        "0",
+        "--no-sdpa",
+        "--shape",
+        "decode:kv=8,h=2,kvh=1,d=8",
+        "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "1 measurement(s) of 321 dispatches each (1 check + 300 warm-up + 20 timed)" in (
+        result.stderr
+    )
+    assert "bench: estimated duration of this run: about " in result.stderr
+    assert re.search(
+        r"attention_small_f16kv on decode:kv=8,h=2,kvh=1,d=8: one dispatch took [\d.]+ \w+; "
+        r"320 more take about",
+        result.stderr,
+    )
+    rows = json.loads(result.stdout)["rows"]
+    assert rows[0]["status"] == "ok" and rows[0]["timing"]["runs"] == 20
