@@ -132,28 +132,30 @@ def test_every_subcommand_accepts_root_and_debug(command: str) -> None:
     assert "--root" in result.output and "--debug" in result.output
 
 
-def test_root_after_the_subcommand(fresh_project: Path, tmp_path: Path) -> None:
+def test_root_after_the_subcommand(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no variants.toml here or above
     runner = CliRunner()
-    with runner.isolated_filesystem(temp_dir=elsewhere):
-        after = runner.invoke(cli, ["check", "--root", str(fresh_project)], prog_name="doppler-gen")
-        assert after.exit_code == 0, after.stderr
-        assert "up to date" in after.stdout
-        listed = runner.invoke(
-            cli, ["list", "--json", "--root", str(fresh_project)], prog_name="doppler-gen"
-        )
-        assert listed.exit_code == 0 and json.loads(listed.stdout)
-        # the subcommand's --root wins over the group's
-        both = runner.invoke(
-            cli,
-            ["--root", str(elsewhere), "show", "attention", "--raw", "--root", str(fresh_project)],
-            prog_name="doppler-gen",
-        )
-        assert both.exit_code == 0
-        assert both.stdout == (fresh_project / "generated/attention.wgsl").read_text()
-        none = runner.invoke(cli, ["check"], prog_name="doppler-gen")
-        assert none.exit_code == 2 and "no variants.toml found" in none.stderr
+    after = runner.invoke(cli, ["check", "--root", str(fresh_project)], prog_name="doppler-gen")
+    assert after.exit_code == 0, after.stderr
+    assert "up to date" in after.stdout
+    listed = runner.invoke(
+        cli, ["list", "--json", "--root", str(fresh_project)], prog_name="doppler-gen"
+    )
+    assert listed.exit_code == 0 and json.loads(listed.stdout)
+    # the subcommand's --root wins over the group's
+    both = runner.invoke(
+        cli,
+        ["--root", str(elsewhere), "show", "attention", "--raw", "--root", str(fresh_project)],
+        prog_name="doppler-gen",
+    )
+    assert both.exit_code == 0
+    assert both.stdout == (fresh_project / "generated/attention.wgsl").read_text()
+    none = runner.invoke(cli, ["check"], prog_name="doppler-gen")
+    assert none.exit_code == 2 and "no variants.toml found" in none.stderr
 
 
 # -- doctor ---------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def test_the_grammar_rejects_everything_else(text: str, message: str) -> None:
         ({"a": 2**60, "b": 1}, "exceeds 2^53"),
         ({"a": 1.5, "b": 1}, "not a whole number"),
         ({"a": float("nan"), "b": 1}, "not a whole number"),
-        ({"a": 1}, "needs values for b"),
+        ({"a": 1}, "uses unknown names b"),
     ],
 )
 def test_evaluation_errors_are_one_line_errors(values: dict[str, float], message: str) -> None:

@@ -80,7 +80,9 @@ class Expression:
         """The integer value for ``values`` (every name must be given, as a whole number)."""
         missing = sorted(self.names - set(values))
         if missing:
-            raise ExpressionError(f"expression {self.text!r} needs values for {', '.join(missing)}")
+            raise ExpressionError(
+                f"expression {self.text!r} uses unknown names {', '.join(missing)} (no value given)"
+            )
         result = _evaluate(self.tree, values, self.text)
         if result.denominator != 1:  # unreachable for a whole tree; kept as a guard
             raise ExpressionError(f"expression {self.text!r} is not a whole number ({result})")
