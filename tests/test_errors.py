@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,16 @@ def test_an_internal_error_with_json_is_a_json_object(
 
 def test_stale_is_1_config_is_2_crash_is_3_in_a_real_process(fresh_project: Path) -> None:
     """The codes as CI sees them (a separate process), not only through click's runner."""
+    planted = (
+        "import sys, doppler_gen.listing as listing\n"
+        "listing.listing_rows = lambda *args: 1 / 0\n"
+        f"sys.argv = ['doppler-gen', '--root', {str(fresh_project)!r}, 'list']\n"
+        "from doppler_gen.cli import main\n"
+        "main()\n"
+    )
+    crash = subprocess.run([sys.executable, "-c", planted], capture_output=True, text=True)
+    assert crash.returncode == 3
+    assert "ZeroDivisionError: division by zero" in assert_one_line_error(crash.stderr)
     command = doppler_gen_command()
     kernel = fresh_project / "generated/attention.wgsl"
     kernel.write_text(kernel.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")

@@ -53,7 +53,8 @@ def _internal_error(error: Exception, as_json: bool) -> None:
     if as_json:
         click.echo(error_document("InternalError", message, None, EXIT_INTERNAL))
     state = _current_state()
-    if state is not None and state.debug:
+    debug = state.debug if state is not None else "--debug" in sys.argv[1:]
+    if debug:
         traceback.print_exc(file=sys.stderr)
         hint = ""
     else:
@@ -181,7 +182,7 @@ def complete_variants(
     root = ctx.meta.get(ROOT_KEY) or ctx.find_root().params.get("root")
     try:
         project = load_project(Path(root) if root else find_root(Path.cwd()))
-    except DopplerGenError:
+    except Exception:  # a broken project must not break the user's shell: offer nothing
         return []
     return [
         CompletionItem(v.name, help=v.description or None)
@@ -358,8 +359,17 @@ def _where(origin: tuple[str, int] | None) -> str:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="doppler-gen")
+    """Console-script entry point.
+
+    Commands handle their own errors (handle_errors); this catches what escapes outside any
+    command (option callbacks, completion), so no traceback ever reaches a user without --debug.
+    """
+    try:
+        cli.main(prog_name="doppler-gen")
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    except Exception as error:
+        _internal_error(error, as_json=False)
 
 
 # WebGPU implementations kernels are validated on (backends.BACKENDS); "all" compares them.
