@@ -176,10 +176,11 @@ def test_orphan(fresh_project: Path) -> None:
 
 
 def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:
+    # an output is always named after its variant, so renaming one renames both
     edit(
         fresh_project / "variants.toml",
-        'output = "generated/attention_f16kv.wgsl"',
-        'output = "generated/attention_kv16.wgsl"',
+        'name = "attention_f16kv"\ntemplate = "attention"\noutput = "generated/attention_f16kv.wgsl"',
+        'name = "attention_kv16"\ntemplate = "attention"\noutput = "generated/attention_kv16.wgsl"',
     )
     result = check(fresh_project)
     assert_out_of_date(
@@ -205,7 +206,7 @@ def test_generate_fixes_what_check_reports(fresh_project: Path) -> None:
 # -- --json ----------------------------------------------------------------------------------------
 
 
-JSON_KEYS = {"ok", "stale", "missing", "orphaned", "diffs", "fix"}
+JSON_KEYS = {"ok", "stale", "missing", "orphaned", "diffs", "fix", "memo"}
 
 
 def test_json_clean(fresh_project: Path) -> None:
@@ -213,14 +214,19 @@ def test_json_clean(fresh_project: Path) -> None:
     assert result.exit_code == 0
     assert result.stderr == ""
     report = json.loads(result.stdout)
-    assert report == {
+    expected = {
         "ok": True,
         "stale": [],
         "missing": [],
         "orphaned": [],
         "diffs": {},
         "fix": None,
+        "memo": False,
     }
+    assert report == expected
+    # the same schema when the memo confirms the tree: only "memo" differs
+    again = json.loads(check(fresh_project, "--json").stdout)
+    assert again == {**expected, "memo": True}
 
 
 def test_json_dirty(fresh_project: Path) -> None:
@@ -253,8 +259,16 @@ def test_check_with_bad_input_is_exit_2(fresh_project: Path, args: tuple[str, ..
     edit(fresh_project / "variants.toml", "head_tile = 64\n", "head_tile = sixty-four\n")
     result = check(fresh_project, *args)
     assert result.exit_code == 2
-    assert result.stdout == ""
     assert result.stderr.startswith("error: variants.toml:") and result.stderr.count("\n") == 1
+    if not args:
+        assert result.stdout == ""
+        return
+    # --json: stdout carries a JSON error object, never nothing
+    document = json.loads(result.stdout)
+    assert document["ok"] is False
+    assert document["error"]["type"] == "ConfigError"
+    assert document["error"]["location"].startswith("variants.toml:")
+    assert document["error"]["exit_code"] == 2
 
 
 def test_unchanged_tree_is_confirmed_from_the_memo_and_any_change_forces_a_full_check(

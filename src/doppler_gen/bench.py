@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,11 @@ from doppler_gen.render import RenderedKernel, Renderer
 from doppler_gen.shapes import FAMILY_OF_KIND, Shape
 
 MIN_REPEATS = 20
+# Caps on --repeats / --warmup: every timed pass needs two timestamp slots and every pass is
+# queued GPU work, so unbounded values grow memory and run for days (the CLI's limits mirror
+# these; tests/test_errors.py checks that they agree).
+MAX_REPEATS = 10_000
+MAX_WARMUP = 1_000
 SDPA_UNAVAILABLE = "torch+CUDA not available"
 METHODOLOGY = {
     "timing": "GPU timestamps at begin/end of each compute pass, scaled by the queue's timestamp "
@@ -185,8 +191,17 @@ class Settings:
                 f"--repeats {self.repeats}: at least {MIN_REPEATS} runs are needed for a median "
                 "and spread"
             )
+        if self.repeats > MAX_REPEATS:
+            raise DopplerGenError(f"--repeats {self.repeats}: at most {MAX_REPEATS}")
         if self.warmup < 0:
             raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
+        if self.warmup > MAX_WARMUP:
+            raise DopplerGenError(f"--warmup {self.warmup}: at most {MAX_WARMUP}")
+
+    @property
+    def dispatches(self) -> int:
+        """Dispatches per measurement: the finite-output check, the warm-ups, the timed runs."""
+        return 1 + self.warmup + self.repeats
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -459,6 +474,7 @@ def measure(
     shape: Shape,
     settings: Settings,
     constants: dict[str, float] | None = None,
+    on_first: Callable[[float], None] | None = None,
 ) -> BenchRow:
     """Check once (finite output), then time ``settings.repeats`` dispatches on the same buffers."""
     from doppler_gen.validate import static_skip
@@ -480,7 +496,7 @@ def measure(
     row.bytes_moved = bound_bytes(data.buffers, runner.output_shape(data), entry)
     row.flops = shape.flops()
     try:
-        _time(device, runner, data, settings, row)
+        _time(device, runner, data, settings, row, on_first)
     except ShaderCompileError as error:
         row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
     except DopplerGenError as error:
@@ -491,11 +507,20 @@ def measure(
 
 
 def _time(
-    device: Device, runner: KernelRunner, data: Any, settings: Settings, row: BenchRow
+    device: Device,
+    runner: KernelRunner,
+    data: Any,
+    settings: Settings,
+    row: BenchRow,
+    on_first: Callable[[float], None] | None = None,
 ) -> None:
+    """``on_first`` receives the wall seconds of the first (checked) dispatch, before timing."""
     bound = runner.bind(data)
+    started = time.perf_counter()
     device.dispatch(bound.pipeline, bound.bindings, bound.workgroups)
     output = runner.read_output(bound)
+    if on_first is not None:
+        on_first(time.perf_counter() - started)
     bad = int(output.size - np.isfinite(output).sum())
     if bad:
         row.status = "FAIL"
@@ -573,11 +598,12 @@ def run_bench(
         [],
         profile=_profile(request.profile, adapter),
     )
+    estimate = CpuEstimate(kernels, request, progress) if adapter.is_cpu and progress else None
     try:
         run.timestamp_period = timestamp_period(device)
         run.copy, run.copy_note = _copy(device, request, progress)
         for kernel in kernels:
-            run.rows.extend(_variant_rows(device, kernel, request, progress))
+            run.rows.extend(_variant_rows(device, kernel, request, progress, estimate))
     finally:
         device.close()
     if request.sdpa:
@@ -605,7 +631,11 @@ def _copy(
 
 
 def _variant_rows(
-    device: Device, kernel: RenderedKernel, request: BenchRequest, progress: Progress | None
+    device: Device,
+    kernel: RenderedKernel,
+    request: BenchRequest,
+    progress: Progress | None,
+    estimate: CpuEstimate | None = None,
 ) -> list[BenchRow]:
     entry = variant_entry(kernel, parse_kernel(kernel))
     family = entry["family"]
@@ -618,8 +648,61 @@ def _variant_rows(
     for shape in shapes:
         if progress:
             progress(f"{kernel.variant.name} on {shape.label}")
-        rows.append(measure(device, kernel, entry, shape, request.settings))
+        on_first = estimate.callback(kernel.variant.name, shape) if estimate else None
+        rows.append(measure(device, kernel, entry, shape, request.settings, on_first=on_first))
     return rows
+
+
+class CpuEstimate:
+    """Duration estimates for a bench run on a CPU adapter, where one prefill dispatch can take
+    seconds and the default run minutes or hours: the user should know before waiting.
+
+    The first checked dispatch of the run gives seconds per FLOP; the whole run is estimated
+    from the FLOPs of every (variant, shape) it will time. Each measurement then prints its own
+    estimate from its own first dispatch.
+    """
+
+    def __init__(
+        self, kernels: Sequence[RenderedKernel], request: BenchRequest, progress: Progress
+    ) -> None:
+        self.progress = progress
+        self.settings = request.settings
+        family = {k.variant.name: k.variant.template.family for k in kernels}
+        self.total_flops = sum(
+            s.flops() for name in family for s in request.shapes if s.family == family[name]
+        )
+        self.announced = False
+        measurements = sum(1 for name in family for s in request.shapes if s.family == family[name])
+        progress(
+            f"CPU adapter: {measurements} measurement(s) of {self.settings.dispatches} dispatches "
+            f"each (1 check + {self.settings.warmup} warm-up + {self.settings.repeats} timed); "
+            "the duration is estimated after the first dispatch"
+        )
+
+    def callback(self, variant: str, shape: Shape) -> Callable[[float], None]:
+        def report(seconds: float) -> None:
+            remaining = seconds * (self.settings.dispatches - 1)
+            if not self.announced and shape.flops() > 0:
+                self.announced = True
+                total = seconds / shape.flops() * self.total_flops * self.settings.dispatches
+                self.progress(f"estimated duration of this run: about {duration_text(total)}")
+            self.progress(
+                f"{variant} on {shape.label}: one dispatch took {duration_text(seconds)}; "
+                f"{self.settings.dispatches - 1} more take about {duration_text(remaining)}"
+            )
+
+        return report
+
+
+def duration_text(seconds: float) -> str:
+    """``0.4 s``, ``12 s``, ``3.5 min``, ``2.1 h``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 # -- torch SDPA --------------------------------------------------------------------------------

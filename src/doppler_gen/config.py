@@ -8,14 +8,18 @@ validation can trust it. Errors name the file and, where the TOML text lets us f
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from doppler_gen.errors import ConfigError
+from doppler_gen.expressions import Expression, ExpressionError
+from doppler_gen.expressions import parse as parse_expression
 
 CONFIG_NAME = "variants.toml"
 TEMPLATES_DIR = "templates"
@@ -48,10 +52,18 @@ class TemplateSpec:
     choices: Mapping[str, tuple[ParamValue, ...]]
     tunable: Mapping[str, tuple[ParamValue, ...]]
     line: int
+    # ``dispatch`` parsed by the whitelisted grammar of doppler_gen.expressions (at load time,
+    # so a bad rule never reaches the manifest) and the variants.toml line it is set on
+    dispatch_expr: Expression | None = None
+    dispatch_line: int = 0
 
     @property
     def source_path(self) -> str:
         return f"{TEMPLATES_DIR}/{self.source}"
+
+    @property
+    def dispatch_expression(self) -> Expression:
+        return self.dispatch_expr or parse_expression(self.dispatch, what="dispatch")
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,8 @@ class Variant:
     # pipeline-overridable constants the host should set when creating the pipeline (e.g. a
     # tuned WORKGROUP_SIZE); checked against the WGSL's `override` declarations
     overrides: Mapping[str, int | float] = field(default_factory=dict)
+    # variants.toml line of each override, for errors found after render (type, range)
+    override_lines: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -126,6 +140,12 @@ def load_project(root: Path) -> Project:
         raise ConfigError(f"{path}: not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
+    if text.startswith("\ufeff"):
+        raise ConfigError(
+            "starts with a UTF-8 byte-order mark (BOM), which TOML does not allow; save the file "
+            "as UTF-8 without BOM",
+            location=f"{CONFIG_NAME}:1",
+        )
     locator = _Locator(text)
     try:
         data = tomllib.loads(text)
@@ -234,7 +254,7 @@ class _Parser:
 
     def template(self, name: str, spec: Any) -> TemplateSpec:
         line = self.locate.template(name)
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise self.fail(f"template name {name!r} must match [a-z][a-z0-9_]*", line)
         if not isinstance(spec, dict):
             raise self.fail(f"[templates.{name}] must be a table", line)
@@ -253,6 +273,12 @@ class _Parser:
                 f"[templates.{name}] family {family!r} is not one of {', '.join(FAMILIES)}",
                 self.locate.template(name, "family"),
             )
+        dispatch_line = self.locate.template(name, "dispatch")
+        dispatch = self.string(spec, "dispatch", table, dispatch_line)
+        try:
+            dispatch_expr = parse_expression(dispatch, what=f"[templates.{name}] dispatch")
+        except ExpressionError as error:
+            raise self.fail(error.message, dispatch_line) from None
         params = self.template_params(name, spec.get("params"))
         choices = self.value_lists(name, spec.get("choices", {}), params, "choices")
         tunable = self.value_lists(name, spec.get("tunable", {}), params, "tunable")
@@ -267,11 +293,13 @@ class _Parser:
             description=self.optional_string(
                 spec, "description", table, self.locate.template(name, "description")
             ),
-            dispatch=self.string(spec, "dispatch", table, self.locate.template(name, "dispatch")),
+            dispatch=dispatch,
             params=params,
             choices=choices,
             tunable=tunable,
             line=line or 0,
+            dispatch_expr=dispatch_expr,
+            dispatch_line=dispatch_line or 0,
         )
 
     def check_template_source(self, name: str, source: str) -> None:
@@ -330,7 +358,7 @@ class _Parser:
             raise self.fail(f"{where} must be a table", line)
         name = self.string(entry, "name", where, self.locate.variant(index, "name"))
         where = f"variant {name!r}"
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise self.fail(
                 f"{where}: name must match [a-z][a-z0-9_]*", self.locate.variant(index, "name")
             )
@@ -349,7 +377,7 @@ class _Parser:
         template = templates[template_name]
         output_line = self.locate.variant(index, "output")
         output = self.output_path(
-            self.string(entry, "output", where, output_line), where, output_line
+            self.string(entry, "output", where, output_line), where, output_line, name
         )
         requires = entry.get("requires", [])
         if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
@@ -374,15 +402,29 @@ class _Parser:
             params=self.variant_params(index, where, entry.get("params", {}), template),
             line=line or 0,
             overrides=self.variant_overrides(index, where, entry.get("overrides", {})),
+            override_lines=self.override_lines(index, entry.get("overrides", {})),
         )
 
+    def override_lines(self, index: int, table: Mapping[str, Any]) -> dict[str, int]:
+        fallback = self.locate.variant(index, "overrides") or 0
+        return {name: self.locate.variant(index, name) or fallback for name in table}
+
     def variant_overrides(self, index: int, where: str, table: Any) -> dict[str, int | float]:
+        """Values that are numbers whatever the WGSL type; type and range are checked against
+        the rendered WGSL's `override` declarations (manifest.check_overrides)."""
         line = self.locate.variant(index, "overrides")
         if not isinstance(table, dict):
             raise self.fail(f"{where}: overrides must be a table of override-constant values", line)
         for name, value in table.items():
+            key_line = self.locate.variant(index, name) or line
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise self.fail(f"{where}: override {name} must be a number, got {value!r}", line)
+                raise self.fail(
+                    f"{where}: override {name} must be a number, got {value!r}", key_line
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                raise self.fail(
+                    f"{where}: override {name} = {value} is not a finite number", key_line
+                )
         return dict(sorted(table.items()))
 
     def variant_params(
@@ -439,7 +481,18 @@ class _Parser:
                 line,
             )
 
-    def output_path(self, output: str, where: str, line: int | None) -> str:
+    def output_path(self, output: str, where: str, line: int | None, name: str = "") -> str:
+        if any(ord(char) < 32 or ord(char) == 127 for char in output):
+            raise self.fail(
+                f"{where}: output {output!r} contains a control character (newline, tab, ...)",
+                line,
+            )
+        if unicodedata.normalize("NFC", output) != output:
+            raise self.fail(
+                f"{where}: output {output!r} is not in Unicode NFC form (it could name a different "
+                "file on another file system)",
+                line,
+            )
         path = PurePosixPath(output)
         if (
             path.is_absolute()
@@ -451,6 +504,12 @@ class _Parser:
             raise self.fail(
                 f"{where}: output {output!r} must be a file directly inside {GENERATED_DIR}/ "
                 f"(e.g. {GENERATED_DIR}/NAME.wgsl)",
+                line,
+            )
+        if path.name == ".wgsl" or path.name.startswith("."):
+            raise self.fail(
+                f"{where}: output {output!r} has no file name (or a hidden one); use "
+                f"{GENERATED_DIR}/{name or 'NAME'}.wgsl",
                 line,
             )
         if path.suffix != ".wgsl":
@@ -467,11 +526,18 @@ class _Parser:
                     f"{names[variant.name].line})",
                     self.locate.variant(index, "name"),
                 )
-            key = variant.output.lower()
+            key = unicodedata.normalize("NFKC", variant.output).casefold()
             if key in outputs:
                 raise self.fail(
                     f"variant {variant.name!r}: output {variant.output!r} is already produced by "
                     f"variant {outputs[key].name!r}",
+                    self.locate.variant(index, "output"),
+                )
+            if variant.output != f"{GENERATED_DIR}/{variant.name}.wgsl":
+                raise self.fail(
+                    f"variant {variant.name!r}: output {variant.output!r} must be "
+                    f"{GENERATED_DIR}/{variant.name}.wgsl (named after the variant, so that a "
+                    "kernel's file always says which variant it is)",
                     self.locate.variant(index, "output"),
                 )
             names[variant.name] = variant

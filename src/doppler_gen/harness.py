@@ -8,8 +8,6 @@ no per-variant offset, index or size written in Python.
 
 from __future__ import annotations
 
-import math
-import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +18,7 @@ from doppler_gen import reference
 from doppler_gen.backends import Buffer, Device, Pipeline
 from doppler_gen.cases import NUMPY_DTYPES, CaseData, CaseSpec, build_tiered, build_tiled
 from doppler_gen.errors import DopplerGenError, ShaderCompileError, ShapeError
+from doppler_gen.expressions import parse as parse_expression
 from doppler_gen.render import RenderedKernel
 from doppler_gen.tolerance import Verdict, f16_tolerance, f32_tolerance, judge
 
@@ -62,14 +61,15 @@ def pack_uniforms(layout: dict[str, Any], values: dict[str, float]) -> bytes:
 
 
 def evaluate_dispatch(rule: str, names: dict[str, float]) -> int:
-    """Evaluate a dispatch rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``."""
-    unknown = set(re.findall(r"[A-Za-z_]\w*", rule)) - set(names) - {"ceil"}
-    if unknown:
-        raise DopplerGenError(
-            f"dispatch rule {rule!r} uses unknown names {', '.join(sorted(unknown))}"
-        )
-    value = eval(rule, {"__builtins__": {}}, {"ceil": math.ceil, **names})
-    return int(value)
+    """Evaluate a dispatch rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``.
+
+    The same whitelisted grammar and evaluator that checked the rule when variants.toml was
+    loaded (doppler_gen.expressions): no Python ``eval``, exact division, bounded values.
+    """
+    value = parse_expression(rule, what="dispatch rule").evaluate(names)
+    if value < 0:
+        raise DopplerGenError(f"dispatch rule {rule!r} gives {value} workgroups for these values")
+    return value
 
 
 @dataclass
@@ -194,6 +194,7 @@ class KernelRunner:
 
     def workgroups(self, data: CaseData) -> int:
         names = {
+            **self.entry.get("constants", {}),  # the dispatch rule may read module constants
             **{o["name"]: o["default"] for o in self.entry["overrides"]},
             **self.constants,
             **data.uniforms,

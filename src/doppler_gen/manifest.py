@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from typing import Any
 
-from doppler_gen.config import Variant
-from doppler_gen.errors import InterfaceError
+from doppler_gen.config import CONFIG_NAME, Variant
+from doppler_gen.errors import ConfigError, InterfaceError
 from doppler_gen.render import RenderedKernel
 from doppler_gen.wgsl import Module, parse_module
 
@@ -97,11 +99,17 @@ def _uniform_layout(module: Module, struct_name: str) -> dict[str, Any]:
 
 
 def check_metadata(variant: Variant, module: Module) -> None:
-    """Raise InterfaceError where variants.toml's host metadata disagrees with the WGSL."""
+    """Raise InterfaceError where variants.toml's host metadata disagrees with the WGSL.
+
+    Then the dispatch rule's names and the override values (ConfigError at their own
+    variants.toml line): both can only be judged against the rendered WGSL.
+    """
     where = f"variants.toml:{variant.line}" if variant.line else "variants.toml"
     problems = list(_metadata_problems(variant, module))
     if problems:
         raise InterfaceError(f"variant {variant.name}: {problems[0]}", location=where)
+    check_dispatch_names(variant, module)
+    check_overrides(variant, module)
 
 
 def _metadata_problems(variant: Variant, module: Module):
@@ -137,17 +145,71 @@ def _metadata_problems(variant: Variant, module: Module):
     uniform = next((b for b in module.bindings if b.address_space == "uniform"), None)
     if uniform is None or uniform.type.name not in module.structs:
         yield "the WGSL has no uniform struct binding"
-        return
-    names = {f.name for f in module.structs[uniform.type.name].fields} | set(module.overrides)
-    unknown = sorted(_names_in(variant.template.dispatch) - names - {"ceil"})
+
+
+def _config_line(line: int) -> str:
+    return f"{CONFIG_NAME}:{line}" if line else CONFIG_NAME
+
+
+def check_dispatch_names(variant: Variant, module: Module) -> None:
+    """The dispatch rule may read only Uniforms fields, override constants and module constants."""
+    template = variant.template
+    uniform = next((b for b in module.bindings if b.address_space == "uniform"), None)
+    fields = set()
+    if uniform is not None and uniform.type.name in module.structs:
+        fields = {f.name for f in module.structs[uniform.type.name].fields}
+    known = fields | set(module.overrides) | set(module.constants)
+    unknown = sorted(template.dispatch_expression.names - known)
     if unknown:
-        yield f"dispatch rule {variant.template.dispatch!r} uses unknown names {', '.join(unknown)}"
+        raise ConfigError(
+            f"[templates.{template.name}] dispatch {template.dispatch!r} uses "
+            f"{', '.join(unknown)}, which the WGSL of variant {variant.name} declares neither as a "
+            "Uniforms field nor as an override or module constant",
+            location=_config_line(template.dispatch_line),
+        )
 
 
-def _names_in(expression: str) -> set[str]:
-    import re
+# (lowest, highest) value a pipeline constant of each WGSL scalar type can take
+_OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
+    "u32": (0, 2**32 - 1),
+    "i32": (-(2**31), 2**31 - 1),
+    "f32": (-3.4028234663852886e38, 3.4028234663852886e38),
+    "f16": (-65504.0, 65504.0),
+    "bool": (0, 1),
+}
 
-    return set(re.findall(r"[A-Za-z_]\w*", expression))
+
+def check_overrides(variant: Variant, module: Module) -> None:
+    """Each override value fits its WGSL type; one that sizes the dispatch or workgroup is >= 1."""
+    sizes = set(variant.template.dispatch_expression.names)
+    for expression in module.workgroup_size:
+        sizes |= set(re.findall(r"[A-Za-z_]\w*", expression))
+    for name, value in variant.overrides.items():
+        declared = module.overrides.get(name)
+        if declared is None:
+            continue  # reported by check_metadata as "not declared as `override`"
+        problem = override_problem(declared.type, value, size=name in sizes)
+        if problem:
+            raise ConfigError(
+                f"variant {variant.name!r}: override {name} = {value!r}: {problem}",
+                location=_config_line(variant.override_lines.get(name, variant.line)),
+            )
+
+
+def override_problem(wgsl_type: str, value: int | float, *, size: bool) -> str | None:
+    """Why ``value`` cannot be the pipeline constant of a WGSL ``wgsl_type`` override, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not a finite number"
+    if wgsl_type in ("u32", "i32", "bool") and not isinstance(value, int):
+        return f"{wgsl_type} needs an integer"
+    low, high = _OVERRIDE_RANGES.get(wgsl_type, (-math.inf, math.inf))
+    if not low <= value <= high:
+        return f"out of range for {wgsl_type} ({low:g} to {high:g})"
+    if size and value < 1:
+        return "it sizes the dispatch or the workgroup, so it must be at least 1"
+    return None
 
 
 def build_manifest(entries: dict[str, dict[str, Any]]) -> str:

@@ -44,6 +44,7 @@ from doppler_gen.backends.base import (
     effective_limits,
     owned,
     pad_bytes,
+    warmup_batches,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -751,9 +752,9 @@ class DawnDevice(Device):
         times: list[float] = []
         scope = self._scoped(f"timing {compiled.label!r}")
         with scope, self._bind_group(compiled, bindings) as group:
-            if warmup:
+            for batch in warmup_batches(warmup):  # bounded command buffers, however many
                 encoder = self._w.wgpuDeviceCreateCommandEncoder(self.native, None)
-                for _ in range(warmup):
+                for _ in range(batch):
                     self._encode_pass(encoder, compiled, group, workgroups)
                 self._submit(encoder)
             while len(times) < repeats:

@@ -33,6 +33,7 @@ from doppler_gen.backends.base import (
     effective_limits,
     owned,
     pad_bytes,
+    warmup_batches,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -363,9 +364,9 @@ class WgpuDevice(Device):
         compiled = self._own_pipeline(pipeline)
         with self._gpu_errors(f"timing {compiled.label!r}"):
             bind_group = self._bind_group(compiled, bindings)
-            if warmup:
+            for batch in warmup_batches(warmup):  # bounded command buffers, however many
                 encoder = self.native.create_command_encoder()
-                for _ in range(warmup):
+                for _ in range(batch):
                     self._encode_pass(encoder, compiled, bind_group, workgroups)
                 self.native.queue.submit([encoder.finish()])
             times: list[float] = []
