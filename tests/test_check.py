@@ -138,7 +138,7 @@ def test_variants_toml_param_edit(fresh_project: Path) -> None:
 
 
 def test_variants_toml_description_edit(fresh_project: Path) -> None:
-    # a description lives only in the manifest
+    # a description lives only in the manifest and the Doppler registry fragment, not in kernels
     toml = fresh_project / "variants.toml"
     text = toml.read_text(encoding="utf-8")
     start = text.index('name = "attention_f16kv"')
@@ -148,7 +148,8 @@ def test_variants_toml_description_edit(fresh_project: Path) -> None:
     assert_out_of_date(
         result, "stale:    generated/manifest.json", '+      "description": "Reworded: '
     )
-    assert result.stdout.count("stale:") == 1
+    assert "stale:    generated/doppler/registry.json" in result.stdout
+    assert result.stdout.count("stale:") == 2
 
 
 def test_missing_kernel(fresh_project: Path) -> None:
