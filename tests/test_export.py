@@ -568,3 +568,17 @@ def test_group_other_than_zero_is_refused(entries: dict[str, Any]) -> None:
         InterfaceError, match=re.escape("Doppler's registry describes bind group 0")
     ):
         registry_document({"attention": entry})
+
+
+def test_check_memo_does_not_hide_an_edited_export(fresh_project: Path) -> None:
+    """A clean check is memoized; editing generated/doppler/ afterwards must still fail check."""
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert "unchanged since the last full check" in run_cli(fresh_project, "check").stdout
+    edit(
+        fresh_project / "generated/doppler/digests.json",
+        '"attention.wgsl#main": "',
+        '"x": "0", "attention.wgsl#main": "',
+    )
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 1, result.output
+    assert "stale:    generated/doppler/digests.json\n" in result.stdout

@@ -465,6 +465,8 @@ def _check_registry(registry: Any, where: str) -> None:
             vpath = f"{path}.variants.{vid}"
             if not isinstance(variant, dict):
                 raise _fail(where, vpath, "an object")
+            if not isinstance(variant.get("variantMetadata", {}), dict):
+                raise _fail(where, f"{vpath}.variantMetadata", "an object")
             _check_bindings(variant.get("bindingsOverride", []), f"{vpath}.bindingsOverride", where)
             _check_uniforms(variant.get("uniformsOverride"), f"{vpath}.uniformsOverride", where)
 
