@@ -134,7 +134,11 @@ def _uniforms(layout: Mapping[str, Any] | None) -> dict[str, Any]:
 def export_pass(
     pass_entry: Mapping[str, Any], pipeline_constants: Mapping[str, Any], where: str
 ) -> dict[str, Any]:
-    """One pass in registry vocabulary (what a host needs to build and bind its pipeline)."""
+    """One pass in registry vocabulary (what a host needs to build and bind its pipeline).
+
+    ``path``, ``dispatch`` and ``names`` serve the exporter (digests, queryBlockSize) and are not
+    written to the registry.
+    """
     constants = dict(pass_entry.get("pipeline_constants", pipeline_constants))
     names = _names(pass_entry, constants)
     bindings = sorted(
