@@ -309,6 +309,67 @@ def _check_json(status: Any, fix: str, memo: bool = False) -> dict[str, Any]:
     }
 
 
+@cli.command()
+@click.option(
+    "--check-against",
+    "against",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Compare with DIR/registry.json and DIR/digests.json (a Doppler checkout's kernel "
+    "registry and digest table) and list every difference; exit 1 if there is any.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@pass_state
+@handle_errors
+def export(state: State, against: Path | None, as_json: bool) -> None:
+    """Show the Doppler export (generated/doppler/), or compare it with a Doppler registry.
+
+    The export is rendered from variants.toml and templates/, exactly what `generate` writes:
+    a kernel-registry fragment (one entry per doppler_id) and the content digests of the kernels
+    it references. With --check-against, every missing or extra variant, layout mismatch and
+    stale digest is one line; exit 0 when there is none, 1 otherwise, 2 on unreadable input.
+    """
+    from doppler_gen.export import (
+        DIGESTS_PATH,
+        REGISTRY_PATH,
+        differences,
+        load_doppler_dir,
+    )
+    from doppler_gen.outputs import plan
+
+    theirs = load_doppler_dir(against) if against is not None else None
+    outcome = plan(state.project)
+    registry = json.loads(outcome.files[REGISTRY_PATH])
+    digests = json.loads(outcome.files[DIGESTS_PATH])
+    if theirs is None:
+        if as_json:
+            click.echo(json.dumps({"registry": registry, "digests": digests}, indent=2))
+            return
+        for op, schema in sorted(registry["operations"].items()):
+            for vid, entry in sorted(schema["variants"].items()):
+                tier = entry["variantMetadata"].get("tier")
+                passes = entry.get("passes") or [entry]
+                kernels = " -> ".join(f"{p['wgsl']}#{p['entryPoint']}" for p in passes)
+                click.echo(f"{op}.{vid}: {kernels}" + (f" (tier {tier})" if tier else ""))
+        for name in registry["notExported"]:
+            click.echo(f"not exported: {name} (no doppler_id in variants.toml)")
+        return
+    generated = [kernel.variant.output for kernel in outcome.kernels.values()]
+    lines = differences(registry, digests, theirs[0], theirs[1], generated)
+    if as_json:
+        click.echo(json.dumps({"ok": not lines, "differences": lines}, indent=2))
+    else:
+        for line in lines:
+            click.echo(line)
+        count = sum(len(s["variants"]) for s in registry["operations"].values())
+        if lines:
+            click.echo(f"{len(lines)} difference(s) from {against}", err=True)
+        else:
+            click.echo(f"{against} matches the export ({count} variants)")
+    sys.exit(1 if lines else 0)
+
+
 @cli.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable listing on stdout.")
 @common_options

@@ -28,6 +28,15 @@ GENERATED_DIR = "generated"
 FAMILIES = ("tiled", "tiered")
 KNOWN_FEATURES = ("shader-f16", "subgroups", "timestamp-query")
 MASKED_ROW_CONTRACTS = ("zero", "mean_v")
+# The host tiers Doppler's attention selector knows (variantMetadata.tier of its kernel registry).
+DOPPLER_TIERS = (
+    "tiled_large",
+    "tiled_small",
+    "streaming",
+    "subgroup",
+    "flash_prefill",
+    "flash_reduce",
+)
 
 # Parameters every template must define: they are the host-facing metadata of each variant,
 # cross-checked against the WGSL the template renders (see manifest.check_metadata).
@@ -36,6 +45,9 @@ METADATA_PARAMS = ("q_dtype", "kv_dtype", "out_dtype", "max_head_dim", "masked_r
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _TEMPLATE_KEYS = {"source", "family", "description", "dispatch", "params", "choices", "tunable"}
 _VARIANT_KEYS = {"name", "template", "output", "description", "requires", "params", "overrides"}
+# Doppler registry placement (see DopplerExport); kept apart so the export's keys stay one block
+_TEMPLATE_KEYS |= {"doppler_operation"}
+_VARIANT_KEYS |= {"doppler_operation", "doppler_id", "doppler_tier"}
 ParamValue = int | float | str | bool
 
 
@@ -56,6 +68,8 @@ class TemplateSpec:
     # so a bad rule never reaches the manifest) and the variants.toml line it is set on
     dispatch_expr: Expression | None = None
     dispatch_line: int = 0
+    # default Doppler registry operation of this template's variants (a variant may override it)
+    doppler_operation: str | None = None
 
     @property
     def source_path(self) -> str:
@@ -64,6 +78,20 @@ class TemplateSpec:
     @property
     def dispatch_expression(self) -> Expression:
         return self.dispatch_expr or parse_expression(self.dispatch, what="dispatch")
+
+
+@dataclass(frozen=True)
+class DopplerExport:
+    """Where a variant goes in Doppler's kernel registry: ``operations.<operation>.variants.<id>``
+    for each id, serving the host tier ``tier``. Declared in variants.toml, never derived from
+    names, because the host's ids (``prefill_f16kv``) are not doppler-gen's variant names."""
+
+    operation: str
+    ids: tuple[str, ...]
+    tier: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"operation": self.operation, "ids": list(self.ids), "tier": self.tier}
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,8 @@ class Variant:
     overrides: Mapping[str, int | float] = field(default_factory=dict)
     # variants.toml line of each override, for errors found after render (type, range)
     override_lines: Mapping[str, int] = field(default_factory=dict)
+    # its place in Doppler's kernel registry; None: not exported (no doppler_id declared)
+    doppler: DopplerExport | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -250,6 +280,7 @@ class _Parser:
             raise self.fail("no [[variant]] entries declared", None)
         variants = tuple(self.variant(i, entry, templates) for i, entry in enumerate(variants_data))
         self.check_unique(variants)
+        self.check_doppler_unique(variants)
         return Project(root=self.root, templates=templates, variants=variants, config_text=text)
 
     def template(self, name: str, spec: Any) -> TemplateSpec:
@@ -300,6 +331,9 @@ class _Parser:
             line=line or 0,
             dispatch_expr=dispatch_expr,
             dispatch_line=dispatch_line or 0,
+            doppler_operation=self.doppler_name(
+                spec, "doppler_operation", table, self.locate.template(name, "doppler_operation")
+            ),
         )
 
     def check_template_source(self, name: str, source: str) -> None:
@@ -403,6 +437,7 @@ class _Parser:
             line=line or 0,
             overrides=self.variant_overrides(index, where, entry.get("overrides", {})),
             override_lines=self.override_lines(index, entry.get("overrides", {})),
+            doppler=self.doppler_export(index, where, entry, template),
         )
 
     def override_lines(self, index: int, table: Mapping[str, Any]) -> dict[str, int]:
@@ -542,6 +577,81 @@ class _Parser:
                 )
             names[variant.name] = variant
             outputs[key] = variant
+
+    # -- Doppler registry placement (doppler_operation, doppler_id, doppler_tier) --------------
+
+    def doppler_name(
+        self, table: Mapping[str, Any], key: str, where: str, line: int | None
+    ) -> str | None:
+        """An optional registry name (operation, id or tier): lower-case identifier or absent."""
+        if key not in table:
+            return None
+        value = table[key]
+        if not isinstance(value, str) or not _NAME_RE.match(value):
+            raise self.fail(f"{where}: {key} must be a name matching [a-z][a-z0-9_]*", line)
+        return value
+
+    def doppler_export(
+        self, index: int, where: str, entry: Mapping[str, Any], template: TemplateSpec
+    ) -> DopplerExport | None:
+        """The variant's registry placement; None (not exported) when it declares no doppler_id."""
+        operation = self.doppler_name(
+            entry, "doppler_operation", where, self.locate.variant(index, "doppler_operation")
+        )
+        tier_line = self.locate.variant(index, "doppler_tier")
+        tier = self.doppler_name(entry, "doppler_tier", where, tier_line)
+        if tier is not None and tier not in DOPPLER_TIERS:
+            raise self.fail(
+                f"{where}: doppler_tier {tier!r} is not one of {', '.join(DOPPLER_TIERS)}",
+                tier_line,
+            )
+        id_line = self.locate.variant(index, "doppler_id")
+        ids = entry.get("doppler_id")
+        if ids is None:
+            if operation is not None or tier is not None:
+                key = "doppler_operation" if operation is not None else "doppler_tier"
+                raise self.fail(
+                    f"{where}: {key} without doppler_id (the host's variant id, e.g. "
+                    '"prefill_f16kv")',
+                    self.locate.variant(index, key),
+                )
+            return None
+        ids = [ids] if isinstance(ids, str) else ids
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, str) and _NAME_RE.match(i) for i in ids)
+            or len(set(ids)) != len(ids)
+        ):
+            raise self.fail(
+                f"{where}: doppler_id must be a name or a list of distinct names matching "
+                "[a-z][a-z0-9_]*",
+                id_line,
+            )
+        operation = operation or template.doppler_operation
+        if operation is None:
+            raise self.fail(
+                f"{where}: doppler_id needs a registry operation: set doppler_operation on the "
+                f"variant or on [templates.{template.name}]",
+                id_line,
+            )
+        return DopplerExport(operation=operation, ids=tuple(ids), tier=tier)
+
+    def check_doppler_unique(self, variants: tuple[Variant, ...]) -> None:
+        """One registry entry per (operation, id): two variants cannot claim the same slot."""
+        owners: dict[tuple[str, str], Variant] = {}
+        for index, variant in enumerate(variants):
+            if variant.doppler is None:
+                continue
+            for doppler_id in variant.doppler.ids:
+                slot = (variant.doppler.operation, doppler_id)
+                if slot in owners:
+                    raise self.fail(
+                        f"variant {variant.name!r}: doppler_id {doppler_id!r} of operation "
+                        f"{slot[0]!r} is already declared by variant {owners[slot].name!r}",
+                        self.locate.variant(index, "doppler_id"),
+                    )
+                owners[slot] = variant
 
     def string(self, table: Mapping[str, Any], key: str, where: str, line: int | None) -> str:
         if key not in table:

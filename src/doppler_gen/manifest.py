@@ -80,6 +80,8 @@ def variant_entry(kernel: RenderedKernel, module: Module) -> dict[str, Any]:
         # host metadata: what variants.toml declares (checked against the WGSL by
         # check_metadata) plus the workgroup size the WGSL declares with its override defaults
         "metadata": {**variant.metadata, "workgroup_size": list(module.workgroup_size_values())},
+        # place in Doppler's kernel registry, as variants.toml declares it (read by export.py)
+        "doppler": variant.doppler.as_json() if variant.doppler else None,
     }
 
 

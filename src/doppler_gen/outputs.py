@@ -16,6 +16,7 @@ from pathlib import Path
 
 from doppler_gen.config import Project, Variant
 from doppler_gen.errors import ConfigError
+from doppler_gen.export import export_files, orphaned_exports
 from doppler_gen.manifest import (
     MANIFEST_PATH,
     build_manifest,
@@ -80,6 +81,8 @@ def plan(
         entries[variant.name] = variant_entry(kernel, module)
     files = {k.variant.output: k.text for name, k in kernels.items() if name in selected}
     files[MANIFEST_PATH] = build_manifest(entries)
+    # generated/doppler/: Doppler's registry fragment and digests, from the same entries
+    files.update(export_files(entries, {k.variant.output: k.text for k in kernels.values()}))
     return Plan(project, kernels, files, full=len(selected) == len(project.variants))
 
 
@@ -105,6 +108,7 @@ def compare(plan: Plan) -> Status:
             status.stale[relative] = unified_diff(relative, shown, expected)
     if plan.full:
         status.orphaned = orphans(plan)
+        status.orphaned += orphaned_exports(root, plan.files)  # generated/doppler/
     return status
 
 
