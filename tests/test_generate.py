@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def variant_outputs(root: Path) -> dict[str, str]:
 
 def clear_generated(root: Path) -> None:
     for path in (root / "generated").iterdir():
-        path.unlink()
+        shutil.rmtree(path) if path.is_dir() else path.unlink()  # generated/doppler/ too
 
 
 def age_files(directory: Path) -> None:
@@ -62,6 +63,7 @@ def test_two_runs_are_byte_identical(tmp_path: Path) -> None:
     snap = snapshot(first / "generated")
     assert snap == snapshot(second / "generated")
     expected = {Path(p).name for p in variant_outputs(first).values()} | {"manifest.json"}
+    expected |= {"doppler/registry.json", "doppler/digests.json"}
     assert set(snap) == expected
     # and a second run over the first copy changes nothing
     result = run_cli(first, "generate")
@@ -157,9 +159,10 @@ def test_atomic_write_leaves_no_temporary_files(project_copy: Path) -> None:
     clear_generated(project_copy)
     result = run_cli(project_copy, "generate")
     assert result.exit_code == 0, result.output
-    names = [p.name for p in (project_copy / "generated").iterdir()]
+    files = [p for p in (project_copy / "generated").rglob("*") if p.is_file()]
+    names = [p.name for p in files]
     assert not [n for n in names if n.startswith(".") or n.endswith(".tmp")], names
-    for path in (project_copy / "generated").iterdir():
+    for path in files:
         assert path.stat().st_mode & 0o777 == 0o644
 
 

@@ -1,16 +1,20 @@
 """The `doppler-gen` command line.
 
 Exit codes: 0 ok; 1 a check or validation failed; 2 usage, config, template or environment
-error. Every expected error prints one line (``error: location: message``) and no traceback.
-Heavy modules (numpy, wgpu) are imported inside the commands that need them, so `check` and
-`generate` stay fast enough for a pre-commit hook.
+error; 3 an internal error (a bug in doppler-gen). Every error prints one line
+(``error: location: message``) and no traceback; ``--debug`` adds the traceback of an internal
+error. With ``--json`` an error is also a JSON object on stdout. Heavy modules (numpy, wgpu)
+are imported inside the commands that need them, so `check` and `generate` stay fast enough
+for a pre-commit hook.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,25 +26,81 @@ from doppler_gen.config import Project, find_root, load_project
 from doppler_gen.errors import DopplerGenError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+EXIT_INTERNAL = 3  # an unexpected exception: a bug, distinct from 1 (stale / failed)
+ROOT_KEY = "doppler_gen.root"  # ctx.meta key of a subcommand's --root (shell completion reads it)
 
 
-def _fail(error: DopplerGenError) -> None:
+def error_document(kind: str, message: str, location: str | None, exit_code: int) -> str:
+    """The JSON error object ``--json`` commands print on stdout instead of their report."""
+    error = {"type": kind, "message": message, "location": location, "exit_code": exit_code}
+    return json.dumps({"ok": False, "error": error}, indent=2, sort_keys=True)
+
+
+def _fail(error: DopplerGenError, as_json: bool = False) -> None:
+    if as_json:
+        click.echo(
+            error_document(type(error).__name__, error.message, error.location, error.exit_code)
+        )
     click.echo(f"error: {error}", err=True)
     sys.exit(error.exit_code)
 
 
+def _internal_error(error: Exception, as_json: bool) -> None:
+    """One line (the traceback too with --debug) and exit 3: CI must tell a crash from a stale
+    tree, and a bug must not look like the user's fault."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    message = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    if as_json:
+        click.echo(error_document("InternalError", message, None, EXIT_INTERNAL))
+    state = _current_state()
+    debug = state.debug if state is not None else "--debug" in sys.argv[1:]
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+        hint = ""
+    else:
+        hint = "; rerun with --debug for the traceback"
+    click.echo(f"error: internal error (a bug in doppler-gen): {message}{hint}", err=True)
+    sys.exit(EXIT_INTERNAL)
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader closed stdout (``show | head``): stop quietly with 0, as Unix tools do.
+
+    stdout is pointed at /dev/null so that the interpreter's final flush does not fail again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (e.g. an in-process test runner)
+        pass
+    sys.exit(0)
+
+
+def _current_state() -> State | None:
+    context = click.get_current_context(silent=True)
+    return context.find_object(State) if context is not None else None
+
+
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn DopplerGenError into one line on stderr and its exit code."""
+    """Turn DopplerGenError into one line on stderr and its exit code, anything unexpected
+    into exit 3, and a closed stdout pipe into a quiet exit 0."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
         try:
             return command(*args, **kwargs)
         except DopplerGenError as error:
-            _fail(error)
+            _fail(error, as_json)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own control flow (usage errors, ctx.exit)
+        except Exception as error:
+            _internal_error(error, as_json)
 
     return wrapper
 
@@ -48,8 +108,9 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 class State:
     """Lazily loaded project shared by the subcommands."""
 
-    def __init__(self, root: Path | None) -> None:
+    def __init__(self, root: Path | None = None, debug: bool = False) -> None:
         self._root = root
+        self.debug = debug
         self._project: Project | None = None
 
     @property
@@ -65,28 +126,94 @@ class State:
 
 pass_state = click.make_pass_decorator(State)
 
+ROOT_HELP = "Project directory (holding variants.toml). Default: found from the current directory."
+DEBUG_HELP = "Show the Python traceback of an internal error (exit 3)."
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+
+def _set_root(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.meta[ROOT_KEY] = value
+        ctx.ensure_object(State)._root = value
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(State).debug = True
+
+
+def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--root and --debug on a subcommand too (``doppler-gen check --root kernels``), so that a
+    pre-commit hook's ``args`` can pass them; the one given after the subcommand wins."""
+    command = click.option(
+        "--debug", is_flag=True, expose_value=False, callback=_set_debug, help=DEBUG_HELP
+    )(command)
+    return click.option(
+        "--root",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        expose_value=False,
+        callback=_set_root,
+        help=ROOT_HELP,
+    )(command)
+
+
+class DopplerGenGroup(click.Group):
+    """Adds a JSON error object on stdout for usage errors of a ``--json`` subcommand."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["doppler_gen.args"] = list(args)  # the words given, before click consumes them
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as error:
+            if "--json" in ctx.meta.get("doppler_gen.args", ()):
+                click.echo(error_document("UsageError", error.format_message(), None, 2))
+            raise
+
+
+def complete_variants(
+    ctx: click.Context, _param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    """Variant names of the project, for shell completion (nothing if it cannot be loaded)."""
+    from click.shell_completion import CompletionItem
+
+    root = ctx.meta.get(ROOT_KEY) or ctx.find_root().params.get("root")
+    try:
+        project = load_project(Path(root) if root else find_root(Path.cwd()))
+    except Exception:  # a broken project must not break the user's shell: offer nothing
+        return []
+    return [
+        CompletionItem(v.name, help=v.description or None)
+        for v in project.variants
+        if v.name.startswith(incomplete)
+    ]
+
+
+@click.group(cls=DopplerGenGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "--version", prog_name="doppler-gen")
 @click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Project directory (holding variants.toml). Default: found from the current directory.",
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=None, help=ROOT_HELP
 )
+@click.option("--debug", is_flag=True, help=DEBUG_HELP)
 @click.pass_context
-def cli(ctx: click.Context, root: Path | None) -> None:
+def cli(ctx: click.Context, root: Path | None, debug: bool) -> None:
     """Generate, check and validate Doppler's WGSL attention kernels.
 
     Templates under templates/ expand into every variant declared in variants.toml; the results
     live in generated/ together with generated/manifest.json (bindings, uniform layout, overrides
     and host metadata of every variant).
+
+    Exit codes: 0 ok, 1 a check or validation failed, 2 usage, config, template or environment
+    error, 3 internal error (a bug; --debug shows the traceback).
     """
-    ctx.obj = State(root)
+    ctx.obj = State(root, debug)
 
 
 @cli.command()
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_variants)
+@common_options
 @pass_state
 @handle_errors
 def generate(state: State, names: tuple[str, ...]) -> None:
@@ -118,6 +245,7 @@ def generate(state: State, names: tuple[str, ...]) -> None:
     help="Always re-render, even when every input and output is byte-identical to a tree a "
     "previous full check found clean.",
 )
+@common_options
 @pass_state
 @handle_errors
 def check(state: State, as_json: bool, full: bool) -> None:
@@ -134,9 +262,7 @@ def check(state: State, as_json: bool, full: bool) -> None:
     fix = "doppler-gen generate"
     if not full and check_memo.is_known_clean(project.root, digest):
         if as_json:
-            click.echo(
-                json.dumps({**_check_json(None, fix), "memo": True}, indent=2, sort_keys=True)
-            )
+            click.echo(json.dumps(_check_json(None, fix, memo=True), indent=2, sort_keys=True))
         else:
             click.echo(
                 "generated/ is up to date (inputs and outputs unchanged since the last full check)"
@@ -165,10 +291,15 @@ def check(state: State, as_json: bool, full: bool) -> None:
     sys.exit(1)
 
 
-def _check_json(status: Any, fix: str) -> dict[str, Any]:
-    """The --json report of `check`; ``status`` None means clean (confirmed by the memo)."""
+def _check_json(status: Any, fix: str, memo: bool = False) -> dict[str, Any]:
+    """The --json report of `check`; ``status`` None means clean (confirmed by the memo).
+
+    Stable schema: every key is always present. ``memo`` says whether the digest memo confirmed
+    the tree (true) or it was re-rendered and compared (false).
+    """
     clean = status is None or status.clean
     return {
+        "memo": memo,
         "ok": clean,
         "stale": sorted(status.stale) if status else [],
         "missing": status.missing if status else [],
@@ -178,8 +309,70 @@ def _check_json(status: Any, fix: str) -> dict[str, Any]:
     }
 
 
+@cli.command()
+@click.option(
+    "--check-against",
+    "against",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Compare with DIR/registry.json and DIR/digests.json (a Doppler checkout's kernel "
+    "registry and digest table) and list every difference; exit 1 if there is any.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@pass_state
+@handle_errors
+def export(state: State, against: Path | None, as_json: bool) -> None:
+    """Show the Doppler export (generated/doppler/), or compare it with a Doppler registry.
+
+    The export is rendered from variants.toml and templates/, exactly what `generate` writes:
+    a kernel-registry fragment (one entry per doppler_id) and the content digests of the kernels
+    it references. With --check-against, every missing or extra variant, layout mismatch and
+    stale digest is one line; exit 0 when there is none, 1 otherwise, 2 on unreadable input.
+    """
+    from doppler_gen.export import (
+        DIGESTS_PATH,
+        REGISTRY_PATH,
+        differences,
+        load_doppler_dir,
+    )
+    from doppler_gen.outputs import plan
+
+    theirs = load_doppler_dir(against) if against is not None else None
+    outcome = plan(state.project)
+    registry = json.loads(outcome.files[REGISTRY_PATH])
+    digests = json.loads(outcome.files[DIGESTS_PATH])
+    if theirs is None:
+        if as_json:
+            click.echo(json.dumps({"registry": registry, "digests": digests}, indent=2))
+            return
+        for op, schema in sorted(registry["operations"].items()):
+            for vid, entry in sorted(schema["variants"].items()):
+                tier = entry["variantMetadata"].get("tier")
+                passes = entry.get("passes") or [entry]
+                kernels = " -> ".join(f"{p['wgsl']}#{p['entryPoint']}" for p in passes)
+                click.echo(f"{op}.{vid}: {kernels}" + (f" (tier {tier})" if tier else ""))
+        for name in registry["notExported"]:
+            click.echo(f"not exported: {name} (no doppler_id in variants.toml)")
+        return
+    generated = [kernel.variant.output for kernel in outcome.kernels.values()]
+    lines = differences(registry, digests, theirs[0], theirs[1], generated)
+    if as_json:
+        click.echo(json.dumps({"ok": not lines, "differences": lines}, indent=2))
+    else:
+        for line in lines:
+            click.echo(line)
+        count = sum(len(s["variants"]) for s in registry["operations"].values())
+        if lines:
+            click.echo(f"{len(lines)} difference(s) from {against}", err=True)
+        else:
+            click.echo(f"{against} matches the export ({count} variants)")
+    sys.exit(1 if lines else 0)
+
+
 @cli.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable listing on stdout.")
+@common_options
 @pass_state
 @handle_errors
 def list_(state: State, as_json: bool) -> None:
@@ -194,9 +387,10 @@ def list_(state: State, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_variants)
 @click.option("--raw", is_flag=True, help="Print the WGSL exactly, without line numbers.")
 @click.option("--origins", is_flag=True, help="Show the template line behind each generated line.")
+@common_options
 @pass_state
 @handle_errors
 def show(state: State, name: str, raw: bool, origins: bool) -> None:
@@ -226,12 +420,25 @@ def _where(origin: tuple[str, int] | None) -> str:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="doppler-gen")
+    """Console-script entry point.
+
+    Commands handle their own errors (handle_errors); this catches what escapes outside any
+    command (option callbacks, completion), so no traceback ever reaches a user without --debug.
+    """
+    try:
+        cli.main(prog_name="doppler-gen")
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    except Exception as error:
+        _internal_error(error, as_json=False)
 
 
 # WebGPU implementations kernels are validated on (backends.BACKENDS); "all" compares them.
 BACKEND_CHOICES = ("wgpu", "dawn", "all")  # validate.ALL_BACKENDS + "all" (kept here: no numpy)
+
+# bench.MAX_REPEATS / MAX_WARMUP (kept here: no numpy); tests check that they agree.
+MAX_REPEATS = 10_000
+MAX_WARMUP = 1_000
 
 # Options validate, bench and tune share, defined once.
 adapter_option = click.option(
@@ -263,7 +470,7 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 @cli.command()
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_variants)
 @click.option(
     "--backend",
     type=click.Choice(BACKEND_CHOICES),
@@ -285,6 +492,7 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 @seed_option("case generator")
 @storage_overrun_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@common_options
 @pass_state
 @handle_errors
 def validate(
@@ -357,20 +565,32 @@ def validate(
     help="Which WebGPU implementation(s) to examine; a missing one is reported, not fatal.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@common_options
 @handle_errors
 def doctor(backend: str, as_json: bool) -> None:
     """Adapters, features and limits that matter, and a live f16 kernel probe, per backend.
 
-    The JSON form is ``{"backends": [report, ...]}``; a backend that cannot be loaded (pydawn
-    not installed) has ``"available": false`` and its one-line ``"error"``.
+    The JSON form is ``{"backends": [report, ...], "ok": bool}``; a backend that cannot be
+    loaded (pydawn not installed) has ``"available": false`` and its one-line ``"error"``.
+    Exit 2 when no examined backend has any adapter (nothing could validate a kernel here).
     """
     from doppler_gen.validate import backend_names
 
     reports = [_doctor_report(name) for name in backend_names(backend)]
+    usable = any(report.get("adapters") for report in reports if report["available"])
     if as_json:
-        click.echo(json.dumps({"backends": reports}, indent=2, sort_keys=True, default=str))
+        document = {"backends": reports, "ok": usable}
+        click.echo(json.dumps(document, indent=2, sort_keys=True, default=str))
     else:
         click.echo("\n\n".join(_format_doctor(report) for report in reports))
+    if not usable:
+        # nothing could validate a kernel here: an environment error, not a report to file away
+        click.echo(
+            f"error: no WebGPU adapter found (backend {backend}); install a Vulkan driver such as "
+            "Mesa lavapipe (see .ci/setup) or run on a GPU machine",
+            err=True,
+        )
+        sys.exit(2)
 
 
 def _doctor_report(name: str) -> dict[str, Any]:
@@ -412,17 +632,18 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--repeats",
-            type=click.IntRange(min=20),
+            type=click.IntRange(min=20, max=MAX_REPEATS),
             default=30,
             show_default=True,
-            help="Timed dispatches per measurement (median and p10-p90 of these; at least 20).",
+            help=f"Timed dispatches per measurement (median and p10-p90 of these; 20 to "
+            f"{MAX_REPEATS}).",
         ),
         click.option(
             "--warmup",
-            type=click.IntRange(min=0),
+            type=click.IntRange(min=0, max=MAX_WARMUP),
             default=5,
             show_default=True,
-            help="Untimed dispatches before the timed ones.",
+            help=f"Untimed dispatches before the timed ones (at most {MAX_WARMUP}).",
         ),
         seed_option("input data"),
         storage_overrun_option,
@@ -477,7 +698,7 @@ class ShapesCommand(click.Command):
 
 
 @cli.command(cls=ShapesCommand)
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_variants)
 @click.option(
     "--shape",
     "shape_texts",
@@ -506,6 +727,7 @@ class ShapesCommand(click.Command):
     help="Write a PNG chart to FILE (needs matplotlib: pip install 'doppler-gen[plot]').",
 )
 @_timing_options
+@common_options
 @pass_state
 @handle_errors
 def bench(
@@ -566,7 +788,7 @@ def bench(
 
 
 @cli.command(cls=ShapesCommand)
-@click.argument("name")
+@click.argument("name", shell_complete=complete_variants)
 @click.option(
     "--shape",
     "shape_text",
@@ -594,6 +816,7 @@ def bench(
     "max_head_dim).",
 )
 @_timing_options
+@common_options
 @pass_state
 @handle_errors
 def tune(
@@ -638,9 +861,18 @@ def tune(
         settings=Settings(repeats, warmup, seed, storage_overrun),
     )
     run = run_tune(state.project, request, progress=_progress("tune"))
+    refused: DopplerGenError | None = None
     if write:
-        run.written = write_winner(
-            state.project, run, accept_contract_change=accept_contract_change
-        )
+        try:
+            run.written = write_winner(
+                state.project, run, accept_contract_change=accept_contract_change
+            )
+        except DopplerGenError as error:
+            # minutes of measurement must not vanish with the refusal: report, then fail
+            refused = error
+            run.written = {"changed": False, "refused": True, "message": str(error)}
     _emit(run.as_dict(), format_report(run), as_json, output)
+    if refused is not None:
+        click.echo(f"error: {refused}", err=True)
+        sys.exit(refused.exit_code)
     sys.exit(0 if run.winner is not None else 1)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from doppler_gen.config import Project, Variant
 from doppler_gen.errors import ConfigError
+from doppler_gen.export import export_files, orphaned_exports
 from doppler_gen.manifest import (
     MANIFEST_PATH,
     build_manifest,
@@ -85,6 +86,9 @@ def plan(
         for rendered in kernel.passes
     }
     files[MANIFEST_PATH] = build_manifest(entries)
+    # generated/doppler/: Doppler's registry fragment and digests, from the same entries
+    sources = {r.output: r.text for k in kernels.values() for r in k.passes}
+    files.update(export_files(entries, sources))
     return Plan(project, kernels, files, full=len(selected) == len(project.variants))
 
 
@@ -110,6 +114,7 @@ def compare(plan: Plan) -> Status:
             status.stale[relative] = unified_diff(relative, shown, expected)
     if plan.full:
         status.orphaned = orphans(plan)
+        status.orphaned += orphaned_exports(root, plan.files)  # generated/doppler/
     return status
 
 

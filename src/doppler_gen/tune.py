@@ -20,6 +20,8 @@ regenerated so ``doppler-gen check`` stays clean.
 from __future__ import annotations
 
 import itertools
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -524,6 +526,8 @@ def winner_line(run: TuneRun) -> str:
 
 
 def written_line(written: dict[str, Any]) -> str:
+    if written.get("refused"):
+        return f"--write refused (nothing written): {written['message']}"
     if not written.get("changed"):
         return f"--write: {written.get('message', 'nothing to write')}"
     files = ", ".join(written["files"]) or "no generated file changed"
@@ -596,9 +600,14 @@ def write_winner(
 
 
 def _atomic(path: Path, text: str) -> None:
+    """Replace the file's text atomically, through a symlink (the link stays a link) and keeping
+    the file's permission bits."""
     from doppler_gen.outputs import atomic_write
 
-    atomic_write(path, text)
+    target = path.resolve()
+    mode = stat.S_IMODE(target.stat().st_mode)
+    atomic_write(target, text)
+    os.chmod(target, mode)
 
 
 def _verify(

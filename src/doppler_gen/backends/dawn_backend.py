@@ -47,6 +47,7 @@ from doppler_gen.backends.base import (
     owned,
     pad_bytes,
     pass_times,
+    warmup_batches,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -739,9 +740,9 @@ class DawnDevice(Device):
         label = " + ".join(s.pipeline.label for s in steps)
         runs: list[PassTimes] = []
         with self._scoped(f"timing {label!r}"), self._bind_groups(steps) as encoded:
-            if warmup:
+            for batch in warmup_batches(warmup):  # bounded command buffers, however many
                 encoder = self._w.wgpuDeviceCreateCommandEncoder(self.native, None)
-                for _ in range(warmup):
+                for _ in range(batch):
                     for pipeline, group, workgroups in encoded:
                         self._encode_pass(encoder, pipeline, group, workgroups)
                 self._submit(encoder)

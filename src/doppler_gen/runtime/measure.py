@@ -9,7 +9,8 @@ element must be finite), then ``repeats`` timed runs of all its passes on the sa
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,11 @@ from doppler_gen.runtime.runner import KernelRunner, Refusal
 from doppler_gen.runtime.session import static_skip
 
 MIN_REPEATS = 20
+# Caps on --repeats / --warmup: every timed pass needs two timestamp slots and every pass is
+# queued GPU work, so unbounded values grow memory and run for days (the CLI's limits mirror
+# these; tests/test_errors.py checks that they agree).
+MAX_REPEATS = 10_000
+MAX_WARMUP = 1_000
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,17 @@ class Settings:
                 f"--repeats {self.repeats}: at least {MIN_REPEATS} runs are needed for a median "
                 "and spread"
             )
+        if self.repeats > MAX_REPEATS:
+            raise DopplerGenError(f"--repeats {self.repeats}: at most {MAX_REPEATS}")
         if self.warmup < 0:
             raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
+        if self.warmup > MAX_WARMUP:
+            raise DopplerGenError(f"--warmup {self.warmup}: at most {MAX_WARMUP}")
+
+    @property
+    def dispatches(self) -> int:
+        """Dispatches per measurement: the finite-output check, the warm-ups, the timed runs."""
+        return 1 + self.warmup + self.repeats
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -123,8 +138,12 @@ def measure(
     shape: Shape,
     settings: Settings,
     constants: dict[str, float] | None = None,
+    on_first: Callable[[float], None] | None = None,
 ) -> BenchRow:
-    """Check once (finite output), then time ``settings.repeats`` runs on the same buffers."""
+    """Check once (finite output), then time ``settings.repeats`` runs on the same buffers.
+
+    ``on_first`` receives the wall seconds of the first (checked) run, before timing.
+    """
     family = get_family(entry["family"])
     row = BenchRow(kernel.variant.name, shape.label, "n/a", sdpa_dtype=family.baseline_dtype(entry))
     skip, note = static_skip(entry, device, storage_overrun=settings.storage_overrun)
@@ -139,7 +158,7 @@ def measure(
             return row
         row.bytes_moved = prepared.bytes_moved
         row.flops = shape.flops()
-        _time(runner, prepared, settings, row)
+        _time(runner, prepared, settings, row, on_first)
     except ShaderCompileError as error:
         row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
     except DopplerGenError as error:
@@ -149,8 +168,17 @@ def measure(
     return row
 
 
-def _time(runner: KernelRunner, prepared: Any, settings: Settings, row: BenchRow) -> None:
+def _time(
+    runner: KernelRunner,
+    prepared: Any,
+    settings: Settings,
+    row: BenchRow,
+    on_first: Callable[[float], None] | None = None,
+) -> None:
+    started = time.perf_counter()
     output = runner.run(prepared)
+    if on_first is not None:
+        on_first(time.perf_counter() - started)
     bad = int(output.size - np.isfinite(output).sum())
     if bad:
         row.status = "FAIL"

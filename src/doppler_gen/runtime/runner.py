@@ -15,8 +15,6 @@ the family's float64 reference and tolerance.
 
 from __future__ import annotations
 
-import math
-import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ import numpy as np
 
 from doppler_gen.backends import Buffer, Device, PassTimes, Pipeline, Step
 from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.expressions import parse as parse_expression
 from doppler_gen.families import get_family
 from doppler_gen.families.base import (
     NUMPY_DTYPES,
@@ -98,15 +97,17 @@ def pack_uniforms(layout: Mapping[str, Any], values: Mapping[str, float]) -> byt
     return bytes(data)
 
 
-def evaluate_dispatch(rule: str, names: Mapping[str, float]) -> int:
-    """Evaluate a dispatch or size rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``."""
-    unknown = set(re.findall(r"[A-Za-z_]\w*", rule)) - set(names) - {"ceil"}
-    if unknown:
-        raise DopplerGenError(
-            f"dispatch rule {rule!r} uses unknown names {', '.join(sorted(unknown))}"
-        )
-    value = eval(rule, {"__builtins__": {}}, {"ceil": math.ceil, **names})
-    return int(value)
+def evaluate_dispatch(rule: str, names: Mapping[str, float], what: str = "dispatch rule") -> int:
+    """Evaluate a dispatch or size rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``.
+
+    The same whitelisted grammar and evaluator that checked the rule when variants.toml was
+    loaded (doppler_gen.expressions): no Python ``eval``, exact division, bounded values.
+    """
+    value = parse_expression(rule, what=what).evaluate(names)
+    if value < 0:
+        unit = "workgroups" if what == "dispatch rule" else "elements"
+        raise DopplerGenError(f"{what} {rule!r} gives {value} {unit} for these values")
+    return value
 
 
 def poison_bytes(element_type: str, count: int) -> bytes:
@@ -217,7 +218,7 @@ class KernelRunner:
         """Bytes of each scratch buffer for one case (its size expression times the element)."""
         sizes = {}
         for scratch in self.entry["scratch"]:
-            count = evaluate_dispatch(scratch["size"], names)
+            count = evaluate_dispatch(scratch["size"], names, f"scratch size {scratch['name']}")
             itemsize = np.dtype(NUMPY_DTYPES[scratch["element_type"]]).itemsize
             sizes[scratch["name"]] = max(count, 1) * itemsize
         return sizes
