@@ -132,4 +132,4 @@ def test_bench_on_the_cpu_adapter_omits_torch_cleanly(tmp_path: Path) -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        assert row["sdpa"] is None and "torch is not importable" in document["sdpa_status"]
+        assert row["baseline"] is None and "torch is not importable" in document["baseline_status"]

@@ -719,7 +719,13 @@ class ShapesCommand(click.Command):
     help="Device profile for % of peak: H200, 'H100 PCIe', 'H100 NVL', H100 or none. "
     "Default: matched from the adapter name.",
 )
-@click.option("--no-sdpa", is_flag=True, help="Do not time torch SDPA even if torch+CUDA works.")
+@click.option(
+    "--no-baseline",
+    "--no-sdpa",
+    "no_baseline",
+    is_flag=True,
+    help="Do not time the families' torch baselines (SDPA for attention) even if torch+CUDA works.",
+)
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -736,7 +742,7 @@ def bench(
     shape_texts: tuple[str, ...],
     copy_mib: int,
     profile: str | None,
-    no_sdpa: bool,
+    no_baseline: bool,
     plot: Path | None,
     backend: str,
     adapter: str | None,
@@ -752,7 +758,8 @@ def bench(
     """GPU time per dispatch of every variant (or NAMES / globs) on each shape of its family.
 
     Median and p10-p90 of GPU-timestamped dispatches, effective GB/s and TFLOP/s, % of the
-    device profile's peak bandwidth (or of a measured copy), and the ratio to torch SDPA when
+    device profile's peak bandwidth (or of a measured copy), and the ratio to the family's torch
+    baseline (SDPA for attention) when
     torch with CUDA is importable. Refuses a CPU adapter unless --allow-cpu. Exit 1 if a
     variant left NaN/Inf in its output.
     """
@@ -777,7 +784,7 @@ def bench(
         allow_cpu=allow_cpu,
         copy_mib=copy_mib,
         profile=profile,
-        sdpa=not no_sdpa,
+        baseline=not no_baseline,
         settings=Settings(repeats, warmup, seed, storage_overrun),
     )
     run = run_bench(state.project, request, progress=_progress("bench"))

@@ -633,6 +633,14 @@ class AttentionFamily(Family):
     # the binding that carries each dtype metadata key
     dtype_bindings: ClassVar[Mapping[str, Any]] = {}
     baseline_name = "SDPA"
+    methodology: ClassVar[Mapping[str, str]] = {
+        "flops": "4 * attended (query, key) pairs * heads * head_dim; causal prefill counts the "
+        "unmasked triangle only; softmax not counted",
+        "baseline": "torch.nn.functional.scaled_dot_product_attention in the variant's K/V "
+        "storage dtype (one dtype for Q, K, V; int8/int4 cold tiers compare with f16, torch has "
+        "no quantized SDPA), causal only for prefill (bottom-right mask when q < kv), GQA via "
+        "enable_gqa",
+    }
 
     def interface_problems(
         self, variant: Any, meta: Mapping[str, Any], passes: list[tuple[Any, Any]]

@@ -79,6 +79,8 @@ class Family(ABC):
     shape_help: ClassVar[Mapping[str, str]] = {}  # kind -> one line for --help
     default_shapes: tuple[str, ...] = ()
     baseline_name = "torch"
+    # what bench's JSON says about this family's FLOP count and torch baseline
+    methodology: ClassVar[Mapping[str, str]] = {}
 
     # -- generate ------------------------------------------------------------------------------
 

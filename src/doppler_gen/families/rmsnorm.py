@@ -89,6 +89,11 @@ class RmsNormFamily(Family):
     }
     default_shapes = ("rmsnorm:rows=2048,size=4096",)
     baseline_name = "rms_norm"
+    methodology: ClassVar[Mapping[str, str]] = {
+        "flops": "4 * rows * size (square and add, then two multiplies per element)",
+        "baseline": "torch.nn.functional.rms_norm (eps 1e-5) in the variant's dtype, else "
+        "x * rsqrt(mean(x^2) + eps) * weight",
+    }
 
     def interface_problems(
         self, variant: Any, meta: Mapping[str, Any], passes: list[tuple[Any, Any]]

@@ -109,7 +109,7 @@ class BenchRow:
     timing: Timing | None = None
     bytes_moved: int = 0
     flops: int = 0
-    sdpa_dtype: str | None = None  # the dtype torch SDPA runs in for this row
+    baseline_dtype: str | None = None  # the dtype the family's torch baseline runs in
     passes: dict[str, Timing] = field(default_factory=dict)  # per pass, multi-pass variants
 
     @property
@@ -145,7 +145,9 @@ def measure(
     ``on_first`` receives the wall seconds of the first (checked) run, before timing.
     """
     family = get_family(entry["family"])
-    row = BenchRow(kernel.variant.name, shape.label, "n/a", sdpa_dtype=family.baseline_dtype(entry))
+    row = BenchRow(
+        kernel.variant.name, shape.label, "n/a", baseline_dtype=family.baseline_dtype(entry)
+    )
     skip, note = static_skip(entry, device, storage_overrun=settings.storage_overrun)
     if skip:
         row.reason = skip
