@@ -102,6 +102,13 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     }
 
 
+def project_snapshot(root: Path) -> dict[str, bytes]:
+    """``snapshot`` of a project without its ``.doppler-gen/`` state (memo, lock)."""
+    return {
+        name: data for name, data in snapshot(root).items() if not name.startswith(".doppler-gen/")
+    }
+
+
 def edit(path: Path, old: str, new: str, count: int = 1) -> None:
     """Replace ``old`` by ``new`` in a text file; the edit must apply (guards stale tests)."""
     text = path.read_text(encoding="utf-8")

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import copy_project, edit, run_cli, snapshot
+from conftest import assert_one_line_error, copy_project, edit, run_cli, snapshot
 
 from doppler_gen import outputs
 from doppler_gen.config import load_project
@@ -181,15 +181,56 @@ def test_failed_write_removes_its_temporary_file(fresh_project: Path, monkeypatc
 # -- orphans ---------------------------------------------------------------------------------------
 
 
-def test_orphan_with_generated_header_is_removed(fresh_project: Path) -> None:
+RENAMED_OUTPUT = (
+    'output = "generated/attention_f16kv.wgsl"',
+    'output = "generated/attention_kv16.wgsl"',
+)
+
+
+def test_orphan_written_by_doppler_gen_is_removed(fresh_project: Path) -> None:
+    """A kernel whose output was renamed: its old file is exactly what the manifest records."""
     generated = fresh_project / "generated"
-    orphan = generated / "attention_retired.wgsl"
-    orphan.write_bytes((generated / "attention_f16.wgsl").read_bytes())
+    edit(fresh_project / "variants.toml", *RENAMED_OUTPUT)
     result = run_cli(fresh_project, "generate")
     assert result.exit_code == 0, result.output
-    assert "removed   generated/attention_retired.wgsl" in result.output
+    assert "removed   generated/attention_f16kv.wgsl" in result.output
     assert "1 removed" in result.output
-    assert not orphan.exists()
+    assert not (generated / "attention_f16kv.wgsl").exists()
+    assert (generated / "attention_kv16.wgsl").is_file()
+    assert run_cli(fresh_project, "check").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        ("attention_experiment.wgsl", "copy"),  # a copy under another name: not written there
+        ("attention_f16kv.wgsl", "edit"),  # retired, but hand-edited since it was written
+        ("notes.txt", "copy"),
+        (".hidden.wgsl", "copy"),
+    ],
+)
+def test_orphan_not_written_by_doppler_gen_is_refused(
+    fresh_project: Path, name: str, how: str
+) -> None:
+    generated = fresh_project / "generated"
+    edit(fresh_project / "variants.toml", *RENAMED_OUTPUT)
+    path = generated / name
+    if how == "copy":
+        path.write_bytes((generated / "attention_f16.wgsl").read_bytes())
+    else:
+        path.write_bytes(path.read_bytes() + b"// my experiment\n")
+    keep = path.read_bytes()
+    before = snapshot(generated)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert f"generated/{name}" in line and "move or delete them" in line, line
+    assert snapshot(generated) == before  # refused before anything was written
+    assert path.read_bytes() == keep
+    path.unlink()
+    if how == "copy":  # the real retired file is removable: generate goes through
+        result = run_cli(fresh_project, "generate")
+        assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize(
