@@ -30,8 +30,8 @@ from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, TEMPLATES_DIR
 from doppler_gen.state import ensure_state_dir, state_dir
 
 MEMO_NAME = "check-memo"
-# the packages whose code shapes what the renderer produces
-RENDER_PACKAGES = ("jinja2", "markupsafe")
+# the packages whose code shapes what `check` and `generate` produce
+CODE_PACKAGES = ("doppler_gen", "jinja2", "markupsafe")
 
 
 def _entries(directory: Path) -> list[tuple[str, Path]]:
@@ -89,10 +89,8 @@ def tree_digest(root: Path) -> str:
     for label in (TEMPLATES_DIR, GENERATED_DIR):
         for name, path in _entries(root / label):
             _update(digest, label, name, path)
-    packages = {"doppler_gen": Path(__file__).resolve().parent}
-    for package in RENDER_PACKAGES:
-        packages[package] = _package_dir(package)
-    for package, directory in packages.items():
+    for package in CODE_PACKAGES:
+        directory = _package_dir(package)
         if directory is None:
             digest.update(f"\0{package}:missing\0".encode())
             continue
