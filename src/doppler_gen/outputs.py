@@ -309,7 +309,7 @@ def write(plan: Plan) -> WriteResult:
             plan.files[MANIFEST_PATH] = partial_manifest(plan)
         status = compare(plan)
         removals = removable_orphans(plan, status.orphaned)
-        changed = sorted([*status.stale, *status.missing], key=_commit_order)
+        changed = sorted([*status.stale, *status.missing])
         created = _ensure_directory(project) if changed else False
         try:
             Transaction(project.root).run({r: plan.files[r] for r in changed}, removals)
@@ -322,11 +322,6 @@ def write(plan: Plan) -> WriteResult:
     return WriteResult(
         written=changed, unchanged=status.unchanged, removed=removals, cleaned=cleaned
     )
-
-
-def _commit_order(relative: str) -> tuple[bool, str]:
-    """Kernels first, the manifest last: it describes them."""
-    return (relative == MANIFEST_PATH, relative)
 
 
 def _ensure_directory(project: Project) -> bool:
@@ -362,18 +357,26 @@ class Transaction:
         self.backups: list[Path] = []
 
     def run(self, changes: dict[str, str], removals: list[str]) -> None:
-        """Write ``changes`` (relative path -> text) and delete ``removals``; one-line errors."""
+        """Write ``changes`` (relative path -> text) and delete ``removals``; one-line errors.
+
+        The manifest is replaced last, after the orphans are gone: until then the manifest on
+        disk still records every orphan, so a run killed half-way leaves orphans that the next
+        run may remove.
+        """
         current = ""
+        kernels = [r for r in changes if r != MANIFEST_PATH]
+        steps = [
+            *((self._replace, r) for r in kernels),
+            *((self._remove, r) for r in removals),
+            *((self._replace, r) for r in changes if r == MANIFEST_PATH),
+        ]
         try:
             for relative, text in changes.items():
                 current = relative
                 self.staged[self.root / relative] = stage(self.root / relative, text)
-            for relative in changes:
+            for step, relative in steps:
                 current = relative
-                self._replace(self.root / relative)
-            for relative in removals:
-                current = relative
-                self._remove(self.root / relative)
+                step(self.root / relative)
         except BaseException as exc:
             problems = self._rollback()
             if not isinstance(exc, OSError):
@@ -385,8 +388,10 @@ class Transaction:
             _unlink(backup)
 
     def _replace(self, target: Path) -> None:
-        self.undo.append((target, self._backup(target)))
-        os.replace(self.staged.pop(target), target)
+        backup = self._backup(target)
+        os.replace(self.staged[target], target)  # atomic: if it fails, nothing changed
+        del self.staged[target]
+        self.undo.append((target, backup))
 
     def _remove(self, target: Path) -> None:
         backup = _spare_name(target)

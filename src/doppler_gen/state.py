@@ -42,7 +42,8 @@ def ensure_state_dir(root: Path) -> Path:
     directory.mkdir(exist_ok=True)
     ignore = directory / ".gitignore"
     if not ignore.exists():
-        ignore.write_text("# doppler-gen's project state (memo, lock): never commit it\n*\n")
+        with contextlib.suppress(OSError):  # a full disk: the directory works without it
+            ignore.write_text("# doppler-gen's project state (memo, lock): never commit it\n*\n")
     return directory
 
 
@@ -78,8 +79,9 @@ def generate_lock(root: Path, wait_s: float | None = None) -> Iterator[None]:
                         location=where,
                     ) from None
                 time.sleep(_LOCK_POLL_S)
-        os.ftruncate(handle, 0)
-        os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # who holds it: only for the message above
+            os.ftruncate(handle, 0)
+            os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(handle)  # releases the lock
