@@ -141,6 +141,31 @@ def test_selection_keeps_orphans_and_unselected_stale_files(fresh_project: Path)
     assert stale.read_text(encoding="utf-8").endswith("// edit\n")
 
 
+def test_selection_updates_only_its_own_manifest_entries(fresh_project: Path) -> None:
+    """`generate NAME` must not record sha256 values for kernels it did not write."""
+    import hashlib
+    import json
+
+    generated = fresh_project / "generated"
+    manifest = generated / "manifest.json"
+    before = json.loads(manifest.read_text(encoding="utf-8"))["variants"]
+    edit(fresh_project / "templates/attention.wgsl.j2", "fn is_masked(", "// v2\nfn is_masked(")
+    result = run_cli(fresh_project, "generate", "attention_f16")
+    assert result.exit_code == 0, result.output
+    assert "wrote     generated/attention_f16.wgsl" in result.output
+    after = json.loads(manifest.read_text(encoding="utf-8"))["variants"]
+    assert after["attention_f16"] != before["attention_f16"]
+    assert {name: entry for name, entry in after.items() if name != "attention_f16"} == {
+        name: entry for name, entry in before.items() if name != "attention_f16"
+    }
+    for name, entry in after.items():  # every recorded sha256 is that of the file on disk
+        data = (fresh_project / entry["file"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest(), name
+    assert run_cli(fresh_project, "check").exit_code == 1  # the other kernels are stale
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert run_cli(fresh_project, "check").exit_code == 0
+
+
 def test_unmatched_selection_is_an_error(fresh_project: Path) -> None:
     before = snapshot(fresh_project / "generated")
     result = run_cli(fresh_project, "generate", "attention", "no_such_kernel*")
