@@ -202,6 +202,7 @@ def test_memo_lives_in_the_project(fresh_project: Path, tmp_path: Path, monkeypa
         '{{ "".__class__.__mro__[1].__subclasses__() }}',
         "{{ self._TemplateReference__context.environment }}",
         '{{ range.__self__.__import__("os").environ["HOME"] }}',
+        '{{ QUANT_BITS.update({"int4": 2}) }}',  # no state shared between variants
     ],
 )
 def test_templates_cannot_reach_python(fresh_project: Path, monkeypatch, expression: str) -> None:

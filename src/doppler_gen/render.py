@@ -392,8 +392,12 @@ def _read_template(templates_dir: Path, name: str) -> str:
         ) from None
 
 
-class _Sandbox(jinja2.sandbox.SandboxedEnvironment):
-    """Jinja's sandbox, plus bounds on ``*`` and ``**`` so one expression cannot exhaust memory."""
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's sandbox, plus bounds on ``*`` and ``**`` so one expression cannot exhaust memory.
+
+    Immutable: a template cannot modify a list or dict it did not build (such as the shared
+    ``QUANT_BITS``), so no variant's output can depend on what an earlier variant did.
+    """
 
     intercepted_binops = frozenset({"*", "**"})
 
