@@ -172,7 +172,7 @@ def test_orphan(fresh_project: Path) -> None:
     orphan = fresh_project / "generated/attention_old.wgsl"
     orphan.write_bytes((fresh_project / "generated/attention.wgsl").read_bytes())
     result = check(fresh_project)
-    assert_out_of_date(result, "orphaned: generated/attention_old.wgsl (no variant produces it)")
+    assert_out_of_date(result, "orphaned: generated/attention_old.wgsl (no variant produces it")
 
 
 def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:

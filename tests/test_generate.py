@@ -246,6 +246,11 @@ def test_orphan_not_written_by_doppler_gen_is_refused(
         path.write_bytes(path.read_bytes() + b"// my experiment\n")
     keep = path.read_bytes()
     before = snapshot(generated)
+    check = run_cli(fresh_project, "check")
+    assert check.exit_code == 1
+    assert f"orphaned: generated/{name} (no variant produces it; not as doppler-gen wrote it" in (
+        check.stdout
+    )
     result = run_cli(fresh_project, "generate")
     assert result.exit_code == 2, result.output
     line = assert_one_line_error(result.stderr)

@@ -165,7 +165,8 @@ def check(state: State, as_json: bool, full: bool) -> None:
     for path in status.missing:
         click.echo(f"missing:  {path}")
     for path in status.orphaned:
-        click.echo(f"orphaned: {path} (no variant produces it)")
+        why = "; not as doppler-gen wrote it: move or delete it" if path in status.foreign else ""
+        click.echo(f"orphaned: {path} (no variant produces it{why})")
     for path in status.leftovers:
         click.echo(f"leftover: {path} (temporary file of an interrupted generate)")
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)

@@ -76,6 +76,7 @@ class Status:
     orphaned: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)  # temporary files of an interrupted run
+    foreign: list[str] = field(default_factory=list)  # orphans generate will not remove
 
     @property
     def clean(self) -> bool:
@@ -218,6 +219,7 @@ def compare(plan: Plan) -> Status:
     status.leftovers = leftovers(plan.project)
     if plan.full:
         status.orphaned = orphans(plan)
+        status.foreign = foreign_orphans(plan, status.orphaned)
     return status
 
 
@@ -249,24 +251,30 @@ def orphans(plan: Plan) -> list[str]:
     ]
 
 
-def removable_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
-    """The orphans `generate` may delete; refuses (one line, listing them) if any other is left.
+def foreign_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
+    """The orphans that are not doppler-gen's to delete.
 
     Deletable: a non-hidden ``*.wgsl`` whose sha256 is what the manifest on disk records for a
     variant written at that path. A hand-edited copy, a renamed file, a ``notes.txt`` or a
-    hidden file that merely starts with the header is not doppler-gen's to delete.
+    hidden file that merely starts with the header is not.
     """
     recorded = {
         (entry.get("file"), entry.get("sha256"))
         for entry in _recorded_entries(plan.project).values()
     }
-    refused = []
+    foreign = []
     for relative in orphaned:
         name = Path(relative).name
         data = read_output(plan.project.root, relative) or b""
         ours = (relative, hashlib.sha256(data).hexdigest()) in recorded
         if not (ours and name.endswith(".wgsl") and not name.startswith(".")):
-            refused.append(relative)
+            foreign.append(relative)
+    return foreign
+
+
+def removable_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
+    """The orphans `generate` may delete; refuses (one line, listing them) if any other is left."""
+    refused = foreign_orphans(plan, orphaned)
     if refused:
         raise OutputError(
             f"{len(refused)} file(s) carry the generated header, but no variant produces them "
