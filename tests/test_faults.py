@@ -17,6 +17,7 @@ import fcntl
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -241,8 +242,6 @@ def fill(directory: Path, leave: int) -> None:
 
 @pytest.mark.skipif(not ROOT, reason="mounting a tmpfs needs root; see the patched-writer test")
 def test_disk_full_on_a_small_tmpfs(fresh_project: Path, tmp_path: Path) -> None:
-    import shutil
-
     with small_tmpfs(tmp_path / "mnt", "1m") as mount:
         project = Path(shutil.copytree(fresh_project, mount / "project"))
         assert run_cli(project, "check").exit_code == 0  # creates .doppler-gen/ and a memo
@@ -364,6 +363,18 @@ def test_read_only_generated_directory(fresh_project: Path) -> None:
     line = assert_one_line_error(result.stderr)
     assert "cannot write" in line and "nothing was changed" in line, line
     assert generated_tree(fresh_project) == before
+
+
+def test_read_only_project_that_is_up_to_date(fresh_project: Path) -> None:
+    """A read-only checkout: generate has nothing to do, check works without saving a memo."""
+    shutil.rmtree(fresh_project / ".doppler-gen", ignore_errors=True)
+    with read_only(fresh_project):
+        generate = run_cli(fresh_project, "generate")
+        check = run_cli(fresh_project, "check")
+    assert generate.exit_code == 0, generate.output
+    assert generate.stdout.endswith("0 written, 9 unchanged, 0 removed\n")
+    assert check.exit_code == 0 and check.stderr == "", check.output
+    assert not (fresh_project / ".doppler-gen").exists()
 
 
 @pytest.mark.skipif(not ROOT, reason="chattr +i needs root")

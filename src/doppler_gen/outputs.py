@@ -311,7 +311,9 @@ class WriteResult:
 def write(plan: Plan) -> WriteResult:
     """Apply the plan under the project lock: one all-or-nothing transaction (module doc)."""
     project = plan.project
-    generated_directory(project)
+    first = compare(plan)
+    if first.clean:  # nothing to write: no lock needed (a read-only checkout stays fine)
+        return WriteResult(unchanged=first.unchanged)
     with generate_lock(project.root):
         if not plan.full:  # what the manifest on disk says now, not when rendering began
             plan.files[MANIFEST_PATH] = partial_manifest(plan)
