@@ -6,7 +6,7 @@ and passed its metadata check, so a template error never leaves ``generated/`` h
 Writing is one transaction under the project's generate lock (``state.generate_lock``):
 1. every changed file is written to a temporary file ``.NAME.xxxxxxxx.tmp`` next to its target;
 2. each old file is hard-linked to a backup name of the same shape, then the temporary file is
-   renamed over it (kernels first, the manifest last); orphans are renamed to backup names;
+   renamed over it; kernels first, then orphans are renamed to backup names, the manifest last;
 3. on success the backups are deleted; on any failure (a full disk, a read-only or immutable
    file, an interrupt) every renamed file is put back from its backup, so the tree is all old
    or all new, and the error is one line.
@@ -411,11 +411,11 @@ class Transaction:
 
     def _backup(self, target: Path) -> Path | bytes | None:
         """A hard link to the old file (no data copied, so no space needed), else its bytes."""
-        if not target.exists():
+        if not os.path.lexists(target):
             return None
         backup = _spare_name(target)
         try:
-            os.link(target, backup)
+            os.link(target, backup, follow_symlinks=False)  # a symlink stays a symlink
         except OSError:
             return target.read_bytes()
         self.backups.append(backup)
