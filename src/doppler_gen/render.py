@@ -11,7 +11,7 @@ of every text line; it is used only when the marked render, markers removed, is 
 real one, so it can never change what is generated.
 
 Templates are data, not code a checkout may run: they render in Jinja's sandbox (no ``__dunder__``
-attributes, so no way to Python's modules, the environment or the filesystem), read only files
+attributes, so no route to Python modules, the environment or the filesystem), read only files
 that resolve inside templates/, and each variant has a time limit and an output size cap. There is
 no on-disk bytecode cache: compiling every template costs about 20 ms, and a cache keyed on less
 than the exact code that compiled it (Jinja folds filter calls on literals at compile time) would
