@@ -201,6 +201,8 @@ def test_sigkill_at_random_points_never_leaves_a_torn_tree(fresh_project: Path) 
             assert name in disk, f"{name} vanished"
         kernels = {n: d for n, d in disk.items() if not outputs.LEFTOVER_RE.match(n)}
         outcomes["leftovers"] += kernels != disk
+        if kernels not in (old, new):  # killed between two renames: the backups flag it
+            assert kernels != disk, "a mixed tree without the transaction's backup files"
         outcomes["all old" if kernels == old else "all new" if kernels == new else "mixed"] += 1
         # check tells the truth about whatever was left
         result = run_cli(fresh_project, "check")

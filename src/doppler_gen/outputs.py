@@ -11,8 +11,9 @@ Writing is one transaction under the project's generate lock (``state.generate_l
    file, an interrupt) every renamed file is put back from its backup, so the tree is all old
    or all new, and the error is one line.
 A process killed with SIGKILL can still stop between two renames; every file is then its old or
-its new version, `check` names those that are stale, and the next `generate` finishes the job and
-deletes the temporary files left behind (``leftovers``), which `check` reports.
+its new version, and the backups are still there: `check` names the stale files and reports the
+temporary files (``leftovers``) as the sign of an interrupted run, and the next `generate`
+finishes the job and deletes them.
 
 A file in ``generated/`` that no variant produces is removed only when it is a ``*.wgsl`` file
 whose bytes are exactly what the manifest records doppler-gen wrote at that path. Any other file
