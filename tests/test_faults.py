@@ -391,8 +391,9 @@ def test_read_only_project_that_is_up_to_date(fresh_project: Path) -> None:
 
 
 @pytest.mark.skipif(not ROOT, reason="chattr +i needs root")
-def test_immutable_kernel(fresh_project: Path) -> None:
-    target = fresh_project / "generated/attention_f16.wgsl"
+@pytest.mark.parametrize("immutable", ["generated/attention_f16.wgsl", "generated"])
+def test_immutable_kernel_or_directory(fresh_project: Path, immutable: str) -> None:
+    target = fresh_project / immutable
     if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not supported here")
     try:
@@ -401,7 +402,8 @@ def test_immutable_kernel(fresh_project: Path) -> None:
         result = run_cli(fresh_project, "generate")
         assert result.exit_code == 2, result.output
         line = assert_one_line_error(result.stderr)
-        assert line.startswith("error: generated/attention_f16.wgsl: cannot write: "), line
+        assert line.startswith("error: generated/attention"), line
+        assert ": cannot write: Operation not permitted" in line, line
         assert "nothing was changed" in line
         assert generated_tree(fresh_project) == before
     finally:
