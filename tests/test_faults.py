@@ -316,7 +316,7 @@ def test_failed_rename_in_the_middle_restores_the_old_tree(
     monkeypatch.setattr(outputs.os, "replace", replace_then_fail)
     if not hard_links:  # a filesystem without hard links: the backups are kept in memory
 
-        def no_link(source, destination):
+        def no_link(source, destination, **options):
             raise OSError(errno.EPERM, os.strerror(errno.EPERM))
 
         monkeypatch.setattr(outputs.os, "link", no_link)
