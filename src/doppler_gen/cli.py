@@ -219,9 +219,12 @@ def cli(ctx: click.Context, root: Path | None, debug: bool) -> None:
 def generate(state: State, names: tuple[str, ...]) -> None:
     """Render all variants (or NAMES / globs) and update generated/.
 
-    Nothing is written unless every variant renders and passes its interface check. Files are
-    replaced atomically and only when changed; a file in generated/ that no variant produces is
-    removed only if it carries doppler-gen's generated header.
+    Nothing is written unless every variant renders and passes its interface check. Changed
+    files are replaced in one transaction under a project lock: on any failure the old tree is
+    restored. A file in generated/ that no variant produces is removed only if it is a kernel
+    doppler-gen wrote there, unchanged (the manifest records its sha256); a hand-edited file
+    with the generated header makes generate refuse. NAMES update only their own manifest
+    entries.
     """
     from doppler_gen.outputs import plan, write
 
@@ -231,6 +234,8 @@ def generate(state: State, names: tuple[str, ...]) -> None:
         click.echo(f"wrote     {path}")
     for path in result.removed:
         click.echo(f"removed   {path}")
+    for path in result.cleaned:
+        click.echo(f"removed   {path} (temporary file of an interrupted generate)")
     click.echo(
         f"{len(result.written)} written, {len(result.unchanged)} unchanged, "
         f"{len(result.removed)} removed"
@@ -270,9 +275,10 @@ def check(state: State, as_json: bool, full: bool) -> None:
         return
     from doppler_gen.outputs import compare, plan
 
+    check_memo.forget(project.root)  # whatever this full check finds, the old memo is void
     status = compare(plan(project))
     if status.clean:
-        check_memo.remember_clean(project.root, digest)
+        check_memo.remember_clean(project.root, digest)  # only if the tree did not change meanwhile
     if as_json:
         click.echo(json.dumps(_check_json(status, fix), indent=2, sort_keys=True))
         sys.exit(0 if status.clean else 1)
@@ -285,8 +291,12 @@ def check(state: State, as_json: bool, full: bool) -> None:
     for path in status.missing:
         click.echo(f"missing:  {path}")
     for path in status.orphaned:
-        click.echo(f"orphaned: {path} (no variant produces it)")
+        why = "; not as doppler-gen wrote it: move or delete it" if path in status.foreign else ""
+        click.echo(f"orphaned: {path} (no variant produces it{why})")
+    for path in status.leftovers:
+        click.echo(f"leftover: {path} (temporary file of an interrupted generate)")
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)
+    problems += len(status.leftovers)
     click.echo(f"generated/ is out of date ({problems} file(s)); fix with: {fix}", err=True)
     sys.exit(1)
 
@@ -303,7 +313,7 @@ def _check_json(status: Any, fix: str, memo: bool = False) -> dict[str, Any]:
         "ok": clean,
         "stale": sorted(status.stale) if status else [],
         "missing": status.missing if status else [],
-        "orphaned": status.orphaned if status else [],
+        "orphaned": [*status.orphaned, *status.leftovers] if status else [],
         "diffs": status.stale if status else {},
         "fix": None if clean else fix,
     }
