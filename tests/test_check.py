@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import edit, run_cli, snapshot
+from conftest import edit, project_snapshot, run_cli
 
 FIX = "doppler-gen generate"
 
 
 def check(root: Path, *args: str) -> Result:
     """Run check and assert it wrote nothing."""
-    before = snapshot(root)
+    before = project_snapshot(root)
     result = run_cli(root, "check", *args)
-    assert snapshot(root) == before, "check must never write"
+    assert project_snapshot(root) == before, "check must never write (beyond its memo)"
     return result
 
 
@@ -173,7 +173,7 @@ def test_orphan(fresh_project: Path) -> None:
     orphan = fresh_project / "generated/attention_old.wgsl"
     orphan.write_bytes((fresh_project / "generated/attention.wgsl").read_bytes())
     result = check(fresh_project)
-    assert_out_of_date(result, "orphaned: generated/attention_old.wgsl (no variant produces it)")
+    assert_out_of_date(result, "orphaned: generated/attention_old.wgsl (no variant produces it")
 
 
 def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:
@@ -193,9 +193,11 @@ def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:
 
 
 def test_generate_fixes_what_check_reports(fresh_project: Path) -> None:
-    (fresh_project / "generated/attention_f16kv.wgsl").unlink()
-    (fresh_project / "generated/attention_old.wgsl").write_bytes(
-        (fresh_project / "generated/attention.wgsl").read_bytes()
+    (fresh_project / "generated/attention_f16.wgsl").unlink()
+    edit(  # the old file becomes an orphan that doppler-gen wrote
+        fresh_project / "variants.toml",
+        'name = "attention_f16kv"\ntemplate = "attention"\noutput = "generated/attention_f16kv.wgsl"',
+        'name = "attention_kv16"\ntemplate = "attention"\noutput = "generated/attention_kv16.wgsl"',
     )
     kernel = fresh_project / "generated/attention.wgsl"
     kernel.write_text(kernel.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")

@@ -300,3 +300,18 @@ def test_an_unwritten_scratch_slot_is_caught_by_the_nan_poison(project: Path) ->
     variant = json.loads(result.stdout)["variants"][0]
     assert variant["status"] == "FAIL"
     assert variant["failures"] and variant["failures"][0]["non_finite"] > 0
+
+
+def test_show_prints_every_pass_or_the_one_asked_for(project: Path) -> None:
+    both = run_cli(project, "show", "rowsum")
+    assert both.exit_code == 0, both.output
+    assert "// == pass partials (generated/rowsum.partials.wgsl)" in both.stdout
+    assert "// == pass reduce (generated/rowsum.reduce.wgsl)" in both.stdout
+    raw = run_cli(project, "show", "rowsum", "--raw", "--pass", "reduce")
+    assert raw.exit_code == 0
+    assert raw.stdout == (project / "generated/rowsum.reduce.wgsl").read_text(encoding="utf-8")
+    refused = run_cli(project, "show", "rowsum", "--raw")
+    assert refused.exit_code == 2 and "add --pass NAME" in refused.stderr
+    assert_one_line_error(refused.stderr)
+    unknown = run_cli(project, "show", "rowsum", "--pass", "nope")
+    assert unknown.exit_code == 2 and "passes: partials, reduce" in unknown.stderr

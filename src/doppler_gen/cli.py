@@ -219,9 +219,12 @@ def cli(ctx: click.Context, root: Path | None, debug: bool) -> None:
 def generate(state: State, names: tuple[str, ...]) -> None:
     """Render all variants (or NAMES / globs) and update generated/.
 
-    Nothing is written unless every variant renders and passes its interface check. Files are
-    replaced atomically and only when changed; a file in generated/ that no variant produces is
-    removed only if it carries doppler-gen's generated header.
+    Nothing is written unless every variant renders and passes its interface check. Changed
+    files are replaced in one transaction under a project lock: on any failure the old tree is
+    restored. A file in generated/ that no variant produces is removed only if it is a kernel
+    doppler-gen wrote there, unchanged (the manifest records its sha256); a hand-edited file
+    with the generated header makes generate refuse. NAMES update only their own manifest
+    entries.
     """
     from doppler_gen.outputs import plan, write
 
@@ -231,6 +234,8 @@ def generate(state: State, names: tuple[str, ...]) -> None:
         click.echo(f"wrote     {path}")
     for path in result.removed:
         click.echo(f"removed   {path}")
+    for path in result.cleaned:
+        click.echo(f"removed   {path} (temporary file of an interrupted generate)")
     click.echo(
         f"{len(result.written)} written, {len(result.unchanged)} unchanged, "
         f"{len(result.removed)} removed"
@@ -270,9 +275,10 @@ def check(state: State, as_json: bool, full: bool) -> None:
         return
     from doppler_gen.outputs import compare, plan
 
+    check_memo.forget(project.root)  # whatever this full check finds, the old memo is void
     status = compare(plan(project))
     if status.clean:
-        check_memo.remember_clean(project.root, digest)
+        check_memo.remember_clean(project.root, digest)  # only if the tree did not change meanwhile
     if as_json:
         click.echo(json.dumps(_check_json(status, fix), indent=2, sort_keys=True))
         sys.exit(0 if status.clean else 1)
@@ -285,8 +291,12 @@ def check(state: State, as_json: bool, full: bool) -> None:
     for path in status.missing:
         click.echo(f"missing:  {path}")
     for path in status.orphaned:
-        click.echo(f"orphaned: {path} (no variant produces it)")
+        why = "; not as doppler-gen wrote it: move or delete it" if path in status.foreign else ""
+        click.echo(f"orphaned: {path} (no variant produces it{why})")
+    for path in status.leftovers:
+        click.echo(f"leftover: {path} (temporary file of an interrupted generate)")
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)
+    problems += len(status.leftovers)
     click.echo(f"generated/ is out of date ({problems} file(s)); fix with: {fix}", err=True)
     sys.exit(1)
 
@@ -303,7 +313,7 @@ def _check_json(status: Any, fix: str, memo: bool = False) -> dict[str, Any]:
         "ok": clean,
         "stale": sorted(status.stale) if status else [],
         "missing": status.missing if status else [],
-        "orphaned": status.orphaned if status else [],
+        "orphaned": [*status.orphaned, *status.leftovers] if status else [],
         "diffs": status.stale if status else {},
         "fix": None if clean else fix,
     }
@@ -355,7 +365,7 @@ def export(state: State, against: Path | None, as_json: bool) -> None:
         for name in registry["notExported"]:
             click.echo(f"not exported: {name} (no doppler_id in variants.toml)")
         return
-    generated = [kernel.variant.output for kernel in outcome.kernels.values()]
+    generated = [r.output for kernel in outcome.kernels.values() for r in kernel.passes]
     lines = differences(registry, digests, theirs[0], theirs[1], generated)
     if as_json:
         click.echo(json.dumps({"ok": not lines, "differences": lines}, indent=2))
@@ -390,25 +400,50 @@ def list_(state: State, as_json: bool) -> None:
 @click.argument("name", shell_complete=complete_variants)
 @click.option("--raw", is_flag=True, help="Print the WGSL exactly, without line numbers.")
 @click.option("--origins", is_flag=True, help="Show the template line behind each generated line.")
+@click.option(
+    "--pass",
+    "pass_name",
+    default=None,
+    help="Only this pass of a multi-pass variant (--raw of a multi-pass variant needs it).",
+)
 @common_options
 @pass_state
 @handle_errors
-def show(state: State, name: str, raw: bool, origins: bool) -> None:
-    """Print the rendered WGSL of variant NAME (with line numbers unless --raw)."""
+def show(state: State, name: str, raw: bool, origins: bool, pass_name: str | None) -> None:
+    """Print the rendered WGSL of variant NAME (with line numbers unless --raw).
+
+    A multi-pass variant prints each pass after a `// == pass NAME (FILE)` line.
+    """
     from doppler_gen.render import Renderer
 
     variant = state.project.variant(name)
     kernel = Renderer(state.project).render(variant, with_origins=origins)
+    passes = [r for r in kernel.passes if pass_name in (None, r.spec.name)]
+    if not passes:
+        known = ", ".join(r.spec.name for r in kernel.passes)
+        raise DopplerGenError(f"variant {name} has no pass {pass_name!r} (passes: {known})")
     if raw:
-        click.echo(kernel.text, nl=False)
+        if len(passes) > 1:
+            raise DopplerGenError(
+                f"variant {name} has {len(passes)} passes; --raw prints one: add --pass NAME"
+            )
+        click.echo(passes[0].text, nl=False)
         return
-    lines = kernel.text.split("\n")[:-1]
+    for rendered in passes:
+        if len(kernel.passes) > 1:
+            click.echo(f"// == pass {rendered.spec.name} ({rendered.output})")
+        _show_numbered(rendered, origins)
+
+
+def _show_numbered(rendered: Any, origins: bool) -> None:
+    """One pass's text with line numbers (and template origins)."""
+    lines = rendered.text.split("\n")[:-1]
     width = len(str(len(lines)))
     wheres = [""] * len(lines)
     if origins:
-        if kernel.origins is None:
+        if rendered.origins is None:
             click.echo("note: no source map for this variant; showing lines only", err=True)
-        wheres = [_where(kernel.origin(n)) for n in range(1, len(lines) + 1)]
+        wheres = [_where(rendered.origin(n)) for n in range(1, len(lines) + 1)]
     where_width = max(map(len, wheres))
     for number, (line, where) in enumerate(zip(lines, wheres, strict=True), start=1):
         margin = f" {where:<{where_width}}" if where_width else ""

@@ -410,7 +410,9 @@ def orphaned_exports(root: Path, produced: Iterable[str]) -> list[str]:
     found = []
     for path in sorted(directory.iterdir()):
         relative = path.relative_to(root).as_posix()
-        if path.is_file() and relative not in produced and _is_ours(path):
+        # hidden names are never ours (an interrupted generate's temporary files are leftovers)
+        hidden = path.name.startswith(".")
+        if path.is_file() and not hidden and relative not in produced and _is_ours(path):
             found.append(relative)
     return found
 
