@@ -199,7 +199,7 @@ def complete_variants(
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
 @click.pass_context
 def cli(ctx: click.Context, root: Path | None, debug: bool) -> None:
-    """Generate, check and validate Doppler's WGSL attention kernels.
+    """Generate, check and validate Doppler's WGSL kernels.
 
     Templates under templates/ expand into every variant declared in variants.toml; the results
     live in generated/ together with generated/manifest.json (bindings, uniform layout, overrides

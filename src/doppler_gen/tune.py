@@ -4,9 +4,10 @@ The knobs are (a) every integer ``override`` constant of the variant's WGSL, ove
 from 16 up to its default plus the default (never above: the template sizes workgroup arrays from
 the default), and (b) every template parameter variants.toml lists under
 ``[templates.NAME.tunable]`` (the variant is re-rendered with the value). Constraints between
-knobs (the tiled kernel needs BLOCK_SIZE == WORKGROUP_SIZE, say) are not written down anywhere
-Python could read, so they are not guessed: every combination is enumerated, and one that fails
-quick validation is reported "invalid" with the reason instead of being timed. Candidates are
+knobs are the family's (``Family.constraints``): a candidate that breaks one is reported
+"invalid" with the reason and neither validated nor timed. Constraints a family does not declare
+are not guessed: every other combination is enumerated, and one that fails quick validation is
+reported "invalid" with the reason instead of being timed. Candidates are
 ordered by how far they are from the current configuration (template parameters before
 override constants, as the template's author declared those tunable), so that ``--max-candidates``
 cuts the most exotic ones first, and the report says when it cut.

@@ -32,7 +32,7 @@ import numpy as np
 
 from doppler_gen.families.base import CaseData, Family
 from doppler_gen.shapes import ShapeSyntaxError
-from doppler_gen.tolerance import f32_tolerance
+from doppler_gen.tolerance import F32_UNIT_ROUNDOFF
 
 MASKED_SCORE = -3.402823e38
 """The finite score the tiered kernels give a masked key (not -inf); see ``masked_row``."""
@@ -619,6 +619,15 @@ def make_attention_shape(
 
 def _shape_error(text: str, message: str) -> ShapeSyntaxError:
     return ShapeSyntaxError(f"--shape {text!r}: {message}")
+
+
+def f32_tolerance(v_max: float, head_dim: int, logits: float, keys: int) -> float:
+    """The f32 attention bound of the README's tolerance policy (see ``tolerance.py``)."""
+    return (
+        max(v_max, 1e-30)
+        * F32_UNIT_ROUNDOFF
+        * (16 + 2 * math.sqrt(head_dim) * logits + 2 * math.sqrt(keys))
+    )
 
 
 # --- the shared family behaviour ----------------------------------------------------------------
