@@ -173,3 +173,13 @@ def seeded(seed: int) -> np.random.Generator:
 def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
     """``values`` in a WGSL element type's numpy dtype: the reference sees the rounded values."""
     return values.astype(NUMPY_DTYPES[dtype])
+
+
+def element_types(entry: Mapping[str, Any]) -> dict[str, str]:
+    """Binding name -> WGSL element type, over every pass of a manifest entry."""
+    return {
+        b["name"]: b["element_type"]
+        for p in entry["passes"]
+        for b in p["bindings"]
+        if b["element_type"]
+    }

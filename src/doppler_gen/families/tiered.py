@@ -23,9 +23,8 @@ from doppler_gen.families.attention import (
     paged_buffer,
     tiered_attention,
 )
-from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, rounded
+from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, element_types, rounded
 from doppler_gen.families.quant import dequantize_kv, packed_stride_for, quantize_kv
-from doppler_gen.families.tiled import element_types
 from doppler_gen.formats import QUANT_BITS
 
 

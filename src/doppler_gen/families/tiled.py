@@ -25,7 +25,7 @@ from doppler_gen.families.attention import (
     paged_buffer,
     tiled_attention,
 )
-from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, rounded
+from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, element_types, rounded
 
 
 def tiled_specs(
@@ -275,16 +275,6 @@ class TiledFamily(AttentionFamily):
             compute_dtype=compute_dtype,
             stats=stats,
         )
-
-
-def element_types(entry: Mapping[str, Any]) -> dict[str, str]:
-    """Binding name -> WGSL element type, over every pass of a manifest entry."""
-    return {
-        b["name"]: b["element_type"]
-        for p in entry["passes"]
-        for b in p["bindings"]
-        if b["element_type"]
-    }
 
 
 FAMILY = TiledFamily()
