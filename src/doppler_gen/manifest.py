@@ -1,4 +1,4 @@
-"""generated/manifest.json: what a host (and the validation harness) needs to drive each kernel.
+"""generated/manifest.json: what a host (and the validation runtime) needs to drive each kernel.
 
 Built from the generated WGSL itself (parsed by ``wgsl``), plus the host metadata variants.toml
 declares. Before a manifest is written, the metadata is cross-checked against the WGSL, so a
