@@ -33,6 +33,8 @@ from doppler_gen.harness import CaseResult, KernelRunner
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import select
 from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.shipped import load_kernels
+from doppler_gen.tiers import size_specs, tier_name
 
 
 @dataclass
@@ -93,6 +95,8 @@ class ValidationRun:
     quick: bool
     variants: list[VariantReport]
     seconds: float
+    tier: str = "default"
+    source: str = "committed generated/"
 
     @property
     def ok(self) -> bool:
@@ -106,23 +110,30 @@ class ValidationRun:
             "limits": self.limits_profile,
             "seed": self.seed,
             "quick": self.quick,
+            "tier": self.tier,
+            "kernels": self.source,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "variants": [v.as_dict() for v in self.variants],
         }
 
 
-def case_specs(entry: dict[str, Any], *, quick: bool, seed: int) -> list[CaseSpec]:
+def case_specs(
+    entry: dict[str, Any], *, quick: bool, seed: int, large: bool = False
+) -> list[CaseSpec]:
+    """The feature matrix (``--quick``: its subset), plus the tier's size cases (``tiers``)."""
     meta = entry["metadata"]
     if entry["family"] == "tiled":
-        return tiled_specs(meta["max_head_dim"], quick=quick, seed=seed)
-    return tiered_specs(
-        meta["max_head_dim"],
-        meta["max_kv_len"],
-        cold=str(entry["params"]["cold"]),
-        quick=quick,
-        seed=seed,
-    )
+        specs = tiled_specs(meta["max_head_dim"], quick=quick, seed=seed)
+    else:
+        specs = tiered_specs(
+            meta["max_head_dim"],
+            meta["max_kv_len"],
+            cold=str(entry["params"]["cold"]),
+            quick=quick,
+            seed=seed,
+        )
+    return specs + size_specs(entry, tier_name(quick=quick, large=large), seed)
 
 
 def static_skip(
@@ -219,15 +230,6 @@ def backend_names(choice: str) -> list[str]:
     return list(ALL_BACKENDS) if choice == "all" else [choice]
 
 
-def _render(
-    project: Project, patterns: tuple[str, ...]
-) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
-    """The selected variants, rendered with source maps, and their manifest entries."""
-    renderer = Renderer(project)
-    kernels = [renderer.render(v, with_origins=True) for v in select(project, patterns)]
-    return kernels, [variant_entry(k, parse_kernel(k)) for k in kernels]
-
-
 def validate(
     project: Project,
     patterns: tuple[str, ...] = (),
@@ -239,9 +241,15 @@ def validate(
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
+    large: bool = False,
+    from_templates: bool = False,
 ) -> ValidationRun:
-    """Validate the selected variants; never raises for a kernel failure (that is a report)."""
-    kernels, entries = _render(project, patterns)
+    """Validate the selected variants; never raises for a kernel failure (that is a report).
+
+    Runs the committed generated/ kernels after proving them fresh (``shipped``; a stale tree
+    raises StaleTree, exit 1), or a fresh render with ``from_templates``.
+    """
+    kernels, entries = load_kernels(project, patterns, from_templates=from_templates)
     return _run_backend(
         get_backend(backend_name),
         kernels,
@@ -252,6 +260,16 @@ def validate(
         seed=seed,
         storage_overrun=storage_overrun,
         progress=progress,
+        large=large,
+        source=_source(from_templates),
+    )
+
+
+def _source(from_templates: bool) -> str:
+    return (
+        "fresh render of templates/ (--from-templates)"
+        if from_templates
+        else "committed generated/"
     )
 
 
@@ -267,6 +285,8 @@ def _run_backend(
     storage_overrun: bool,
     progress: Progress | None,
     outputs: Outputs | None = None,
+    large: bool = False,
+    source: str = "committed generated/",
 ) -> ValidationRun:
     """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
     started = time.perf_counter()
@@ -285,6 +305,7 @@ def _run_backend(
                     progress=progress,
                     storage_overrun=storage_overrun,
                     outputs=kept,
+                    large=large,
                 )
             )
     finally:
@@ -297,6 +318,8 @@ def _run_backend(
         quick,
         reports,
         time.perf_counter() - started,
+        tier_name(quick=quick, large=large),
+        source,
     )
 
 
@@ -371,6 +394,8 @@ def validate_all(
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
+    large: bool = False,
+    from_templates: bool = False,
 ) -> CrossRun:
     """Validate on every implementation in ``backends``, then compare their outputs pairwise.
 
@@ -379,7 +404,7 @@ def validate_all(
     """
     started = time.perf_counter()
     implementations = [get_backend(name) for name in backends]
-    kernels, entries = _render(project, patterns)
+    kernels, entries = load_kernels(project, patterns, from_templates=from_templates)
     runs, outputs = [], []
     for backend in implementations:
         kept: Outputs = {}
@@ -395,6 +420,8 @@ def validate_all(
                 storage_overrun=storage_overrun,
                 progress=progress,
                 outputs=kept,
+                large=large,
+                source=_source(from_templates),
             )
         )
         outputs.append(kept)
@@ -496,11 +523,12 @@ def validate_variant(
     storage_overrun: bool = False,
     constants: dict[str, float] | None = None,
     outputs: dict[CaseSpec, np.ndarray] | None = None,
+    large: bool = False,
 ) -> VariantReport:
     """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
     name = kernel.variant.name
     started = time.perf_counter()
-    specs = case_specs(entry, quick=quick, seed=seed)
+    specs = case_specs(entry, quick=quick, seed=seed, large=large)
     skip, note = static_skip(entry, device, storage_overrun=storage_overrun)
     if skip:
         if progress:
@@ -577,8 +605,8 @@ def _summary(run: ValidationRun) -> str:
     total_cases = sum(len(v.cases) for v in run.variants)
     return (
         f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
-        f"({total_cases} cases, {run.seconds:.1f}s) on {run.adapter} "
-        f"[{run.backend}, limits {run.limits_profile}]"
+        f"({total_cases} cases, {run.tier} tier, {run.seconds:.1f}s) on {run.adapter} "
+        f"[{run.backend}, limits {run.limits_profile}; {run.source}]"
     )
 
 
@@ -645,12 +673,14 @@ def _agreement_summary(cross: CrossRun) -> str:
     )
 
 
-def case_count(project: Project, patterns: tuple[str, ...], *, quick: bool, seed: int) -> int:
+def case_count(
+    project: Project, patterns: tuple[str, ...], *, quick: bool, seed: int, large: bool = False
+) -> int:
     """How many cases a run will go through (for the progress bar)."""
     renderer = Renderer(project)
     total = 0
     for variant in select(project, patterns):
         kernel = renderer.render(variant)
         entry = variant_entry(kernel, parse_kernel(kernel))
-        total += len(case_specs(entry, quick=quick, seed=seed))
+        total += len(case_specs(entry, quick=quick, seed=seed, large=large))
     return total

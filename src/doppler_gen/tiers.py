@@ -1,0 +1,390 @@
+"""Case tiers: how far validation pushes each dimension, derived from a variant's metadata.
+
+``--quick`` is the CI smoke test (the feature matrix's subset), the default tier is what CI runs,
+``--large`` is for a GPU at real model sizes. The default and large tiers add *size cases* to the
+feature matrix of ``cases``: bugs that appear only past a size (a head index that aliases above
+some head count, keys beyond some count ignored, queries beyond some count never written, an
+offset beyond some value dropped) pass every small case.
+
+| dimension | default | large |
+|---|---|---|
+| query heads | 1-64: 32/8 and 64/8 GQA, 64 MHA, 64 MQA | same |
+| head_dim | ``head_dims(max_head_dim)`` | same |
+| kv_len | 2083 (>= 2048) | 8219 (>= 8192) |
+| query_len | 333 (>= 300) | 1061 (>= 1024) |
+| start_pos / kv_start | 4099 (>= 4096) | 65543 |
+| rings | wrapped 16x (tiled), 3x (tiered hot) | 64x, 3x |
+| page tables | >= 64 shuffled pages (non-identity) | same |
+| tiered cold_len | MAX_KV_LEN - hot, capped at 16384 | MAX_KV_LEN - hot |
+| cold K/V magnitudes | rows spanning 4 decades (int8/int4 scales too) | same |
+
+Everything comes from the manifest entry's metadata (``max_head_dim``, ``max_kv_len``, the cold
+format), so a new variant gets coverage without anyone editing a matrix. Lengths are ragged on
+purpose (not multiples of any tile). The default tier's per-case cost is kept low for lavapipe:
+the long shapes use few heads (the heads cases use short lengths), and large outputs are compared
+on a sampled set of rows (``sampling``). The tiered cap of 16384 keys keeps a variant with a
+MAX_KV_LEN of 131072 affordable on a CPU adapter; ``--large`` goes to the variant's maximum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from doppler_gen.cases import CaseSpec
+
+TIERS = ("quick", "default", "large")
+
+# Head dims every kernel is swept over (those up to its max_head_dim, plus the max itself):
+# each multiple of 8 to 128, then each multiple of 32 (the head sizes of real models: 64, 80,
+# 96, 112, 128, 160, 192, 256, ...), plus 1 and an odd size that is no multiple of any pack
+# factor or vector width.
+HEAD_DIM_STEPS = ((8, 128), (32, 4096))
+ODD_HEAD_DIMS = (1, 13)
+
+
+@dataclass(frozen=True)
+class TierSizes:
+    """The sizes one tier reaches."""
+
+    kv_len: int  # long-context keys
+    query_len: int  # long prefill
+    offset: int  # start_pos / kv_start
+    ring_window: int  # tiled ring size (kv_len / ring_window wraps)
+    kv_cap: int | None  # most tiered keys (cold + hot) a case may use; None: MAX_KV_LEN
+    model_prefill: bool  # add a model-shaped prefill (32/8 heads, full lengths; GPU only)
+
+
+SIZES = {
+    "default": TierSizes(2083, 333, 4099, 128, 16384, model_prefill=False),
+    "large": TierSizes(8219, 1061, 65543, 128, None, model_prefill=True),
+}
+
+
+def tier_name(*, quick: bool, large: bool) -> str:
+    """The tier the --quick / --large flags select (the CLI refuses both at once)."""
+    if quick and large:
+        raise ValueError("--quick and --large are exclusive")
+    return "quick" if quick else "large" if large else "default"
+
+
+def head_dims(max_head_dim: int) -> list[int]:
+    """Every head_dim the tiers sweep for a kernel whose maximum is ``max_head_dim``."""
+    dims = set(ODD_HEAD_DIMS)
+    low = 0
+    for step, top in HEAD_DIM_STEPS:
+        dims.update(range(low + step - low % step, top + 1, step))
+        low = top
+    dims.add(max_head_dim)
+    return sorted(d for d in dims if 1 <= d <= max_head_dim)
+
+
+def size_specs(entry: dict[str, Any], tier: str, seed: int) -> list[CaseSpec]:
+    """The size cases of ``tier`` for the variant whose manifest entry is ``entry``."""
+    if tier == "quick":
+        return []
+    sizes = SIZES[tier]
+    meta = entry["metadata"]
+    if entry["family"] == "tiled":
+        specs = tiled_size_specs(int(meta["max_head_dim"]), sizes)
+    else:
+        cold = str(entry["params"].get("cold", "f16"))
+        specs = tiered_size_specs(int(meta["max_head_dim"]), int(meta["max_kv_len"]), cold, sizes)
+    return [replace(s, seed=seed * 1000 + 700 + i) for i, s in enumerate(specs)]
+
+
+# -- tiled ----------------------------------------------------------------------------------------
+
+
+def tiled_size_specs(max_head_dim: int, s: TierSizes) -> list[CaseSpec]:
+    """Tiled-family size cases: heads, head_dim sweep, long KV, long prefill, offsets, layouts."""
+    hd = max_head_dim
+    small = min(hd, 32)
+    specs = _tiled_heads(hd) + [
+        CaseSpec(
+            f"head_dim {d}",
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=d,
+            query_len=5,
+            kv_len=23,
+            start_pos=18,
+        )
+        for d in head_dims(hd)
+    ]
+    specs += [
+        CaseSpec(
+            f"long KV {s.kv_len}, decode, 1 head",
+            num_heads=1,
+            num_kv_heads=1,
+            head_dim=hd,
+            query_len=1,
+            kv_len=s.kv_len,
+            start_pos=s.kv_len - 1,
+        ),
+        CaseSpec(
+            f"long KV {s.kv_len}, window, from buffer",
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=small,
+            query_len=9,
+            kv_len=s.kv_len,
+            start_pos=s.kv_len - 9,
+            sliding_window=s.kv_len - 301,
+            kv_len_source=1,
+        ),
+        CaseSpec(
+            f"long prefill {s.query_len} queries",
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=small,
+            query_len=s.query_len,
+            kv_len=s.query_len + 37,
+            start_pos=37,
+        ),
+        CaseSpec(
+            f"kv_start and start_pos past {s.offset}",
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=small,
+            query_len=11,
+            kv_len=150,
+            kv_start=s.offset,
+            start_pos=s.offset + 139,
+        ),
+        CaseSpec(
+            f"ring wrapped {s.kv_len // s.ring_window}x, kv_start {s.offset}",
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=small,
+            query_len=6,
+            kv_len=s.kv_len,
+            kv_start=s.offset,
+            start_pos=s.offset + s.kv_len - 6,
+            sliding_window=s.ring_window,
+            kv_layout="ring",
+        ),
+        CaseSpec(
+            f"paged, {-(-(s.kv_len + 37) // 16)} shuffled pages",
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=small,
+            query_len=5,
+            kv_len=s.kv_len,
+            kv_start=37,
+            start_pos=37 + s.kv_len - 5,
+            kv_layout="paged",
+            page_size=16,
+        ),
+        CaseSpec(
+            f"paged, kv_start {s.offset}",
+            num_heads=2,
+            num_kv_heads=2,
+            head_dim=small,
+            query_len=4,
+            kv_len=300,
+            kv_start=s.offset,
+            start_pos=s.offset + 296,
+            kv_layout="paged",
+            page_size=64,
+        ),
+    ]
+    return specs + _tiled_model(hd, s)
+
+
+def _tiled_heads(hd: int) -> list[CaseSpec]:
+    """1 to 64 query heads: 64/8 and 32/8 GQA, 64 MHA, 64 MQA (short lengths: heads are the
+    dimension under test)."""
+    d = min(hd, 32)
+    return [
+        CaseSpec(
+            "heads 64/8 (GQA 8)",
+            num_heads=64,
+            num_kv_heads=8,
+            head_dim=d,
+            query_len=3,
+            kv_len=45,
+            start_pos=42,
+        ),
+        CaseSpec(
+            "heads 32/8 (GQA 4)",
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=min(hd, 64),
+            query_len=20,
+            kv_len=90,
+            start_pos=70,
+        ),
+        CaseSpec(
+            "heads 64/64 (MHA)",
+            num_heads=64,
+            num_kv_heads=64,
+            head_dim=min(hd, 16),
+            query_len=2,
+            kv_len=33,
+            start_pos=31,
+        ),
+        CaseSpec(
+            "heads 64/1 (MQA)",
+            num_heads=64,
+            num_kv_heads=1,
+            head_dim=min(hd, 24),
+            query_len=5,
+            kv_len=60,
+            start_pos=55,
+        ),
+        CaseSpec(
+            "heads 1", num_heads=1, num_kv_heads=1, head_dim=d, query_len=7, kv_len=50, start_pos=43
+        ),
+    ]
+
+
+def _tiled_model(hd: int, s: TierSizes) -> list[CaseSpec]:
+    """Model-shaped problems (64/8 and 32/8 heads, head_dim up to 128) at the tier's lengths.
+
+    The prefill (32 heads x query_len x kv_len) costs seconds on lavapipe: large tier only.
+    """
+    d = min(hd, 128)
+    decode = CaseSpec(
+        f"model decode {s.kv_len}, 64/8 heads",
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=d,
+        query_len=1,
+        kv_len=s.kv_len,
+        start_pos=s.kv_len - 1,
+    )
+    if not s.model_prefill:
+        return [decode]
+    return [
+        decode,
+        CaseSpec(
+            f"model prefill {s.query_len}x{s.kv_len}, 32/8 heads",
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=d,
+            query_len=s.query_len,
+            kv_len=s.kv_len,
+            start_pos=s.kv_len - s.query_len,
+        ),
+    ]
+
+
+# -- tiered ---------------------------------------------------------------------------------------
+
+
+def tiered_size_specs(
+    max_head_dim: int, max_kv_len: int, cold: str, s: TierSizes
+) -> list[CaseSpec]:
+    """Tiered-family size cases: heads, head_dim sweep, cold tier at MAX_KV_LEN, offsets."""
+    hd = max_head_dim
+    small = min(hd, 64)
+    longest = max_kv_len if s.kv_cap is None else min(max_kv_len, s.kv_cap)
+    window = 64
+    hot = min(40, longest // 2)
+    cold_len = longest - hot
+    specs = [
+        _tiered_heads(heads, kv_heads, min(hd, d), label)
+        for heads, kv_heads, d, label in (
+            (64, 8, 64, "heads 64/8 (GQA 8)"),
+            (32, 8, 128, "heads 32/8 (GQA 4)"),
+            (64, 64, 16, "heads 64/64 (MHA)"),
+            (64, 1, 32, "heads 64/1 (MQA)"),
+            (1, 1, 32, "heads 1"),
+        )
+    ]
+    specs += [
+        CaseSpec(
+            f"head_dim {d}",
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=d,
+            cold_len=17,
+            hot_len=5,
+            hot_window=8,
+            hot_start=27,
+            start_pos=31,
+        )
+        for d in head_dims(hd)
+    ]
+    wrapped = cold_len + 3 * window + 5
+    specs.append(
+        CaseSpec(
+            f"cold {cold_len} + hot {hot} (MAX_KV_LEN {max_kv_len}), ring wrapped 3x, "
+            "magnitudes over 4 decades",
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=small,
+            cold_len=cold_len,
+            hot_len=hot,
+            hot_window=window,
+            hot_start=wrapped,
+            start_pos=wrapped + hot - 1,
+            magnitude_span=4.0,
+        )
+    )
+    hot_start = s.offset + 3
+    query = hot_start + 19
+    specs.append(
+        CaseSpec(
+            f"start_pos and hot_start past {s.offset}, window",
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=small,
+            cold_len=300,
+            hot_len=20,
+            hot_window=32,
+            hot_start=hot_start,
+            start_pos=query,
+            sliding_window=query - 150 + 1,
+        )
+    )
+    if cold == "f16":
+        paged = min(longest - 10, 1500)
+        specs.append(
+            CaseSpec(
+                f"cold paged, {-(-paged // 16)} shuffled pages",
+                num_heads=4,
+                num_kv_heads=2,
+                head_dim=small,
+                cold_len=paged,
+                hot_len=10,
+                hot_window=16,
+                hot_start=paged + 4 * 16 + 1,
+                start_pos=paged + 4 * 16 + 10,
+                cold_layout=2,
+                cold_page_size=16,
+            )
+        )
+    model_cold = min(cold_len, s.kv_len - hot)  # 32 heads: capped at the tier's kv_len
+    model_start = model_cold + 3 * window + 5
+    specs.append(
+        CaseSpec(
+            f"model decode cold {model_cold} + hot {hot}, 32/8 heads",
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=min(hd, 128),
+            cold_len=model_cold,
+            hot_len=hot,
+            hot_window=window,
+            hot_start=model_start,
+            start_pos=model_start + hot - 1,
+            magnitude_span=4.0,
+        )
+    )
+    return specs
+
+
+def _tiered_heads(heads: int, kv_heads: int, head_dim: int, label: str) -> CaseSpec:
+    """A short decode with ``heads``/``kv_heads`` heads and a hot ring wrapped twice."""
+    return CaseSpec(
+        label,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        cold_len=40,
+        hot_len=9,
+        hot_window=16,
+        hot_start=40 + 2 * 16 + 3,
+        start_pos=40 + 2 * 16 + 11,
+    )
