@@ -17,12 +17,15 @@ offset beyond some value dropped) pass every small case.
 | page tables | >= 64 shuffled pages (non-identity) | same |
 | tiered cold_len | MAX_KV_LEN - hot, capped at 16384 | MAX_KV_LEN - hot |
 | cold K/V magnitudes | rows spanning 4 decades (int8/int4 scales too) | same |
+| model shapes | 64/8 tiled and 32/8 tiered decodes of 1031 keys | 8219 keys; 32/8 prefill |
+| random mixtures | 4 seeded (heads, lengths, offsets, layouts, windows, softcap) | 8 |
 
 Everything comes from the manifest entry's metadata (``max_head_dim``, ``max_kv_len``, the cold
 format), so a new variant gets coverage without anyone editing a matrix. Lengths are ragged on
 purpose (not multiples of any tile). The default tier's per-case cost is kept low for lavapipe:
 the long shapes use few heads (the heads cases use short lengths), and large outputs are compared
-on a sampled set of rows (``sampling``). The tiered cap of 16384 keys keeps a variant with a
+on a sampled set of rows (``sampling``); the random mixtures cap their work (``TILED_WORK``,
+``TIERED_WORK``). The tiered cap of 16384 keys keeps a variant with a
 MAX_KV_LEN of 131072 affordable on a CPU adapter; ``--large`` goes to the variant's maximum.
 """
 
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from doppler_gen.cases import CaseSpec
 
@@ -53,11 +58,13 @@ class TierSizes:
     ring_window: int  # tiled ring size (kv_len / ring_window wraps)
     kv_cap: int | None  # most tiered keys (cold + hot) a case may use; None: MAX_KV_LEN
     model_prefill: bool  # add a model-shaped prefill (32/8 heads, full lengths; GPU only)
+    random_cases: int  # seeded random mixtures of the sizes, layouts and features
+    model_kv_len: int  # keys of the model-shaped decodes (64/8 tiled, 32/8 tiered heads)
 
 
 SIZES = {
-    "default": TierSizes(2083, 333, 4099, 128, 16384, model_prefill=False),
-    "large": TierSizes(8219, 1061, 65543, 128, None, model_prefill=True),
+    "default": TierSizes(2083, 333, 4099, 128, 16384, False, random_cases=4, model_kv_len=1031),
+    "large": TierSizes(8219, 1061, 65543, 128, None, True, random_cases=8, model_kv_len=8219),
 }
 
 
@@ -85,11 +92,16 @@ def size_specs(entry: dict[str, Any], tier: str, seed: int) -> list[CaseSpec]:
         return []
     sizes = SIZES[tier]
     meta = entry["metadata"]
+    hd = int(meta["max_head_dim"])
+    rng = np.random.default_rng([seed, 10])
     if entry["family"] == "tiled":
-        specs = tiled_size_specs(int(meta["max_head_dim"]), sizes)
+        specs = tiled_size_specs(hd, sizes)
+        specs += [_random_tiled(rng, i, hd, sizes) for i in range(sizes.random_cases)]
     else:
         cold = str(entry["params"].get("cold", "f16"))
-        specs = tiered_size_specs(int(meta["max_head_dim"]), int(meta["max_kv_len"]), cold, sizes)
+        kv = int(meta["max_kv_len"])
+        specs = tiered_size_specs(hd, kv, cold, sizes)
+        specs += [_random_tiered(rng, i, hd, kv, cold, sizes) for i in range(sizes.random_cases)]
     return [replace(s, seed=seed * 1000 + 700 + i) for i, s in enumerate(specs)]
 
 
@@ -246,13 +258,13 @@ def _tiled_model(hd: int, s: TierSizes) -> list[CaseSpec]:
     """
     d = min(hd, 128)
     decode = CaseSpec(
-        f"model decode {s.kv_len}, 64/8 heads",
+        f"model decode {s.model_kv_len}, 64/8 heads",
         num_heads=64,
         num_kv_heads=8,
         head_dim=d,
         query_len=1,
-        kv_len=s.kv_len,
-        start_pos=s.kv_len - 1,
+        kv_len=s.model_kv_len,
+        start_pos=s.model_kv_len - 1,
     )
     if not s.model_prefill:
         return [decode]
@@ -356,7 +368,7 @@ def tiered_size_specs(
                 cold_page_size=16,
             )
         )
-    model_cold = min(cold_len, s.kv_len - hot)  # 32 heads: capped at the tier's kv_len
+    model_cold = min(cold_len, s.model_kv_len - hot)  # 32 heads: the tier's model length
     model_start = model_cold + 3 * window + 5
     specs.append(
         CaseSpec(
@@ -387,4 +399,76 @@ def _tiered_heads(heads: int, kv_heads: int, head_dim: int, label: str) -> CaseS
         hot_window=16,
         hot_start=40 + 2 * 16 + 3,
         start_pos=40 + 2 * 16 + 11,
+    )
+
+
+# -- seeded random mixtures -----------------------------------------------------------------------
+
+HEAD_PAIRS = ((64, 8), (32, 8), (16, 16), (8, 1), (4, 2), (1, 1))
+TILED_WORK = 1 << 22  # most (query head, query, key) triples one random tiled case computes
+TIERED_WORK = 1 << 16  # most (query head, key) pairs one random tiered case computes
+
+
+def _random_tiled(rng: np.random.Generator, index: int, hd: int, s: TierSizes) -> CaseSpec:
+    """Sizes, offsets, layouts, windows and softcap mixed; the work is capped (``TILED_WORK``)."""
+    heads, kv_heads = HEAD_PAIRS[int(rng.integers(len(HEAD_PAIRS)))]
+    kv_len = int(rng.integers(s.kv_len // 4, s.kv_len + 1))
+    query_len = int(rng.integers(1, max(2, min(s.query_len, TILED_WORK // (heads * kv_len)) + 1)))
+    query_len = min(query_len, kv_len)
+    layout = str(rng.choice(["contiguous", "ring", "paged"]))
+    kv_start = int(rng.choice([0, s.offset + int(rng.integers(0, 1000))]))
+    window = int(rng.choice([0, 0, 64, 700])) if layout != "ring" else int(rng.choice([64, 200]))
+    return CaseSpec(
+        name=f"random size #{index} ({layout}, {heads}/{kv_heads} heads)",
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(rng.choice([d for d in head_dims(hd) if d >= 8])),
+        query_len=query_len,
+        kv_len=kv_len,
+        kv_start=kv_start,
+        start_pos=kv_start + kv_len - query_len,
+        is_causal=int(rng.random() < 0.85),
+        sliding_window=window,
+        softcap=float(rng.choice([0.0, 0.0, 30.0])),
+        logit_gain=float(rng.choice([1.0, 1.0, 4.0])),
+        kv_layout=layout,
+        page_size=int(rng.choice([16, 64])) if layout == "paged" else 0,
+        kv_len_source=int(rng.random() < 0.25),
+    )
+
+
+def _random_tiered(
+    rng: np.random.Generator, index: int, hd: int, max_kv_len: int, cold: str, s: TierSizes
+) -> CaseSpec:
+    """Long cold tiers, wrapped hot rings, offsets and windows mixed; work capped (TIERED_WORK)."""
+    heads, kv_heads = HEAD_PAIRS[int(rng.integers(len(HEAD_PAIRS)))]
+    longest = max_kv_len if s.kv_cap is None else min(max_kv_len, s.kv_cap)
+    longest = min(longest, max(TIERED_WORK // heads, 2))
+    window = int(rng.choice([16, 64, 256]))
+    hot_len = int(rng.integers(0, min(window, longest // 2) + 1))
+    cold_len = int(rng.integers(max(0, longest // 4 - hot_len), longest - hot_len + 1))
+    if cold_len + hot_len == 0:
+        hot_len = 1
+    hot_start = cold_len + int(rng.integers(0, 6)) * window + int(rng.integers(0, window))
+    hot_start += int(rng.choice([0, s.offset]))
+    start_pos = hot_start + max(hot_len - 1, 0) + int(rng.integers(0, 3))
+    paged = cold == "f16" and cold_len > 0 and rng.random() < 0.5
+    return CaseSpec(
+        name=f"random size #{index} ({heads}/{kv_heads} heads, cold {cold_len})",
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(rng.choice([d for d in head_dims(hd) if d >= 8])),
+        cold_len=cold_len,
+        hot_len=hot_len,
+        hot_window=window,
+        hot_start=hot_start,
+        start_pos=start_pos,
+        is_causal=int(rng.random() < 0.85),
+        sliding_window=int(rng.choice([0, 0, start_pos // 2 + 1])),
+        softcap=float(rng.choice([0.0, 0.0, 30.0])),
+        logit_gain=float(rng.choice([1.0, 1.0, 4.0])),
+        cold_layout=2 if paged else 0,
+        cold_page_size=int(rng.choice([16, 32])) if paged else 0,
+        magnitude_span=float(rng.choice([0.0, 4.0])),
+        extra_stride=int(rng.choice([0, 1])),
     )
