@@ -66,6 +66,9 @@ METHODOLOGY = {
     "unmasked triangle only; softmax not counted",
     "l2_resident": "working set <= the profile's L2 size: repeats may be served from L2, so GB/s "
     "can exceed HBM; torch SDPA is timed the same way (no cache flush)",
+    "correctness": "before timing, one dispatch on NaN-poisoned output: no NaN/Inf anywhere and "
+    "sampled (query, head) rows (first and last of each included) within the validation "
+    "tolerance of float64; a wrong output is FAIL and not timed",
     "sdpa": "torch.nn.functional.scaled_dot_product_attention in the variant's K/V storage dtype "
     "(one dtype for Q, K, V; int8/int4 cold tiers compare with f16, torch has no quantized "
     "SDPA), causal only for prefill (bottom-right mask when q < kv), GQA via enable_gqa, CUDA "

@@ -379,6 +379,8 @@ class CrossRun:
             "limits": first.limits_profile,
             "seed": first.seed,
             "quick": first.quick,
+            "tier": first.tier,
+            "kernels": first.source,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "runs": {r.backend: r.as_dict() for r in self.runs},
