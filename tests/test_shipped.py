@@ -65,7 +65,12 @@ def test_validate_bench_and_tune_refuse_a_stale_tree(
     result = run_cli(fresh_project, *command)
     assert result.exit_code == 1, result.output
     line = assert_one_line_error(result.stderr)
-    assert "generated/ is out of date" in line and f"stale generated/{SMALL}.wgsl" in line
+    assert f"stale generated/{SMALL}.wgsl" in line
+    check = run_cli(fresh_project, "check")
+    assert check.exit_code == 1
+    verdict = check.stderr.strip()  # check's own verdict line, word for word
+    assert verdict == "generated/ is out of date (1 file(s)); fix with: doppler-gen generate"
+    assert line.startswith(f"error: {verdict} (")
     assert result.stdout == ""
 
 

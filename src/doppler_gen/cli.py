@@ -160,8 +160,10 @@ def check(state: State, as_json: bool, full: bool) -> None:
         click.echo(f"missing:  {path}")
     for path in status.orphaned:
         click.echo(f"orphaned: {path} (no variant produces it)")
+    from doppler_gen.shipped import out_of_date
+
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)
-    click.echo(f"generated/ is out of date ({problems} file(s)); fix with: {fix}", err=True)
+    click.echo(out_of_date(problems), err=True)
     sys.exit(1)
 
 

@@ -33,14 +33,19 @@ class StaleTree(DopplerGenError):
     exit_code = 1
 
 
+def out_of_date(problems: int) -> str:
+    """The verdict line ``check`` prints for a stale tree (shared, so the two never differ)."""
+    return f"generated/ is out of date ({problems} file(s)); fix with: {FIX}"
+
+
 def stale_message(status: Status) -> str:
-    """``check``'s verdict on a stale tree, in one line, with the way out."""
+    """``check``'s verdict on a stale tree, in one line, naming the files."""
     problems = [f"stale {p}" for p in sorted(status.stale)]
     problems += [f"missing {p}" for p in status.missing]
     problems += [f"orphaned {p}" for p in status.orphaned]
     return (
-        f"generated/ is out of date ({len(problems)} file(s): {', '.join(problems)}); fix with: "
-        f"{FIX} (`doppler-gen check` shows the diff; --from-templates validates a fresh render)"
+        f"{out_of_date(len(problems))} ({', '.join(problems)}; `doppler-gen check` shows the "
+        "diff; --from-templates validates a fresh render instead)"
     )
 
 
