@@ -123,7 +123,7 @@ def test_bench_fails_a_wrong_output_and_does_not_time_it(fresh_project: Path) ->
 
 @needs_adapter
 def test_bench_times_a_correct_output_at_a_sampled_shape(fresh_project: Path) -> None:
-    shape = "prefill:q=300,kv=300,h=4,kvh=2,d=16"  # 1200 rows: compared on a sample
+    shape = "prefill:q=300,kv=600,h=4,kvh=2,d=16"  # 720 000 triples: compared on a sample
     result = run_cli(fresh_project, "bench", SMALL, "--shape", shape, *CPU, "--json")
     assert result.exit_code == 0, result.stderr
     (row,) = json.loads(result.stdout)["rows"]

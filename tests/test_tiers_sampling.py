@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from conftest import REPO_ROOT
 
 from doppler_gen import reference
+from doppler_gen.cases import CaseSpec, _paged_buffer, build_tiered
 from doppler_gen.sampling import choose_sample, judge_sampled, spread_indices
 from doppler_gen.tiers import SIZES, head_dims, size_specs, tier_name
 from doppler_gen.validate import case_specs
@@ -177,3 +179,20 @@ def test_sampled_tiered_reference_selects_heads() -> None:
     picked = np.array([0, 17, 63])
     rows = reference.tiered_attention(u, q, kh, vh, kc, vc, head_rows=picked)
     assert np.allclose(rows, full[picked], rtol=0, atol=1e-12)
+
+
+def test_page_tables_are_never_the_identity() -> None:
+    for seed in range(200):
+        table, _ = _paged_buffer(np.random.default_rng(seed), 16, 8)  # 2 pages + a spare
+        assert list(table) != [0, 1]
+
+
+def test_int8_scales_span_orders_of_magnitude() -> None:
+    spec = CaseSpec("span", num_heads=2, num_kv_heads=2, head_dim=32, cold_len=200, hot_len=4,
+                    hot_window=8, hot_start=205, start_pos=208, magnitude_span=4.0, seed=3)  # fmt: skip
+    data = build_tiered(spec, {"Q": "f32"}, "int8")
+    scales = data.buffers["scales_k"].astype(np.float64)
+    assert scales.max() / scales.min() > 1e3
+    plain = build_tiered(replace(spec, magnitude_span=0.0), {"Q": "f32"}, "int8")
+    plain_scales = plain.buffers["scales_k"].astype(np.float64)
+    assert plain_scales.max() / plain_scales.min() < 10

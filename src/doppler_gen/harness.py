@@ -344,8 +344,11 @@ class KernelRunner:
 
     def row_sample(self, data: CaseData) -> RowSample | None:
         """The (query, head) rows compared for this case; None: all (see ``sampling``)."""
-        queries = int(data.uniforms["query_len"]) if self.family == "tiled" else 1
-        return choose_sample(queries, int(data.uniforms["num_heads"]), data.spec.seed)
+        spec = data.spec
+        tiled = self.family == "tiled"
+        queries = spec.query_len if tiled else 1
+        keys = spec.kv_len if tiled else spec.cold_len + spec.hot_len
+        return choose_sample(queries, spec.num_heads, spec.seed, keys=keys)
 
     def judge_output(self, data: CaseData, output: np.ndarray) -> Verdict:
         """Judge a full output against float64 on its sampled rows; NaN/Inf anywhere fails."""

@@ -10,7 +10,8 @@ comparison is sampled:
   bug confined to high heads, late queries or the first row cannot hide between samples;
 * every element of the output is still checked for NaN/Inf: outputs are NaN-poisoned before the
   dispatch, so an element the kernel never wrote is caught even outside the sample;
-* small outputs (at most ``FULL_ROWS`` rows) are compared in full: sampling is only a cost cap.
+* small problems (at most ``FULL_WORK`` (query, head, key) triples, i.e. 256 rows of 2048 keys)
+  are compared in full: sampling is only a cost cap.
 
 Pure functions on numpy arrays: no device, no reference, no case types.
 """
@@ -24,8 +25,8 @@ import numpy as np
 
 from doppler_gen.tolerance import Verdict, judge
 
-FULL_ROWS = 256
-"""Outputs with at most this many (query, head) rows are compared in full."""
+FULL_WORK = 256 * 2048
+"""Problems with at most this many (query, head, key) triples are compared in full."""
 
 SAMPLE_QUERIES = 24
 SAMPLE_HEADS = 8
@@ -71,15 +72,17 @@ def choose_sample(
     num_heads: int,
     seed: int,
     *,
-    full_rows: int = FULL_ROWS,
+    keys: int = 2048,
+    full_work: int = FULL_WORK,
     queries: int = SAMPLE_QUERIES,
     heads: int = SAMPLE_HEADS,
 ) -> RowSample | None:
-    """The rows to compare for an output of ``query_len`` x ``num_heads`` rows; None: all of them.
+    """The rows to compare for an output of ``query_len`` x ``num_heads`` rows over ``keys``
+    keys; None: all of them (the reference costs rows x keys).
 
     Deterministic in ``seed`` (the case seed), so a failure reproduces with the same rows.
     """
-    if query_len * num_heads <= full_rows:
+    if query_len * num_heads * max(keys, 1) <= full_work:
         return None
     rng = np.random.default_rng([seed, query_len, num_heads])
     return RowSample(spread_indices(query_len, queries, rng), spread_indices(num_heads, heads, rng))
