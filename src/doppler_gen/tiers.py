@@ -13,7 +13,7 @@ offset beyond some value dropped) pass every small case.
 | kv_len | 2083 (>= 2048) | 8219 (>= 8192) |
 | query_len | 333 (>= 300) | 1061 (>= 1024) |
 | start_pos / kv_start | 4099 (>= 4096) | 65543 |
-| rings | wrapped 16x (tiled), 3x (tiered hot) | 64x, 3x |
+| rings | wrapped 16x (tiled), 2-4x (tiered hot) | 64x, 2-4x |
 | page tables | >= 64 shuffled pages (non-identity) | same |
 | tiered cold_len | MAX_KV_LEN - hot, capped at 16384 | MAX_KV_LEN - hot |
 | cold K/V magnitudes | rows spanning 4 decades (int8/int4 scales too) | same |
@@ -63,8 +63,26 @@ class TierSizes:
 
 
 SIZES = {
-    "default": TierSizes(2083, 333, 4099, 128, 16384, False, random_cases=4, model_kv_len=1031),
-    "large": TierSizes(8219, 1061, 65543, 128, None, True, random_cases=8, model_kv_len=8219),
+    "default": TierSizes(
+        kv_len=2083,
+        query_len=333,
+        offset=4099,
+        ring_window=128,
+        kv_cap=16384,
+        model_prefill=False,
+        random_cases=4,
+        model_kv_len=1031,
+    ),
+    "large": TierSizes(
+        kv_len=8219,
+        query_len=1061,
+        offset=65543,
+        ring_window=128,
+        kv_cap=None,
+        model_prefill=True,
+        random_cases=8,
+        model_kv_len=8219,
+    ),
 }
 
 
