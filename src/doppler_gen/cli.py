@@ -311,7 +311,10 @@ def validate(
 ) -> None:
     """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
 
-    Outputs are NaN-poisoned before every dispatch; tolerances are per output dtype (README).
+    Runs the committed generated/ kernels after proving generated/ equals a fresh render (a stale
+    tree exits 1 with check's verdict; --from-templates runs a fresh render instead). Outputs are
+    NaN-poisoned before every dispatch; tolerances are per output dtype (README); large outputs
+    are compared on sampled (query, head) rows, NaN/Inf everywhere.
     Exit 0 only if every variant that ran passed and at least one ran (with --backend all: on
     every backend, and the backends' outputs agreed); 1 on any failure.
     """
