@@ -18,7 +18,7 @@ from conftest import REPO_ROOT
 from doppler_gen import reference
 from doppler_gen.cases import CaseSpec, _paged_buffer, build_tiered
 from doppler_gen.sampling import choose_sample, judge_sampled, spread_indices
-from doppler_gen.tiers import SIZES, head_dims, size_specs, tier_name
+from doppler_gen.tiers import SIZES, TENSOR_BYTES, head_dims, largest_tensor, size_specs, tier_name
 from doppler_gen.validate import case_specs
 
 MANIFEST = json.loads((REPO_ROOT / "generated" / "manifest.json").read_text())["variants"]
@@ -196,3 +196,13 @@ def test_int8_scales_span_orders_of_magnitude() -> None:
     plain = build_tiered(replace(spec, magnitude_span=0.0), {"Q": "f32"}, "int8")
     plain_scales = plain.buffers["scales_k"].astype(np.float64)
     assert plain_scales.max() / plain_scales.min() < 10
+
+
+@pytest.mark.parametrize("tier", ["default", "large"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_no_tier_case_needs_a_buffer_webgpu_cannot_bind(tier: str, seed: int) -> None:
+    """128 MiB is WebGPU's default maxStorageBufferBindingSize (and lavapipe's maximum)."""
+    for name, entry in ENTRIES.items():
+        for spec in size_specs(entry, tier, seed):
+            limit = TENSOR_BYTES if spec.name.startswith("random size") else 128 << 20
+            assert largest_tensor(spec) <= limit, (name, spec)

@@ -425,6 +425,27 @@ def _tiered_heads(heads: int, kv_heads: int, head_dim: int, label: str) -> CaseS
 HEAD_PAIRS = ((64, 8), (32, 8), (16, 16), (8, 1), (4, 2), (1, 1))
 TILED_WORK = 1 << 22  # most (query head, query, key) triples one random tiled case computes
 TIERED_WORK = 1 << 16  # most (query head, key) pairs one random tiered case computes
+TENSOR_BYTES = 1 << 25  # largest tensor a random case builds (32 MiB; WebGPU binds 128 MiB)
+
+
+def largest_tensor(spec: CaseSpec) -> int:
+    """Bytes of the largest tensor ``spec`` needs, as f32 (the harness refuses beyond its limit).
+
+    Contiguous and paged K/V hold every position up to ``kv_start + kv_len``, so a large offset
+    costs memory: the random mixtures trade it against heads and head_dim.
+    """
+    rows = max(spec.kv_start + spec.kv_len, spec.cold_len, spec.hot_len, spec.hot_window)
+    return 4 * spec.head_dim * max(spec.query_len * spec.num_heads, rows * spec.num_kv_heads)
+
+
+def _fit(spec: CaseSpec, dims: list[int]) -> CaseSpec:
+    """Shrink a random case into ``TENSOR_BYTES``: drop its offset, then lower its head_dim."""
+    if largest_tensor(spec) > TENSOR_BYTES and spec.kv_start:
+        spec = replace(spec, kv_start=0, start_pos=spec.start_pos - spec.kv_start)
+    smaller = [d for d in dims if d < spec.head_dim]
+    while largest_tensor(spec) > TENSOR_BYTES and smaller:
+        spec = replace(spec, head_dim=smaller.pop())
+    return spec
 
 
 def _random_tiled(rng: np.random.Generator, index: int, hd: int, s: TierSizes) -> CaseSpec:
@@ -436,11 +457,12 @@ def _random_tiled(rng: np.random.Generator, index: int, hd: int, s: TierSizes) -
     layout = str(rng.choice(["contiguous", "ring", "paged"]))
     kv_start = int(rng.choice([0, s.offset + int(rng.integers(0, 1000))]))
     window = int(rng.choice([0, 0, 64, 700])) if layout != "ring" else int(rng.choice([64, 200]))
-    return CaseSpec(
+    dims = [d for d in head_dims(hd) if d >= 8]
+    spec = CaseSpec(
         name=f"random size #{index} ({layout}, {heads}/{kv_heads} heads)",
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(rng.choice([d for d in head_dims(hd) if d >= 8])),
+        head_dim=int(rng.choice(dims)),
         query_len=query_len,
         kv_len=kv_len,
         kv_start=kv_start,
@@ -453,6 +475,7 @@ def _random_tiled(rng: np.random.Generator, index: int, hd: int, s: TierSizes) -
         page_size=int(rng.choice([16, 64])) if layout == "paged" else 0,
         kv_len_source=int(rng.random() < 0.25),
     )
+    return _fit(spec, dims)
 
 
 def _random_tiered(
@@ -471,11 +494,12 @@ def _random_tiered(
     hot_start += int(rng.choice([0, s.offset]))
     start_pos = hot_start + max(hot_len - 1, 0) + int(rng.integers(0, 3))
     paged = cold == "f16" and cold_len > 0 and rng.random() < 0.5
-    return CaseSpec(
+    dims = [d for d in head_dims(hd) if d >= 8]
+    spec = CaseSpec(
         name=f"random size #{index} ({heads}/{kv_heads} heads, cold {cold_len})",
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=int(rng.choice([d for d in head_dims(hd) if d >= 8])),
+        head_dim=int(rng.choice(dims)),
         cold_len=cold_len,
         hot_len=hot_len,
         hot_window=window,
@@ -490,3 +514,4 @@ def _random_tiered(
         magnitude_span=float(rng.choice([0.0, 4.0])),
         extra_stride=int(rng.choice([0, 1])),
     )
+    return _fit(spec, dims)
