@@ -141,3 +141,16 @@ def test_tune_reports_a_candidate_wrong_at_the_tune_shape_as_invalid(fresh_proje
     for candidate in document["candidates"]:
         assert candidate["validation"] == "invalid" and candidate["timing"] is None
         assert "wrong output" in candidate["reason"]
+
+
+@needs_adapter
+def test_fail_fast_stops_a_variant_at_its_first_failing_case(fresh_project: Path) -> None:
+    _plant_head_alias(fresh_project)
+    args = ("validate", SMALL, "--storage-overrun", "--fail-fast", "--json")
+    result = run_cli(fresh_project, *args)
+    assert result.exit_code == 1, result.stderr
+    (variant,) = json.loads(result.stdout)["variants"]
+    assert variant["status"] == "FAIL" and variant["failed"] == 1
+    assert variant["cases"] == variant["passed"] + 1  # nothing after the first failure
+    assert "heads" in variant["failures"][0]["case"]  # only a 33+ head case can see this bug
+    assert "stopped there (--fail-fast)" in variant["reason"]

@@ -206,10 +206,11 @@ SIZE_MUTATIONS = [
 ]
 
 
-def _validate(root: Path, names: list[str], *, quick: bool = False):
+def _validate(root: Path, names: list[str], *, quick: bool = False, fail_fast: bool = False):
+    """Regenerate the copy, then validate it (the default tier unless ``quick``)."""
     project = load_project(root)
     write(plan(project))
-    return validate(project, tuple(names), storage_overrun=True, quick=quick)
+    return validate(project, tuple(names), storage_overrun=True, quick=quick, fail_fast=fail_fast)
 
 
 def _plant(root: Path, file: str, original: str, planted: str) -> None:
@@ -236,7 +237,7 @@ def test_planted_bug_fails_validation(
 ) -> None:
     root = copy_project(tmp_path / "mutant")
     _plant(root, file, original, planted)
-    run = _validate(root, variants)
+    run = _validate(root, variants, fail_fast=True)  # the default tier, up to the first failure
     statuses = {v.name: (v.status, v.reason) for v in run.variants}
     assert not run.ok
     for name in variants:
@@ -257,7 +258,7 @@ def test_size_only_bug_passes_quick_and_fails_the_default_tier(
     assert quick.ok, "not a size-only bug: the quick tier already catches it " + str(
         [(v.name, v.reason) for v in quick.variants]
     )
-    run = validate(load_project(root), tuple(variants), storage_overrun=True)
+    run = validate(load_project(root), tuple(variants), storage_overrun=True, fail_fast=True)
     statuses = {v.name: (v.status, v.reason) for v in run.variants}
     for name in variants:
         assert statuses[name][0] == "FAIL", f"{name} did not catch the bug: {statuses[name]}"

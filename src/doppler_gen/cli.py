@@ -293,6 +293,7 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 @seed_option("case generator")
 @storage_overrun_option
 @from_templates_option
+@click.option("--fail-fast", is_flag=True, help="Stop each variant at its first failing case.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @pass_state
 @handle_errors
@@ -307,6 +308,7 @@ def validate(
     seed: int,
     storage_overrun: bool,
     from_templates: bool,
+    fail_fast: bool,
     as_json: bool,
 ) -> None:
     """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
@@ -348,6 +350,7 @@ def validate(
         "progress": progress,
         "large": large,
         "from_templates": from_templates,
+        "fail_fast": fail_fast,
     }
     try:
         if len(backends) > 1:

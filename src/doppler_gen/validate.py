@@ -245,6 +245,7 @@ def validate(
     storage_overrun: bool = False,
     progress: Progress | None = None,
     large: bool = False,
+    fail_fast: bool = False,
     from_templates: bool = False,
 ) -> ValidationRun:
     """Validate the selected variants; never raises for a kernel failure (that is a report).
@@ -264,6 +265,7 @@ def validate(
         storage_overrun=storage_overrun,
         progress=progress,
         large=large,
+        fail_fast=fail_fast,
         source=_source(from_templates),
     )
 
@@ -289,6 +291,7 @@ def _run_backend(
     progress: Progress | None,
     outputs: Outputs | None = None,
     large: bool = False,
+    fail_fast: bool = False,
     source: str = "committed generated/",
 ) -> ValidationRun:
     """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
@@ -309,6 +312,7 @@ def _run_backend(
                     storage_overrun=storage_overrun,
                     outputs=kept,
                     large=large,
+                    fail_fast=fail_fast,
                 )
             )
     finally:
@@ -400,6 +404,7 @@ def validate_all(
     storage_overrun: bool = False,
     progress: Progress | None = None,
     large: bool = False,
+    fail_fast: bool = False,
     from_templates: bool = False,
 ) -> CrossRun:
     """Validate on every implementation in ``backends``, then compare their outputs pairwise.
@@ -426,6 +431,7 @@ def validate_all(
                 progress=progress,
                 outputs=kept,
                 large=large,
+                fail_fast=fail_fast,
                 source=_source(from_templates),
             )
         )
@@ -529,6 +535,7 @@ def validate_variant(
     constants: dict[str, float] | None = None,
     outputs: dict[CaseSpec, np.ndarray] | None = None,
     large: bool = False,
+    fail_fast: bool = False,
 ) -> VariantReport:
     """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
     name = kernel.variant.name
@@ -546,10 +553,14 @@ def validate_variant(
     report = VariantReport(name, "PASS", note)
     try:
         runner.compile()
-        for spec in specs:
+        for index, spec in enumerate(specs):
             report.cases.append(runner.run_case(spec))
             if progress:
                 progress(name, 1)
+            if fail_fast and not report.cases[-1].passed:  # --fail-fast: the rest is not run
+                if progress:
+                    progress(name, len(specs) - index - 1)
+                break
     except ShaderCompileError as error:
         refusal = _limit_refusal(error) if note else None
         if refusal:
@@ -582,6 +593,8 @@ def validate_variant(
                 f"max abs error {v.max_abs_error:.3g} > tolerance {v.tolerance:.3g} "
                 f"(rel {v.max_rel_error:.3g}) at index {list(v.worst_index)}{nan}"
             )
+        if len(report.cases) < len(specs):
+            report.reason += f"; stopped there (--fail-fast): {len(specs)} cases in the tier"
     report.seconds = time.perf_counter() - started
     return report
 
