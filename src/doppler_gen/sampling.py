@@ -40,10 +40,6 @@ class RowSample:
     queries: np.ndarray  # sorted unique query indices (tiered: always [0])
     heads: np.ndarray  # sorted unique head indices
 
-    @property
-    def rows(self) -> int:
-        return int(self.queries.size * self.heads.size)
-
     def describe(self, query_len: int, num_heads: int) -> str:
         return (
             f"sampled {self.queries.size}/{query_len} queries x {self.heads.size}/{num_heads} heads"

@@ -38,8 +38,6 @@ import numpy as np
 
 from doppler_gen.cases import CaseSpec
 
-TIERS = ("quick", "default", "large")
-
 # Head dims every kernel is swept over (those up to its max_head_dim, plus the max itself):
 # each multiple of 8 to 128, then each multiple of 32 (the head sizes of real models: 64, 80,
 # 96, 112, 128, 160, 192, 256, ...), plus 1 and an odd size that is no multiple of any pack
