@@ -206,3 +206,15 @@ def test_no_tier_case_needs_a_buffer_webgpu_cannot_bind(tier: str, seed: int) ->
         for spec in size_specs(entry, tier, seed):
             limit = TENSOR_BYTES if spec.name.startswith("random size") else 128 << 20
             assert largest_tensor(spec) <= limit, (name, spec)
+
+
+def test_the_default_tier_exercises_the_sampled_comparison_on_every_tiled_variant() -> None:
+    for name, entry in MANIFEST.items():
+        if entry["family"] != "tiled":
+            continue
+        sampled = [
+            s
+            for s in case_specs(entry, quick=False, seed=0)
+            if choose_sample(s.query_len, s.num_heads, s.seed, keys=s.kv_len) is not None
+        ]
+        assert sampled, f"{name}: no default-tier case is compared on a sample"
