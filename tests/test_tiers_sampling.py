@@ -34,6 +34,8 @@ ENTRIES = {
     "synthetic decode d256": _synthetic("tiled", 256, None),
     "synthetic prefill d512": _synthetic("tiled", 512, None),
     "synthetic tiered 131072": _synthetic("tiered", 256, 131072, "int4"),
+    "synthetic tiered f16 1024": _synthetic("tiered", 128, 1024, "f16"),
+    "synthetic tiled with MAX_KV_LEN 4096": _synthetic("tiled", 128, 4096),
 }
 
 
@@ -61,8 +63,9 @@ def test_tiers_reach_the_issue_sizes_from_metadata(name: str, tier: str) -> None
     assert {s.head_dim for s in specs} >= set(head_dims(meta["max_head_dim"]))
     assert reach["head_dim"] == meta["max_head_dim"] and reach["offset"] >= 4096
     if entry["family"] == "tiled":
-        assert reach["kv"] >= (2048 if tier == "default" else 8192)
-        assert reach["queries"] >= (300 if tier == "default" else 1024)
+        longest = meta["max_kv_len"] or 1 << 30
+        assert longest >= reach["kv"] >= min(2048 if tier == "default" else 8192, longest - 37)
+        assert reach["queries"] >= min(300 if tier == "default" else 1024, longest - 37)
         rings = [s for s in specs if s.kv_layout == "ring"]
         assert max(s.kv_len // s.sliding_window for s in rings) >= 4  # wrapped several times
         paged = [s for s in specs if s.kv_layout == "paged"]
@@ -76,6 +79,9 @@ def test_tiers_reach_the_issue_sizes_from_metadata(name: str, tier: str) -> None
             s for s in specs if s.hot_window and s.hot_start - s.cold_len >= 3 * s.hot_window
         ]
         assert wrapped and any(s.magnitude_span >= 4 for s in specs)
+        if entry["params"]["cold"] == "f16":
+            paged = [s for s in specs if s.cold_layout == 2]
+            assert max(-(-s.cold_len // s.cold_page_size) for s in paged) >= 64
 
 
 def test_quick_tier_adds_no_size_cases_and_tiers_are_deterministic() -> None:

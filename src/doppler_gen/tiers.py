@@ -111,6 +111,7 @@ def size_specs(entry: dict[str, Any], tier: str, seed: int) -> list[CaseSpec]:
     hd = int(meta["max_head_dim"])
     rng = np.random.default_rng([seed, 10])
     if entry["family"] == "tiled":
+        sizes = _within_max_kv_len(sizes, meta.get("max_kv_len"))
         specs = tiled_size_specs(hd, sizes)
         specs += [_random_tiled(rng, i, hd, sizes) for i in range(sizes.random_cases)]
     else:
@@ -122,6 +123,18 @@ def size_specs(entry: dict[str, Any], tier: str, seed: int) -> list[CaseSpec]:
 
 
 # -- tiled ----------------------------------------------------------------------------------------
+
+
+def _within_max_kv_len(sizes: TierSizes, max_kv_len: int | None) -> TierSizes:
+    """A tiled variant that declares a MAX_KV_LEN gets its lengths clamped to it."""
+    if not max_kv_len:
+        return sizes
+    return replace(
+        sizes,
+        kv_len=min(sizes.kv_len, max_kv_len - 37),
+        query_len=min(sizes.query_len, max_kv_len - 37),
+        model_kv_len=min(sizes.model_kv_len, max_kv_len),
+    )
 
 
 def tiled_size_specs(max_head_dim: int, s: TierSizes) -> list[CaseSpec]:
@@ -369,9 +382,10 @@ def tiered_size_specs(
     )
     if cold == "f16":
         paged = min(longest - 10, 1500)
+        page = max(1, min(16, paged // 64))  # at least 64 pages
         specs.append(
             CaseSpec(
-                f"cold paged, {-(-paged // 16)} shuffled pages",
+                f"cold paged, {-(-paged // page)} shuffled pages",
                 num_heads=4,
                 num_kv_heads=2,
                 head_dim=small,
@@ -381,7 +395,7 @@ def tiered_size_specs(
                 hot_start=paged + 4 * 16 + 1,
                 start_pos=paged + 4 * 16 + 10,
                 cold_layout=2,
-                cold_page_size=16,
+                cold_page_size=page,
             )
         )
     model_cold = min(cold_len, s.model_kv_len - hot)  # 32 heads: the tier's model length
