@@ -6,10 +6,12 @@ warm-up dispatches, on buffers created once per (variant, shape); the report giv
 the p10–p90 spread of at least 20 runs. Kernels are driven by ``harness.KernelRunner`` with the
 inputs of a ``CaseSpec`` for the shape, so bench measures exactly what ``validate`` checks.
 
-Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and every output
-element must be finite: that catches unwritten outputs and blow-ups at shapes far larger than the
-validation cases, without the cost of a float64 reference at 2048×2048×32 heads. Correctness
-against the reference is ``validate``'s job (and ``tune`` validates every candidate).
+Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and the output is
+judged at the bench shape: every element must be finite, and a deterministic sample of (query,
+head) rows spanning the whole output (first and last of each included; ``sampling``) must match
+the float64 reference within the validation tolerance. A wrong output is FAIL and gets no time:
+a fast wrong kernel must never look like a win. The kernels are the committed generated/ files,
+proven fresh first (``shipped``), unless ``--from-templates``.
 
 Definitions (also in the JSON under ``methodology``):
 
@@ -49,10 +51,10 @@ from doppler_gen.cases import NUMPY_DTYPES
 from doppler_gen.config import Project
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError, ShapeError
 from doppler_gen.harness import KernelRunner
-from doppler_gen.manifest import parse_kernel, variant_entry
-from doppler_gen.outputs import select
-from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.render import RenderedKernel
 from doppler_gen.shapes import FAMILY_OF_KIND, Shape
+from doppler_gen.shipped import load_kernels
+from doppler_gen.tolerance import Verdict
 
 MIN_REPEATS = 20
 # Caps on --repeats / --warmup: every timed pass needs two timestamp slots and every pass is
@@ -70,6 +72,9 @@ METHODOLOGY = {
     "unmasked triangle only; softmax not counted",
     "l2_resident": "working set <= the profile's L2 size: repeats may be served from L2, so GB/s "
     "can exceed HBM; torch SDPA is timed the same way (no cache flush)",
+    "correctness": "before timing, one dispatch on NaN-poisoned output: no NaN/Inf anywhere and "
+    "sampled (query, head) rows (first and last of each included) within the validation "
+    "tolerance of float64; a wrong output is FAIL and not timed",
     "sdpa": "torch.nn.functional.scaled_dot_product_attention in the variant's K/V storage dtype "
     "(one dtype for Q, K, V; int8/int4 cold tiers compare with f16, torch has no quantized "
     "SDPA), causal only for prefill (bottom-right mask when q < kv), GQA via enable_gqa, CUDA "
@@ -521,13 +526,9 @@ def _time(
     output = runner.read_output(bound)
     if on_first is not None:
         on_first(time.perf_counter() - started)
-    bad = int(output.size - np.isfinite(output).sum())
-    if bad:
-        row.status = "FAIL"
-        row.reason = (
-            f"{bad} of {output.size} outputs NaN/Inf after one dispatch on NaN-poisoned "
-            f"output; not timed (run `doppler-gen validate {row.variant}`)"
-        )
+    verdict = runner.judge_output(data, output)
+    if not verdict.passed:
+        row.status, row.reason = "FAIL", wrong_output_reason(verdict, row.variant)
         return
     times = device.timed_dispatch(
         bound.pipeline,
@@ -537,6 +538,18 @@ def _time(
         warmup=settings.warmup,
     )
     row.status, row.timing = "ok", Timing(tuple(times))
+
+
+def wrong_output_reason(verdict: Verdict, variant: str) -> str:
+    """Why a bench output is FAIL: NaN/Inf left, or the worst sampled error over tolerance."""
+    if verdict.non_finite:
+        what = f"{verdict.non_finite} outputs NaN/Inf after one dispatch on NaN-poisoned output"
+    else:
+        what = (
+            f"wrong output: max abs error {verdict.max_abs_error:.3g} > tolerance "
+            f"{verdict.tolerance:.3g} at index {list(verdict.worst_index)} ({verdict.policy})"
+        )
+    return f"{what}; not timed (run `doppler-gen validate {variant}`)"
 
 
 def bound_bytes(
@@ -577,14 +590,16 @@ class BenchRequest:
     profile: str | None = None  # a profile name, "none", or None to match the adapter name
     sdpa: bool = True
     settings: Settings = field(default_factory=Settings)
+    from_templates: bool = False  # time a fresh render instead of the committed kernels
 
 
 def run_bench(
     project: Project, request: BenchRequest, progress: Progress | None = None
 ) -> BenchRun:
     """Measure the selected variants on the shapes of their family; SDPA afterwards."""
-    renderer = Renderer(project)
-    kernels = [renderer.render(v, with_origins=True) for v in select(project, request.patterns)]
+    kernels, entries = load_kernels(
+        project, request.patterns, from_templates=request.from_templates
+    )
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
     device = open_timing_device(backend, adapter, kernels, request.limits)
@@ -602,8 +617,8 @@ def run_bench(
     try:
         run.timestamp_period = timestamp_period(device)
         run.copy, run.copy_note = _copy(device, request, progress)
-        for kernel in kernels:
-            run.rows.extend(_variant_rows(device, kernel, request, progress, estimate))
+        for kernel, entry in zip(kernels, entries, strict=True):
+            run.rows.extend(_variant_rows(device, kernel, entry, request, progress, estimate))
     finally:
         device.close()
     if request.sdpa:
@@ -633,11 +648,11 @@ def _copy(
 def _variant_rows(
     device: Device,
     kernel: RenderedKernel,
+    entry: dict[str, Any],
     request: BenchRequest,
     progress: Progress | None,
     estimate: CpuEstimate | None = None,
 ) -> list[BenchRow]:
-    entry = variant_entry(kernel, parse_kernel(kernel))
     family = entry["family"]
     shapes = [s for s in request.shapes if s.family == family]
     if not shapes:

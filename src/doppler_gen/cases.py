@@ -54,6 +54,7 @@ class CaseSpec:
     cold_layout: int = 0  # 0 contiguous, 2 paged (f16 cold only)
     cold_page_size: int = 0
     extra_stride: int = 0  # quantized cold: packed_stride beyond the minimum
+    magnitude_span: float = 0.0  # cold K/V row magnitudes span this many decades (int scales too)
     seed: int = 0
 
 
@@ -489,7 +490,19 @@ def _paged_buffer(rng: np.random.Generator, logical: int, page_size: int) -> tup
     pages = max(1, math.ceil(logical / page_size))
     physical = pages + 1
     table = rng.permutation(physical)[:pages].astype(np.uint32)
+    if pages > 1 and np.array_equal(table, np.arange(pages)):
+        table = np.roll(table, 1)  # never the identity: a page table that is ignored must fail
     return table, physical * page_size
+
+
+def _row_gains(rng: np.random.Generator, span: float, shape: tuple[int, ...]) -> np.ndarray | float:
+    """Per-(row, kv_head) factors log-uniform over ``span`` decades around 1 (1.0 when 0).
+
+    Draws nothing when ``span`` is 0, so cases without it keep their exact tensors.
+    """
+    if span <= 0:
+        return 1.0
+    return 10.0 ** rng.uniform(-span / 2, span / 2, (*shape[:2], 1))
 
 
 def build_tiled(spec: CaseSpec, dtypes: dict[str, str]) -> CaseData:
@@ -564,8 +577,11 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
     if quantized:
         bits = QUANT_BITS[cold]
         stride = packed_stride_for(hd, bits) + spec.extra_stride
-        kq = quantize_kv(_normal(rng, (cold_rows, kv_heads, hd)), bits, packed_stride=stride)
-        vq = quantize_kv(_normal(rng, (cold_rows, kv_heads, hd)), bits, packed_stride=stride)
+        shape = (cold_rows, kv_heads, hd)
+        k_raw = _normal(rng, shape) * _row_gains(rng, spec.magnitude_span, shape)
+        v_raw = _normal(rng, shape) * _row_gains(rng, spec.magnitude_span, shape)
+        kq = quantize_kv(k_raw, bits, packed_stride=stride)
+        vq = quantize_kv(v_raw, bits, packed_stride=stride)
         uniforms["packed_stride"] = stride
         buffers.update(K_cold=kq.packed, V_cold=vq.packed, scales_k=kq.scales, scales_v=vq.scales)
         reference.update(k_cold=dequantize_kv(kq), v_cold=dequantize_kv(vq))
@@ -573,8 +589,9 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
         table = np.zeros(1, np.uint32)
         if spec.cold_layout == 2:
             table, cold_rows = _paged_buffer(rng, spec.cold_len, spec.cold_page_size)
-        k_cold = _round(_normal(rng, (cold_rows, kv_heads, hd)), "f16")
-        v_cold = _round(_normal(rng, (cold_rows, kv_heads, hd)), "f16")
+        shape = (cold_rows, kv_heads, hd)
+        k_cold = _round(_normal(rng, shape) * _row_gains(rng, spec.magnitude_span, shape), "f16")
+        v_cold = _round(_normal(rng, shape) * _row_gains(rng, spec.magnitude_span, shape), "f16")
         uniforms.update(
             cold_page_size=spec.cold_page_size,
             cold_layout=spec.cold_layout,

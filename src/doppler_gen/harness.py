@@ -20,7 +20,8 @@ from doppler_gen.cases import NUMPY_DTYPES, CaseData, CaseSpec, build_tiered, bu
 from doppler_gen.errors import DopplerGenError, ShaderCompileError, ShapeError
 from doppler_gen.expressions import parse as parse_expression
 from doppler_gen.render import RenderedKernel
-from doppler_gen.tolerance import Verdict, f16_tolerance, f32_tolerance, judge
+from doppler_gen.sampling import RowSample, choose_sample, judge_sampled
+from doppler_gen.tolerance import Verdict, f16_tolerance, f32_tolerance
 
 _PACK = {"u32": "<I", "i32": "<i", "f32": "<f"}
 
@@ -273,8 +274,13 @@ class KernelRunner:
     # -- judging ------------------------------------------------------------------------------
 
     def reference(
-        self, data: CaseData, compute_dtype: Any = np.float64, stats: dict[str, float] | None = None
+        self,
+        data: CaseData,
+        compute_dtype: Any = np.float64,
+        stats: dict[str, float] | None = None,
+        sample: RowSample | None = None,
     ) -> np.ndarray:
+        """The float64 (or float32 baseline) reference: every row, or only ``sample``'s rows."""
         r = data.reference_inputs
         if self.family == "tiled":
             return reference.tiled_attention(
@@ -286,6 +292,8 @@ class KernelRunner:
                 page_table=r["page_table"],
                 compute_dtype=compute_dtype,
                 stats=stats,
+                query_rows=None if sample is None else sample.queries,
+                head_rows=None if sample is None else sample.heads,
             )
         return reference.tiered_attention(
             data.uniforms,
@@ -299,15 +307,21 @@ class KernelRunner:
             quantized=r["quantized"],
             compute_dtype=compute_dtype,
             stats=stats,
+            head_rows=None if sample is None else sample.heads,
         )
 
     def tolerance(
-        self, data: CaseData, ref: np.ndarray, stats: dict[str, float]
+        self,
+        data: CaseData,
+        ref: np.ndarray,
+        stats: dict[str, float],
+        sample: RowSample | None = None,
     ) -> tuple[float, str]:
         """The case's tolerance (see tolerance.py); ``stats`` come from the float64 reference."""
         out_dtype = self.output_binding()["element_type"]
         if out_dtype == "f16":
-            baseline = self.reference(data, np.float32).astype(np.float16).astype(np.float64)
+            baseline = self.reference(data, np.float32, sample=sample)
+            baseline = baseline.astype(np.float16).astype(np.float64)
             error = float(np.max(np.abs(baseline - ref))) if ref.size else 0.0
             ref_max = float(np.max(np.abs(ref))) if ref.size else 0.0
             return f16_tolerance(error, ref_max), "f16: 2x numpy-f32 baseline + floor"
@@ -327,10 +341,23 @@ class KernelRunner:
         except ShapeError as error:
             return CaseResult(spec, None, refused=error.message)
         output = self.run(data)
+        return CaseResult(spec, self.judge_output(data, output))
+
+    def row_sample(self, data: CaseData) -> RowSample | None:
+        """The (query, head) rows compared for this case; None: all (see ``sampling``)."""
+        spec = data.spec
+        tiled = self.family == "tiled"
+        queries = spec.query_len if tiled else 1
+        keys = spec.kv_len if tiled else spec.cold_len + spec.hot_len
+        return choose_sample(queries, spec.num_heads, spec.seed, keys=keys)
+
+    def judge_output(self, data: CaseData, output: np.ndarray) -> Verdict:
+        """Judge a full output against float64 on its sampled rows; NaN/Inf anywhere fails."""
+        sample = self.row_sample(data)
         stats: dict[str, float] = {}
-        ref = self.reference(data, stats=stats)
-        tol, policy = self.tolerance(data, ref, stats)
-        return CaseResult(spec, judge(output, ref, tol, policy))
+        ref = self.reference(data, stats=stats, sample=sample)
+        tol, policy = self.tolerance(data, ref, stats, sample)
+        return judge_sampled(output, ref, sample, tol, policy)
 
 
 def describe_compile_error(

@@ -1,8 +1,11 @@
 """`doppler-gen validate`: compile every variant and check it against the float64 reference.
 
-Kernels are rendered fresh from the templates (the same text `generate` writes, plus the source
-map that puts compile errors at template lines). One device is opened for the whole run and each
-variant is compiled once; cases are generated deterministically from the seed.
+The kernels are the committed generated/ files and manifest entries, first proven equal to a
+fresh render (``shipped``; a stale tree exits 1 with check's verdict), or with
+``--from-templates`` a fresh render; either way with the source map that puts compile errors at
+template lines. One device is opened for the whole run and each variant is compiled once; cases
+are generated deterministically from the seed: the feature matrix of ``cases`` plus the size
+cases of the tier (``tiers``), large outputs compared on sampled rows (``sampling``).
 
 A variant is PASS only when every case ran and passed; FAIL when any case failed, a compile
 error occurred or a case left NaN/Inf in the output; SKIP (with the reason) when the device
@@ -33,6 +36,8 @@ from doppler_gen.harness import CaseResult, KernelRunner
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import select
 from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.shipped import load_kernels
+from doppler_gen.tiers import size_specs, tier_name
 
 
 @dataclass
@@ -93,6 +98,8 @@ class ValidationRun:
     quick: bool
     variants: list[VariantReport]
     seconds: float
+    tier: str = "default"
+    source: str = "committed generated/"
 
     @property
     def ok(self) -> bool:
@@ -106,23 +113,30 @@ class ValidationRun:
             "limits": self.limits_profile,
             "seed": self.seed,
             "quick": self.quick,
+            "tier": self.tier,
+            "kernels": self.source,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "variants": [v.as_dict() for v in self.variants],
         }
 
 
-def case_specs(entry: dict[str, Any], *, quick: bool, seed: int) -> list[CaseSpec]:
+def case_specs(
+    entry: dict[str, Any], *, quick: bool, seed: int, large: bool = False
+) -> list[CaseSpec]:
+    """The feature matrix (``--quick``: its subset), plus the tier's size cases (``tiers``)."""
     meta = entry["metadata"]
     if entry["family"] == "tiled":
-        return tiled_specs(meta["max_head_dim"], quick=quick, seed=seed)
-    return tiered_specs(
-        meta["max_head_dim"],
-        meta["max_kv_len"],
-        cold=str(entry["params"]["cold"]),
-        quick=quick,
-        seed=seed,
-    )
+        specs = tiled_specs(meta["max_head_dim"], quick=quick, seed=seed)
+    else:
+        specs = tiered_specs(
+            meta["max_head_dim"],
+            meta["max_kv_len"],
+            cold=str(entry["params"]["cold"]),
+            quick=quick,
+            seed=seed,
+        )
+    return specs + size_specs(entry, tier_name(quick=quick, large=large), seed)
 
 
 def static_skip(
@@ -219,15 +233,6 @@ def backend_names(choice: str) -> list[str]:
     return list(ALL_BACKENDS) if choice == "all" else [choice]
 
 
-def _render(
-    project: Project, patterns: tuple[str, ...]
-) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
-    """The selected variants, rendered with source maps, and their manifest entries."""
-    renderer = Renderer(project)
-    kernels = [renderer.render(v, with_origins=True) for v in select(project, patterns)]
-    return kernels, [variant_entry(k, parse_kernel(k)) for k in kernels]
-
-
 def validate(
     project: Project,
     patterns: tuple[str, ...] = (),
@@ -239,9 +244,16 @@ def validate(
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
+    large: bool = False,
+    fail_fast: bool = False,
+    from_templates: bool = False,
 ) -> ValidationRun:
-    """Validate the selected variants; never raises for a kernel failure (that is a report)."""
-    kernels, entries = _render(project, patterns)
+    """Validate the selected variants; never raises for a kernel failure (that is a report).
+
+    Runs the committed generated/ kernels after proving them fresh (``shipped``; a stale tree
+    raises StaleTree, exit 1), or a fresh render with ``from_templates``.
+    """
+    kernels, entries = load_kernels(project, patterns, from_templates=from_templates)
     return _run_backend(
         get_backend(backend_name),
         kernels,
@@ -252,6 +264,17 @@ def validate(
         seed=seed,
         storage_overrun=storage_overrun,
         progress=progress,
+        large=large,
+        fail_fast=fail_fast,
+        source=_source(from_templates),
+    )
+
+
+def _source(from_templates: bool) -> str:
+    return (
+        "fresh render of templates/ (--from-templates)"
+        if from_templates
+        else "committed generated/"
     )
 
 
@@ -267,6 +290,9 @@ def _run_backend(
     storage_overrun: bool,
     progress: Progress | None,
     outputs: Outputs | None = None,
+    large: bool = False,
+    fail_fast: bool = False,
+    source: str = "committed generated/",
 ) -> ValidationRun:
     """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
     started = time.perf_counter()
@@ -285,6 +311,8 @@ def _run_backend(
                     progress=progress,
                     storage_overrun=storage_overrun,
                     outputs=kept,
+                    large=large,
+                    fail_fast=fail_fast,
                 )
             )
     finally:
@@ -297,6 +325,8 @@ def _run_backend(
         quick,
         reports,
         time.perf_counter() - started,
+        tier_name(quick=quick, large=large),
+        source,
     )
 
 
@@ -353,6 +383,8 @@ class CrossRun:
             "limits": first.limits_profile,
             "seed": first.seed,
             "quick": first.quick,
+            "tier": first.tier,
+            "kernels": first.source,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "runs": {r.backend: r.as_dict() for r in self.runs},
@@ -371,6 +403,9 @@ def validate_all(
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
+    large: bool = False,
+    fail_fast: bool = False,
+    from_templates: bool = False,
 ) -> CrossRun:
     """Validate on every implementation in ``backends``, then compare their outputs pairwise.
 
@@ -379,7 +414,7 @@ def validate_all(
     """
     started = time.perf_counter()
     implementations = [get_backend(name) for name in backends]
-    kernels, entries = _render(project, patterns)
+    kernels, entries = load_kernels(project, patterns, from_templates=from_templates)
     runs, outputs = [], []
     for backend in implementations:
         kept: Outputs = {}
@@ -395,6 +430,9 @@ def validate_all(
                 storage_overrun=storage_overrun,
                 progress=progress,
                 outputs=kept,
+                large=large,
+                fail_fast=fail_fast,
+                source=_source(from_templates),
             )
         )
         outputs.append(kept)
@@ -496,11 +534,13 @@ def validate_variant(
     storage_overrun: bool = False,
     constants: dict[str, float] | None = None,
     outputs: dict[CaseSpec, np.ndarray] | None = None,
+    large: bool = False,
+    fail_fast: bool = False,
 ) -> VariantReport:
     """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
     name = kernel.variant.name
     started = time.perf_counter()
-    specs = case_specs(entry, quick=quick, seed=seed)
+    specs = case_specs(entry, quick=quick, seed=seed, large=large)
     skip, note = static_skip(entry, device, storage_overrun=storage_overrun)
     if skip:
         if progress:
@@ -513,10 +553,14 @@ def validate_variant(
     report = VariantReport(name, "PASS", note)
     try:
         runner.compile()
-        for spec in specs:
+        for index, spec in enumerate(specs):
             report.cases.append(runner.run_case(spec))
             if progress:
                 progress(name, 1)
+            if fail_fast and not report.cases[-1].passed:  # --fail-fast: the rest is not run
+                if progress:
+                    progress(name, len(specs) - index - 1)
+                break
     except ShaderCompileError as error:
         refusal = _limit_refusal(error) if note else None
         if refusal:
@@ -549,6 +593,8 @@ def validate_variant(
                 f"max abs error {v.max_abs_error:.3g} > tolerance {v.tolerance:.3g} "
                 f"(rel {v.max_rel_error:.3g}) at index {list(v.worst_index)}{nan}"
             )
+        if len(report.cases) < len(specs):
+            report.reason += f"; stopped there (--fail-fast): {len(specs)} cases in the tier"
     report.seconds = time.perf_counter() - started
     return report
 
@@ -577,8 +623,8 @@ def _summary(run: ValidationRun) -> str:
     total_cases = sum(len(v.cases) for v in run.variants)
     return (
         f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
-        f"({total_cases} cases, {run.seconds:.1f}s) on {run.adapter} "
-        f"[{run.backend}, limits {run.limits_profile}]"
+        f"({total_cases} cases, {run.tier} tier, {run.seconds:.1f}s) on {run.adapter} "
+        f"[{run.backend}, limits {run.limits_profile}; {run.source}]"
     )
 
 
@@ -645,12 +691,14 @@ def _agreement_summary(cross: CrossRun) -> str:
     )
 
 
-def case_count(project: Project, patterns: tuple[str, ...], *, quick: bool, seed: int) -> int:
+def case_count(
+    project: Project, patterns: tuple[str, ...], *, quick: bool, seed: int, large: bool = False
+) -> int:
     """How many cases a run will go through (for the progress bar)."""
     renderer = Renderer(project)
     total = 0
     for variant in select(project, patterns):
         kernel = renderer.render(variant)
         entry = variant_entry(kernel, parse_kernel(kernel))
-        total += len(case_specs(entry, quick=quick, seed=seed))
+        total += len(case_specs(entry, quick=quick, seed=seed, large=large))
     return total
