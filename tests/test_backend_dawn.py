@@ -402,8 +402,16 @@ def test_a_construct_one_implementation_rejects_is_reported_at_the_template_line
     assert TILED_ANCHOR in text, f"anchor gone from {TILED}"
     template.write_text(text.replace(TILED_ANCHOR, TILED_ANCHOR + planted, 1))
     line = line_of(template.read_text(), planted.strip())
+    # a template being edited: validate the fresh render (generated/ is not regenerated)
     result = run_cli(
-        root, "validate", "--backend", "all", "--quick", "--json", "attention_small_f32"
+        root,
+        "validate",
+        "--backend",
+        "all",
+        "--quick",
+        "--from-templates",
+        "--json",
+        "attention_small_f32",
     )
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)

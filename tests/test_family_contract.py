@@ -1,7 +1,7 @@
 """The family contract: what every registered family (and the test-only two-pass one) must hold.
 
 Parametrized over the registry, so a new family is held to it without a new test: its case
-matrix is deterministic, its quick tier is a subset of its default tier (and default of large),
+matrix is deterministic, its quick tier is a subset of its default tier (large at least as big),
 an f32 kernel of it matches its float64 reference on the adapter, its shape labels parse back
 to the same shape, and a case the device cannot hold is refused before any buffer or dispatch.
 """
@@ -86,14 +86,16 @@ def test_cases_and_inputs_are_deterministic(family_project: tuple[Any, Project])
                 assert array.tobytes() == two.buffers[name].tobytes(), name
 
 
-def test_quick_is_within_default_and_default_within_large(
+def test_quick_is_within_default_and_large_goes_further(
     family_project: tuple[Any, Project],
 ) -> None:
+    """quick ⊂ default; large has at least as many cases (its sizes may replace default's)."""
     family, project = family_project
     for _, entry in _entries(family, project):
         quick, default, large = (family.specs(entry, t, 0) for t in ("quick", "default", "large"))
         assert 0 < len(quick) < len(default) <= len(large)
-        assert set(_unseeded(quick)) <= set(_unseeded(default)) <= set(_unseeded(large))
+        assert set(_unseeded(quick)) < set(_unseeded(default))
+        assert set(_unseeded(quick)) <= set(_unseeded(large))
 
 
 def test_reference_shapes_match_the_output(family_project: tuple[Any, Project]) -> None:

@@ -6,10 +6,12 @@ warm-up dispatches, on buffers created once per (variant, shape); the report giv
 the p10–p90 spread of at least 20 runs. Kernels are driven by ``runtime.runner.KernelRunner`` with the
 inputs its family builds for the shape, so bench measures exactly what ``validate`` checks.
 
-Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and every output
-element must be finite: that catches unwritten outputs and blow-ups at shapes far larger than the
-validation cases, without the cost of a float64 reference at 2048×2048×32 heads. Correctness
-against the reference is ``validate``'s job (and ``tune`` validates every candidate).
+Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and the output is
+judged at the bench shape: every element must be finite, and a deterministic sample of (query,
+head) rows spanning the whole output (first and last of each included; ``sampling``) must match
+the float64 reference within the validation tolerance. A wrong output is FAIL and gets no time:
+a fast wrong kernel must never look like a win. The kernels are the committed generated/ files,
+proven fresh first (``shipped``), unless ``--from-templates``.
 
 Definitions (also in the JSON under ``methodology``):
 
@@ -40,9 +42,7 @@ from doppler_gen.config import Project
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
-from doppler_gen.manifest import parse_kernel, variant_entry
-from doppler_gen.outputs import select
-from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.measure import (
     BenchRow,
     Settings,
@@ -58,6 +58,7 @@ from doppler_gen.runtime.session import (
     timestamp_period,
 )
 from doppler_gen.shapes import kinds
+from doppler_gen.shipped import load_kernels
 
 BASELINE_UNAVAILABLE = "torch+CUDA not available"
 METHODOLOGY = {
@@ -70,6 +71,9 @@ METHODOLOGY = {
     "flops": "the useful FLOPs of the shape, as its family counts them (families: per family)",
     "l2_resident": "working set <= the profile's L2 size: repeats may be served from L2, so GB/s "
     "can exceed HBM; the torch baseline is timed the same way (no cache flush)",
+    "correctness": "before timing, one run on NaN-poisoned outputs and scratch: no NaN/Inf "
+    "anywhere and the rows the family samples (first and last of each included) within the "
+    "validation tolerance of float64; a wrong output is FAIL and not timed",
     "baseline": "the family's torch call computing what the kernel computes (families: per "
     "family), CUDA events after a GPU sleep so launches queue back to back, warm-up, median",
 }
@@ -347,14 +351,16 @@ class BenchRequest:
     profile: str | None = None  # a profile name, "none", or None to match the adapter name
     baseline: bool = True
     settings: Settings = field(default_factory=Settings)
+    from_templates: bool = False  # time a fresh render instead of the committed kernels
 
 
 def run_bench(
     project: Project, request: BenchRequest, progress: Progress | None = None
 ) -> BenchRun:
     """Measure the selected variants on the shapes of their family; torch baselines afterwards."""
-    renderer = Renderer(project)
-    kernels = [renderer.render(v, with_origins=True) for v in select(project, request.patterns)]
+    kernels, entries = load_kernels(
+        project, request.patterns, from_templates=request.from_templates
+    )
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
     requires = {f for k in kernels for f in k.variant.requires}
@@ -373,8 +379,8 @@ def run_bench(
     try:
         run.timestamp_period = timestamp_period(device)
         run.copy, run.copy_note = _copy(device, request, progress)
-        for kernel in kernels:
-            run.rows.extend(_variant_rows(device, kernel, request, progress, estimate))
+        for kernel, entry in zip(kernels, entries, strict=True):
+            run.rows.extend(_variant_rows(device, kernel, entry, request, progress, estimate))
     finally:
         device.close()
     if request.baseline:
@@ -404,11 +410,11 @@ def _copy(
 def _variant_rows(
     device: Device,
     kernel: RenderedKernel,
+    entry: dict[str, Any],
     request: BenchRequest,
     progress: Progress | None,
     estimate: CpuEstimate | None = None,
 ) -> list[BenchRow]:
-    entry = variant_entry(kernel, parse_kernel(kernel))
     family = entry["family"]
     shapes = [s for s in request.shapes if s.family == family]
     if not shapes:

@@ -295,9 +295,11 @@ def check(state: State, as_json: bool, full: bool) -> None:
         click.echo(f"orphaned: {path} (no variant produces it{why})")
     for path in status.leftovers:
         click.echo(f"leftover: {path} (temporary file of an interrupted generate)")
+    from doppler_gen.shipped import out_of_date
+
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)
     problems += len(status.leftovers)
-    click.echo(f"generated/ is out of date ({problems} file(s)); fix with: {fix}", err=True)
+    click.echo(out_of_date(problems), err=True)
     sys.exit(1)
 
 
@@ -493,6 +495,13 @@ storage_overrun_option = click.option(
     "them (lavapipe runs 48 KiB tiles correctly while advertising 32 KiB); flagged in the report.",
 )
 
+from_templates_option = click.option(
+    "--from-templates",
+    is_flag=True,
+    help="Run a fresh render of templates/ instead of the committed generated/ kernels (which "
+    "are otherwise first proven equal to a fresh render: a stale tree exits 1).",
+)
+
 
 def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option(
@@ -516,16 +525,24 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 )
 @adapter_option
 @limits_option
-@click.option("--quick", is_flag=True, help="A subset of the cases (for the test suite).")
+@click.option("--quick", is_flag=True, help="CI smoke tier: a subset of the feature cases.")
+@click.option(
+    "--large",
+    is_flag=True,
+    help="GPU tier: size cases at real model lengths (8k keys, 1k queries; tiered cold tier up to "
+    "MAX_KV_LEN). Default: the CI tier (2k keys, 300 queries, offsets past 4096, 64 heads).",
+)
 @click.option(
     "--tier",
     type=click.Choice(["quick", "default", "large"]),
     default=None,
-    help="Case tier: quick (a subset), default (the full matrix) or large (more and longer "
-    "random cases). --quick is --tier quick.",
+    help="Case tier by name (each family defines its tiers): --quick is --tier quick, --large "
+    "is --tier large.",
 )
 @seed_option("case generator")
 @storage_overrun_option
+@from_templates_option
+@click.option("--fail-fast", is_flag=True, help="Stop each variant at its first failing case.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @common_options
 @pass_state
@@ -537,27 +554,35 @@ def validate(
     adapter: str | None,
     limits: str,
     quick: bool,
+    large: bool,
     tier: str | None,
     seed: int,
     storage_overrun: bool,
+    from_templates: bool,
+    fail_fast: bool,
     as_json: bool,
 ) -> None:
     """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
 
-    Outputs are NaN-poisoned before every dispatch; tolerances are per output dtype (README).
+    Runs the committed generated/ kernels after proving generated/ equals a fresh render (a stale
+    tree exits 1 with check's verdict; --from-templates runs a fresh render instead). Outputs are
+    NaN-poisoned before every dispatch; tolerances are per output dtype (README); large outputs
+    are compared on sampled (query, head) rows, NaN/Inf everywhere.
     Exit 0 only if every variant that ran passed and at least one ran (with --backend all: on
     every backend, and the backends' outputs agreed); 1 on any failure.
     """
     from doppler_gen.validate import backend_names, format_report, validate_all
     from doppler_gen.validate import validate as validate_one
 
+    if quick and large:
+        raise click.UsageError("--quick and --large are exclusive")
     backends = backend_names(backend)
     show_bar = sys.stderr.isatty() and not as_json
     bar = None
     if show_bar:
         from doppler_gen.validate import case_count
 
-        total = case_count(state.project, names, quick=quick, tier=tier, seed=seed)
+        total = case_count(state.project, names, quick=quick, tier=tier, seed=seed, large=large)
         total *= len(backends)
         bar = click.progressbar(length=total, label="validating", file=sys.stderr)
         bar.__enter__()
@@ -575,6 +600,9 @@ def validate(
         "seed": seed,
         "storage_overrun": storage_overrun,
         "progress": progress,
+        "large": large,
+        "from_templates": from_templates,
+        "fail_fast": fail_fast,
     }
     try:
         if len(backends) > 1:
@@ -682,6 +710,7 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         seed_option("input data"),
         storage_overrun_option,
+        from_templates_option,
         click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout."),
         click.option(
             "--output",
@@ -787,6 +816,7 @@ def bench(
     warmup: int,
     seed: int,
     storage_overrun: bool,
+    from_templates: bool,
     as_json: bool,
     output: Path | None,
 ) -> None:
@@ -794,9 +824,9 @@ def bench(
 
     Median and p10-p90 of GPU-timestamped dispatches, effective GB/s and TFLOP/s, % of the
     device profile's peak bandwidth (or of a measured copy), and the ratio to the family's torch
-    baseline (SDPA for attention) when
-    torch with CUDA is importable. Refuses a CPU adapter unless --allow-cpu. Exit 1 if a
-    variant left NaN/Inf in its output.
+    baseline (SDPA for attention) when torch with CUDA is importable. Refuses a CPU adapter
+    unless --allow-cpu. Each output is judged before timing (NaN/Inf anywhere, sampled rows
+    against float64): a wrong one is FAIL, not timed, and the exit status is 1.
     """
     from doppler_gen.bench import (
         BenchRequest,
@@ -821,6 +851,7 @@ def bench(
         profile=profile,
         baseline=not no_baseline,
         settings=Settings(repeats, warmup, seed, storage_overrun),
+        from_templates=from_templates,
     )
     run = run_bench(state.project, request, progress=_progress("bench"))
     if plot is not None:
@@ -876,6 +907,7 @@ def tune(
     warmup: int,
     seed: int,
     storage_overrun: bool,
+    from_templates: bool,
     as_json: bool,
     output: Path | None,
 ) -> None:
@@ -901,6 +933,7 @@ def tune(
         allow_cpu=allow_cpu,
         max_candidates=max_candidates,
         settings=Settings(repeats, warmup, seed, storage_overrun),
+        from_templates=from_templates,
     )
     run = run_tune(state.project, request, progress=_progress("tune"))
     refused: DopplerGenError | None = None

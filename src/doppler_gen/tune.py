@@ -39,6 +39,7 @@ from doppler_gen.runtime.measure import BenchRow, Settings, cpu_warning, measure
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.shapes import parse_shape
+from doppler_gen.shipped import load_committed
 
 MIN_SWEEP_VALUE = 16
 INTEGER_TYPES = ("u32", "i32")
@@ -304,15 +305,24 @@ class TuneRequest:
     allow_cpu: bool = False
     max_candidates: int = 32
     settings: Settings = field(default_factory=Settings)
+    from_templates: bool = False  # the current configuration from a fresh render, not generated/
 
 
 class CandidateRenderer:
     """Renders a variant with candidate template parameters, once per parameter set."""
 
-    def __init__(self, project: Project, variant: Variant) -> None:
+    def __init__(
+        self,
+        project: Project,
+        variant: Variant,
+        committed: tuple[RenderedKernel, dict[str, Any]] | None = None,
+    ) -> None:
         self.variant = variant
         self.renderer = Renderer(project)
         self._cache: dict[Any, tuple[RenderedKernel, dict[str, Any]]] = {}
+        if committed is not None:  # the current parameters run the committed kernel (shipped)
+            own = {k: v for k, v in variant.params.items() if k in variant.template.tunable}
+            self._cache[tuple(sorted(own.items()))] = committed
 
     def render(self, params: Mapping[str, ParamValue]) -> tuple[RenderedKernel, dict[str, Any]]:
         """The kernel and manifest entry; the variant's own overrides are dropped (the candidate
@@ -351,7 +361,11 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             f"--shape {shape.label!r} is for {shape.family} kernels; {variant.name} is "
             f"{variant.template.family}"
         )
-    renderer = CandidateRenderer(project, variant)
+    committed = None
+    if not request.from_templates:  # stale generated/ exits 1 before anything runs
+        kernels, entries = load_committed(project, (variant.name,))
+        committed = (kernels[0], entries[0])
+    renderer = CandidateRenderer(project, variant, committed)
     candidates = enumerate_candidates(
         variant.params, variant.overrides, variant.template.tunable, renderer.entry
     )
@@ -448,6 +462,9 @@ def evaluate(
         reason = report.reason.splitlines()[0] if report.reason else ""
         return CandidateResult(candidate, label, status, reason, contract=contract)
     row = measure(device, kernel, entry, shape, settings, constants=constants)
+    if row.status == "FAIL":  # wrong at the tune shape (sampled rows vs float64): never timed
+        reason = f"at {shape.label}: {row.reason}"
+        return CandidateResult(candidate, label, "invalid", reason, row, contract)
     reason = row.reason if row.status != "ok" else ""
     return CandidateResult(candidate, label, "PASS", reason, row, contract)
 

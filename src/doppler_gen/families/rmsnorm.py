@@ -113,7 +113,7 @@ class RmsNormFamily(Family):
         if tier == "large":
             fixed += _LARGE
         rng = seeded(seed + 3)
-        count = 4 if tier == "quick" else 28
+        count = 4 if tier == "quick" else 48
         randoms = [
             RmsNormSpec(
                 f"random #{i}",
@@ -165,6 +165,7 @@ class RmsNormFamily(Family):
         entry: Mapping[str, Any],
         compute_dtype: Any = np.float64,
         stats: dict[str, float] | None = None,
+        sample: Any = None,
     ) -> np.ndarray:
         """eps is rounded to f32 first: that is what the uniform holds."""
         x = data.reference_inputs["x"].astype(compute_dtype)

@@ -23,6 +23,7 @@ from doppler_gen.families.base import Shape
 from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.runner import KernelRunner, Refusal
 from doppler_gen.runtime.session import static_skip
+from doppler_gen.tolerance import Verdict
 
 MIN_REPEATS = 20
 # Caps on --repeats / --warmup: every timed pass needs two timestamp slots and every pass is
@@ -140,7 +141,11 @@ def measure(
     constants: dict[str, float] | None = None,
     on_first: Callable[[float], None] | None = None,
 ) -> BenchRow:
-    """Check once (finite output), then time ``settings.repeats`` runs on the same buffers.
+    """Judge one run at the shape, then time ``settings.repeats`` runs on the same buffers.
+
+    The judged run is on NaN-poisoned outputs and scratch: every output element must be finite
+    and the family's sampled rows within the validation tolerance of float64, else FAIL and no
+    time (a fast wrong kernel must never look like a win).
 
     ``on_first`` receives the wall seconds of the first (checked) run, before timing.
     """
@@ -181,19 +186,27 @@ def _time(
     output = runner.run(prepared)
     if on_first is not None:
         on_first(time.perf_counter() - started)
-    bad = int(output.size - np.isfinite(output).sum())
-    if bad:
-        row.status = "FAIL"
-        row.reason = (
-            f"{bad} of {output.size} outputs NaN/Inf after one run on NaN-poisoned "
-            f"output; not timed (run `doppler-gen validate {row.variant}`)"
-        )
+    verdict = runner.judge(prepared, output)
+    if not verdict.passed:  # a fast wrong kernel must never look like a win
+        row.status, row.reason = "FAIL", wrong_output_reason(verdict, row.variant)
         return
     runs = runner.timed(prepared, repeats=settings.repeats, warmup=settings.warmup)
     row.status, row.timing = "ok", Timing(tuple(r.total_ns for r in runs))
     names = [p["name"] for p in runner.entry["passes"]]
     if len(names) > 1:
         row.passes = per_pass(names, runs)
+
+
+def wrong_output_reason(verdict: Verdict, variant: str) -> str:
+    """Why a measured output is FAIL: NaN/Inf left, or the worst sampled error over tolerance."""
+    if verdict.non_finite:
+        what = f"{verdict.non_finite} outputs NaN/Inf after one run on NaN-poisoned outputs"
+    else:
+        what = (
+            f"wrong output: max abs error {verdict.max_abs_error:.3g} > tolerance "
+            f"{verdict.tolerance:.3g} at index {list(verdict.worst_index)} ({verdict.policy})"
+        )
+    return f"{what}; not timed (run `doppler-gen validate {variant}`)"
 
 
 def per_pass(names: Sequence[str], runs: Sequence[PassTimes]) -> dict[str, Timing]:

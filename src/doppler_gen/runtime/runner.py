@@ -35,7 +35,8 @@ from doppler_gen.families.base import (
     Family,
 )
 from doppler_gen.render import RenderedKernel, RenderedPass
-from doppler_gen.tolerance import Verdict, judge
+from doppler_gen.sampling import judge_sampled
+from doppler_gen.tolerance import Verdict
 
 _PACK = {"u32": "<I", "i32": "<i", "f32": "<f"}
 
@@ -350,12 +351,18 @@ class KernelRunner:
     # -- judge --------------------------------------------------------------------------------
 
     def judge(self, prepared: Prepared, output: np.ndarray) -> Verdict:
-        """The output against the family's float64 reference, within its tolerance."""
+        """The output against the family's float64 reference, within its tolerance.
+
+        Large outputs are compared on the rows the family samples (``sampling``); NaN/Inf
+        anywhere in the output fails whatever the sample.
+        """
+        data = prepared.data
+        sample = self.family.row_sample(data)
         stats: dict[str, float] = {}
-        ref = self.family.reference(prepared.data, self.entry, stats=stats)
+        ref = self.family.reference(data, self.entry, stats=stats, sample=sample)
         out_type = self.output_binding()["element_type"]
-        tol, policy = self.family.tolerance(prepared.data, self.entry, out_type, ref, stats)
-        return judge(output, ref, tol, policy)
+        tol, policy = self.family.tolerance(data, self.entry, out_type, ref, stats, sample)
+        return judge_sampled(output, ref, sample, tol, policy)
 
     def run_case(self, spec: Any, *, keep_output: bool = False) -> CaseResult:
         """Prepare (or refuse), run and judge one case; ``keep_output`` keeps the output array."""
