@@ -1,25 +1,28 @@
 """`doppler-gen bench`: GPU time, bandwidth and throughput of each variant, next to torch.
 
-People pick variants and tile sizes by speed, so the numbers must be the GPU's own: each dispatch
-is timed with begin/end-of-pass timestamp queries (scaled by the queue's timestamp period), after
-warm-up dispatches, on buffers created once per (variant, shape); the report gives the median and
-the p10–p90 spread of at least 20 runs. Kernels are driven by ``runtime.runner.KernelRunner`` with the
-inputs its family builds for the shape, so bench measures exactly what ``validate`` checks.
+People pick variants and tile sizes by speed, so the numbers must be the GPU's own: each run of
+a variant (every pass, in one command buffer) is timed with begin/end-of-pass timestamp queries
+(scaled by the queue's timestamp period), after warm-up runs, on buffers created once per
+(variant, shape); the report gives the median and the p10–p90 spread of at least 20 runs, and
+each pass's own time for a multi-pass variant. Kernels are driven by
+``runtime.runner.KernelRunner`` with the inputs their family builds for the shape, so bench
+measures exactly what ``validate`` checks.
 
-Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and the output is
-judged at the bench shape: every element must be finite, and a deterministic sample of (query,
-head) rows spanning the whole output (first and last of each included; ``sampling``) must match
-the float64 reference within the validation tolerance. A wrong output is FAIL and gets no time:
-a fast wrong kernel must never look like a win. The kernels are the committed generated/ files,
-proven fresh first (``shipped``), unless ``--from-templates``.
+Before timing, each (variant, shape) is run once on NaN-poisoned outputs and scratch and the
+output is judged at the bench shape: every element must be finite, and the rows the family
+samples (``sampling``: first and last of each dimension included) must match the float64
+reference within the validation tolerance. A wrong output is FAIL and gets no time: a fast wrong
+kernel must never look like a win. The kernels are the committed generated/ files, proven fresh
+first (``shipped``), unless ``--from-templates``.
 
 Definitions (also in the JSON under ``methodology``):
 
-* bytes: every buffer the dispatch binds, read once at its storage dtype, plus the output written
-  once. The inputs hold exactly the keys attended, so this is the compulsory traffic; a kernel
-  that re-reads K/V from DRAM moves more, and its GB/s here is a lower bound of what it moved.
-* FLOPs: ``4 · pairs · h · d`` (QKᵀ and PV, two per multiply-add) over the unmasked (query, key)
-  pairs; causal prefill counts the triangle only (see ``shapes.Shape.attended_pairs``).
+* bytes: every input buffer read once at its storage dtype, plus the output written once
+  (scratch buffers between passes are not counted). The inputs hold exactly what the kernel
+  needs, so this is the compulsory traffic; GB/s here is a lower bound of what it moved.
+* FLOPs: the useful operations of the shape, as its family counts them (attention:
+  ``4 · pairs · h · d`` over the unmasked (query, key) pairs, causal prefill counting the
+  triangle only; rmsnorm: ``4 · rows · size``).
 * % of peak bandwidth: of the matched device profile's HBM bandwidth, else of a copy bandwidth
   measured here (a WGSL copy kernel, read + write, timed the same way).
 
