@@ -166,3 +166,18 @@ def test_an_f32_kernel_matches_the_f64_reference(family_project: tuple[Any, Proj
     (report,) = run.variants
     assert report.status == "PASS", report.reason
     assert all(c.verdict and c.verdict.policy.startswith("f32") for c in report.cases)
+
+
+def test_a_template_missing_its_family_metadata_is_a_config_error(project_copy: Path) -> None:
+    """Checked where the metadata is read (loading variants.toml imports no family)."""
+    toml = project_copy / "variants.toml"
+    text = toml.read_text(encoding="utf-8")
+    toml.write_text(text.replace("max_head_dim = 64\nmasked_row", "masked_row", 1), "utf-8")
+    line = text.splitlines().index("[templates.attention.params]") + 1
+    for command in ("generate", "check"):
+        result = run_cli(project_copy, command)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == (
+            f"error: variants.toml:{line}: [templates.attention.params] must define "
+            "max_head_dim (host metadata of family 'tiled')"
+        )

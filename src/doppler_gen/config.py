@@ -96,6 +96,7 @@ class TemplateSpec:
     scratch: Mapping[str, str] = field(default_factory=dict)
     # default Doppler registry operation of this template's variants (a variant may override it)
     doppler_operation: str | None = None
+    params_line: int = 0  # the [templates.NAME.params] table's line
     # each scratch size parsed by the grammar of doppler_gen.expressions, and its line
     scratch_exprs: Mapping[str, Expression] = field(default_factory=dict)
     scratch_lines: Mapping[str, int] = field(default_factory=dict)
@@ -170,9 +171,7 @@ class Variant:
         The keys are the family's (its required and optional host-metadata parameters), then
         the dispatch rule (one string, or one per pass) and the required features.
         """
-        from doppler_gen.families import get_family
-
-        family = get_family(self.template.family)
+        family = self.require_metadata()
         meta: dict[str, Any] = {key: self.params[key] for key in family.metadata}
         meta.update({key: self.params.get(key) for key in family.optional_metadata})
         if self.template.multi_pass:
@@ -181,6 +180,25 @@ class Variant:
             meta["dispatch"] = self.template.dispatch
         meta["requires"] = list(self.requires)
         return meta
+
+    def require_metadata(self) -> Any:
+        """The variant's family, after checking the template defines the family's host metadata.
+
+        Checked when a variant is rendered or its metadata read, not when variants.toml loads:
+        loading stays free of family imports (``check``'s fast path).
+        """
+        from doppler_gen.families import get_family
+
+        family = get_family(self.template.family)
+        missing = [key for key in family.metadata if key not in self.params]
+        if missing:
+            template = self.template
+            raise ConfigError(
+                f"[templates.{template.name}.params] must define {', '.join(missing)} (host "
+                f"metadata of family {template.family!r})",
+                location=f"{CONFIG_NAME}:{template.params_line or template.line}",
+            )
+        return family
 
     def pass_output(self, spec: PassSpec) -> str:
         """The generated file of one pass: ``output`` itself, or ``NAME.PASS.wgsl`` for each
@@ -371,7 +389,7 @@ class _Parser:
         family = self.string(spec, "family", table, self.locate.template(name, "family"))
         self.check_family(name, family)
         passes = self.passes(name, spec)
-        params = self.template_params(name, spec.get("params"), family)
+        params = self.template_params(name, spec.get("params"))
         choices = self.value_lists(name, spec.get("choices", {}), params, "choices")
         tunable = self.value_lists(name, spec.get("tunable", {}), params, "tunable")
         for param, allowed in choices.items():
@@ -389,6 +407,7 @@ class _Parser:
             tunable=tunable,
             line=line or 0,
             passes=passes,
+            params_line=self.locate.template(name, None, "params") or 0,
             doppler_operation=self.doppler_name(
                 spec, "doppler_operation", table, self.locate.template(name, "doppler_operation")
             ),
@@ -516,7 +535,7 @@ class _Parser:
         if not (self.root / TEMPLATES_DIR / relative).is_file():
             raise self.fail(f"template file templates/{source} not found", line)
 
-    def template_params(self, name: str, params: Any, family: str) -> dict[str, ParamValue]:
+    def template_params(self, name: str, params: Any) -> dict[str, ParamValue]:
         line = self.locate.template(name, None, "params")
         if not isinstance(params, dict):
             raise self.fail(
@@ -529,13 +548,6 @@ class _Parser:
                     f"boolean, not {type(value).__name__}",
                     self.locate.template(name, param, "params"),
                 )
-        from doppler_gen.families import get_family
-
-        missing = [p for p in get_family(family).metadata if p not in params]
-        if missing:
-            raise self.fail(
-                f"[templates.{name}.params] must define {', '.join(missing)} (host metadata)", line
-            )
         return dict(params)
 
     def value_lists(

@@ -18,7 +18,7 @@ from typing import Any
 from doppler_gen.config import CONFIG_NAME, PassSpec, Variant
 from doppler_gen.errors import ConfigError, InterfaceError
 from doppler_gen.families import get_family
-from doppler_gen.families.base import SCRATCH, UNIFORM
+from doppler_gen.families.roles import SCRATCH, UNIFORM
 from doppler_gen.render import RenderedKernel, RenderedPass
 from doppler_gen.wgsl import Binding, Module, parse_module
 

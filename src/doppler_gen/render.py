@@ -174,6 +174,7 @@ class Renderer:
 
     def render(self, variant: Variant, *, with_origins: bool = False) -> RenderedKernel:
         """Render every pass of one variant; raises TemplateError pointing at the template line."""
+        variant.require_metadata()
         passes = tuple(
             self.render_pass(variant, spec, with_origins=with_origins)
             for spec in variant.template.passes

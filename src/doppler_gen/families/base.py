@@ -17,17 +17,29 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+# binding roles: what the runtime does with a binding (re-exported for family modules)
+from doppler_gen.families.roles import AUXILIARY, INPUT, OUTPUT, ROLES, SCRATCH, UNIFORM
 from doppler_gen.tolerance import f16_tolerance
 
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "u32": np.uint32, "i32": np.int32}
-
-# binding roles: what the runtime does with a binding
-INPUT = "input"  # filled from the case
-OUTPUT = "output"  # NaN-poisoned, read back and judged
-SCRATCH = "scratch"  # intermediate between passes: sized by the template, NaN-poisoned
-UNIFORM = "uniform"  # packed from the case's uniform values by field name
-AUXILIARY = "auxiliary"  # a small input (lengths, page tables) that is not tensor traffic
-ROLES = (INPUT, OUTPUT, SCRATCH, UNIFORM, AUXILIARY)
+__all__ = [
+    "AUXILIARY",
+    "INPUT",
+    "NUMPY_DTYPES",
+    "OUTPUT",
+    "ROLES",
+    "SCRATCH",
+    "TIERS",
+    "UNIFORM",
+    "Baseline",
+    "CaseData",
+    "Family",
+    "Shape",
+    "Spec",
+    "element_types",
+    "rounded",
+    "seeded",
+]
 
 TIERS = ("quick", "default", "large")
 
