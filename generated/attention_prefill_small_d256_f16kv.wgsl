@@ -1,0 +1,363 @@
+// AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
+// Edit the template and variants.toml, then run `doppler-gen generate`.
+// source-hash: sha256:52554b8f4933d460417e2b78afc7ac6c7d4809bddc92229e38ecd6ea90897942
+
+// Flash-attention style prefill: Q f32, K/V f16, output f32
+//
+// One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
+// micro-tiles of 2 queries x 1 keys (S) and 2 queries x 32 dims (O).
+// All arithmetic is f32; other dtypes appear only in storage.
+
+enable f16;
+
+const MAX_HEAD_DIM: u32 = 256u;
+const MAX_BLOCK_Q: u32 = 16u;    // rows of the Q / P tiles
+const BLOCK_K: u32 = 8u;        // keys per KV tile
+const TILE_Q: u32 = 2u;          // queries per invocation
+const TILE_K: u32 = 1u;          // keys per invocation (strided by COLS)
+const COLS: u32 = 8u;             // invocations sharing a query group
+const TILE_D4: u32 = 8u;          // head-dim vec4 columns per invocation (strided by COLS)
+const ROW4: u32 = 65u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
+const WORKGROUP_SIZE: u32 = 64u;
+const MASKED: f32 = -3.402823e+38;
+
+// Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
+// tile rows idle, it stays correct)
+override BLOCK_Q: u32 = 16u;
+
+struct Uniforms {
+    num_heads: u32,       // Number of query heads
+    num_kv_heads: u32,    // Number of KV heads (for GQA)
+    head_dim: u32,        // Dimension per head
+    seq_len: u32,         // Current sequence length (for KV)
+    query_len: u32,       // Query length (1 for decode, seq_len for prefill)
+    scale: f32,           // 1/sqrt(head_dim)
+    is_causal: u32,       // Apply causal mask (1 = yes)
+    start_pos: u32,       // Absolute position offset for causal masking
+    attn_softcap: f32,    // Gemma 2: 50.0, 0 = disabled
+    sliding_window: u32,  // Sliding window size (0 = disabled, >0 = window size)
+    kv_len_source: u32,   // 0 = use uniform seq_len, 1 = use buffer
+    kv_start: u32,        // Absolute position of the first KV row
+    page_size: u32,       // Rows per page when kv_layout == 2
+    kv_layout: u32,       // 0 = contiguous, 1 = ring (sliding window), 2 = paged
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Uniforms;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;       // [query_len, num_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<f16>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(3) var<storage, read> V: array<f16>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(4) var<storage, read_write> output: array<f32>; // [query_len, num_heads, head_dim]
+@group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
+@group(0) @binding(6) var<storage, read> page_table: array<u32>;
+
+var<workgroup> tile_kv: array<vec4<f16>, 520>;     // [BLOCK_K][ROW4], K then V
+var<workgroup> tile_p: array<vec4<f32>, 32>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
+var<workgroup> row_part: array<f32, 128>;          // [MAX_BLOCK_Q][COLS] partial max / sum
+
+// Get KV head index for grouped query attention
+fn get_kv_head_idx(query_head_idx: u32) -> u32 {
+    // GQA: multiple query heads share one KV head
+    let heads_per_kv = u.num_heads / u.num_kv_heads;
+    return query_head_idx / heads_per_kv;
+}
+
+// Check if position should be masked (causal + sliding window attention)
+fn is_masked(query_pos: u32, key_pos: u32) -> bool {
+    let abs_query = query_pos + u.start_pos;
+    let abs_key = u.kv_start + key_pos;
+    // Causal mask
+    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
+    // Sliding window mask
+    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
+        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
+    }
+    return false;
+}
+
+// Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
+fn get_kv_pos(key_pos: u32) -> u32 {
+    let abs_key = u.kv_start + key_pos;
+    if (u.kv_layout == 1u && u.sliding_window > 0u) {
+        return abs_key % u.sliding_window;
+    }
+    if (u.kv_layout == 2u) {
+        let page_idx = abs_key / u.page_size;
+        let in_page = abs_key - (page_idx * u.page_size);
+        let phys_page = page_table[page_idx];
+        return phys_page * u.page_size + in_page;
+    }
+    return abs_key;
+}
+
+// KV length: the uniform, or the first word of kv_len_buffer when kv_len_source != 0
+fn get_kv_len() -> u32 {
+    if (u.kv_len_source == 0u) {
+        return u.seq_len;
+    }
+    return kv_len_buffer[0];
+}
+
+// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see (causal end, window start)
+fn visible_keys(q0: u32, q_count: u32, kv_len: u32) -> vec2<u32> {
+    let first_abs = q0 + u.start_pos;
+    let last_abs = first_abs + q_count - 1u;
+    var end = kv_len;
+    if (u.is_causal != 0u) {
+        end = min(end, select(0u, last_abs + 1u - u.kv_start, last_abs + 1u > u.kv_start));
+    }
+    var begin: u32 = 0u;
+    if (u.sliding_window > 0u && first_abs >= u.sliding_window) {
+        let lowest = first_abs - u.sliding_window + 1u;
+        begin = select(0u, lowest - u.kv_start, lowest > u.kv_start);
+    }
+    return vec2<u32>(begin, max(begin, end));
+}
+
+// Does any (query, key) of queries q0 .. q0 + q_count - 1 x keys k0 .. k0 + BLOCK_K - 1 need a mask?
+fn tile_needs_mask(q0: u32, q_count: u32, k0: u32, kv_len: u32) -> bool {
+    if (k0 + BLOCK_K > kv_len) {
+        return true;
+    }
+    let first_abs = q0 + u.start_pos;
+    let last_abs = first_abs + q_count - 1u;
+    if (u.is_causal != 0u && u.kv_start + k0 + BLOCK_K - 1u > first_abs) {
+        return true;
+    }
+    if (u.sliding_window > 0u && last_abs >= u.sliding_window) {
+        if (u.kv_start + k0 < last_abs - u.sliding_window + 1u) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim)
+fn load_q4(base: u32, d4: u32) -> vec4<f32> {
+    let d = d4 * 4u;
+    if (d + 4u <= u.head_dim) {
+        return vec4<f32>(Q[base + d], Q[base + d + 1u], Q[base + d + 2u], Q[base + d + 3u]);
+    }
+    var value = vec4<f32>();
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        if (d + e < u.head_dim) {
+            value[e] = Q[base + d + e];
+        }
+    }
+    return value;
+}
+
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim)
+fn load_k4(base: u32, d4: u32) -> vec4<f16> {
+    let d = d4 * 4u;
+    if (d + 4u <= u.head_dim) {
+        return vec4<f16>(K[base + d], K[base + d + 1u], K[base + d + 2u], K[base + d + 3u]);
+    }
+    var value = vec4<f16>();
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        if (d + e < u.head_dim) {
+            value[e] = K[base + d + e];
+        }
+    }
+    return value;
+}
+
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim)
+fn load_v4(base: u32, d4: u32) -> vec4<f16> {
+    let d = d4 * 4u;
+    if (d + 4u <= u.head_dim) {
+        return vec4<f16>(V[base + d], V[base + d + 1u], V[base + d + 2u], V[base + d + 3u]);
+    }
+    var value = vec4<f16>();
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        if (d + e < u.head_dim) {
+            value[e] = V[base + d + e];
+        }
+    }
+    return value;
+}
+
+// Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
+fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        let d = d4 * 4u + e;
+        if (d < u.head_dim) {
+            output[base + d] = value[e];
+        }
+    }
+}
+
+// Fill tile_kv with BLOCK_K rows of K or V from key k0 (zeros past the KV end and head_dim)
+fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
+    for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
+        let r = idx / ROW4;
+        let d4 = idx - r * ROW4;
+        var value = vec4<f16>();
+        let key = k0 + r;
+        if (key < kv_len && d4 < d4_count) {
+            let base = (get_kv_pos(key) * u.num_kv_heads + kv_head) * u.head_dim;
+            if (is_v) {
+                value = load_v4(base, d4);
+            } else {
+                value = load_k4(base, d4);
+            }
+        }
+        tile_kv[idx] = value;
+    }
+}
+
+// Query tile row r, head-dim vec4 d4, as f32
+fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
+    let query = q0 + r;
+    if (query >= u.query_len || r >= BLOCK_Q) {
+        return vec4<f32>();
+    }
+    return vec4<f32>(load_q4((query * u.num_heads + head) * u.head_dim, d4));
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
+fn main(
+    @builtin(local_invocation_id) local_id: vec3<u32>,
+    @builtin(workgroup_id) wg_id: vec3<u32>
+) {
+    let head = wg_id.x % u.num_heads;
+    let q0 = (wg_id.x / u.num_heads) * BLOCK_Q;   // first query of this workgroup
+    if (u.head_dim > MAX_HEAD_DIM || q0 >= u.query_len) {
+        return;
+    }
+    let t = local_id.x;
+    let a = t / COLS;      // query group: tile rows a * TILE_Q ..
+    let c = t - a * COLS;  // key column / head-dim column
+    let kv_head = get_kv_head_idx(head);
+    let kv_len = get_kv_len();
+    let d4_count = (u.head_dim + 3u) / 4u;
+    let q_count = min(BLOCK_Q, u.query_len - q0);
+
+    // KV tiles any query of this block can see; a tile that is not fully visible to every query
+    // of the block is masked element by element
+    let span = visible_keys(q0, q_count, kv_len);
+    let first_tile = span.x / BLOCK_K;
+    let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
+
+    var m: array<f32, 2>;    // running row max (identical across a query group)
+    var l: array<f32, 2>;    // this invocation's share of the row sum
+    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4] output columns c + j * COLS
+    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+        m[i] = MASKED;
+        l[i] = 0.0;
+        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+            acc[i * TILE_D4 + j] = vec4<f32>();
+        }
+    }
+
+    for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
+        let k0 = tile * BLOCK_K;
+        workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
+        load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
+        workgroupBarrier();
+
+        // S = Q·Kᵀ for TILE_Q queries x TILE_K keys
+        var s: array<f32, 2>;
+        for (var e: u32 = 0u; e < TILE_Q * TILE_K; e = e + 1u) {
+            s[e] = 0.0;
+        }
+        for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
+            var kv: array<vec4<f32>, 1>;
+            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
+                kv[j] = vec4<f32>(tile_kv[(c + j * COLS) * ROW4 + d4]);
+            }
+            for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+                let qv = q_vec(q0, a * TILE_Q + i, d4, head);
+                for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
+                    s[i * TILE_K + j] = s[i * TILE_K + j] + dot(qv, kv[j]);
+                }
+            }
+        }
+
+        // scale, softcap, masks; per-invocation row max
+        let edge = tile_needs_mask(q0, q_count, k0, kv_len);
+        for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+            var local_max: f32 = MASKED;
+            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
+                var score = s[i * TILE_K + j] * u.scale;
+                if (u.attn_softcap > 0.0) {
+                    score = tanh(score / u.attn_softcap) * u.attn_softcap;
+                }
+                if (edge) {
+                    let key = k0 + c + j * COLS;
+                    if (key >= kv_len || is_masked(q0 + a * TILE_Q + i, key)) {
+                        score = MASKED;
+                    }
+                }
+                s[i * TILE_K + j] = score;
+                local_max = max(local_max, score);
+            }
+            row_part[(a * TILE_Q + i) * COLS + c] = local_max;
+        }
+        workgroupBarrier();  // every invocation is done reading K; partial maxima are written
+
+        load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
+        for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+            let r = a * TILE_Q + i;
+            var m_new = m[i];
+            for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
+                m_new = max(m_new, row_part[r * COLS + cc]);
+            }
+            // m[i] == MASKED == m_new: nothing seen yet, acc and l are 0 whatever the factor
+            let correction = exp(m[i] - m_new);
+            m[i] = m_new;
+            var sum: f32 = 0.0;
+            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
+                let score = s[i * TILE_K + j];
+                let p = select(0.0, exp(score - m_new), score > MASKED);
+                sum = sum + p;
+                let key = c + j * COLS;
+                tile_p[r * (BLOCK_K / 4u) + key / 4u][key % 4u] = p;
+            }
+            l[i] = l[i] * correction + sum;
+            for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+                acc[i * TILE_D4 + j] = acc[i * TILE_D4 + j] * correction;
+            }
+        }
+        workgroupBarrier();  // V and P are in workgroup memory
+
+        // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
+        for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
+            var p4: array<vec4<f32>, 2>;
+            for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+                p4[i] = tile_p[(a * TILE_Q + i) * (BLOCK_K / 4u) + k4];
+            }
+            for (var kk: u32 = 0u; kk < 4u; kk = kk + 1u) {
+                for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+                    let v = vec4<f32>(tile_kv[(k4 * 4u + kk) * ROW4 + c + j * COLS]);
+                    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+                        acc[i * TILE_D4 + j] = acc[i * TILE_D4 + j] + p4[i][kk] * v;
+                    }
+                }
+            }
+        }
+    }
+
+    // Row sums: reduce the COLS shares, then normalise and store
+    // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
+    workgroupBarrier();
+    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+        row_part[(a * TILE_Q + i) * COLS + c] = l[i];
+    }
+    workgroupBarrier();
+    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
+        let r = a * TILE_Q + i;
+        if (r >= q_count) {
+            continue;
+        }
+        var total: f32 = 0.0;
+        for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
+            total = total + row_part[r * COLS + cc];
+        }
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+            store_out4(base, c + j * COLS, acc[i * TILE_D4 + j] * inv_l);
+        }
+    }
+}

@@ -1,0 +1,230 @@
+// AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
+// Edit the template and variants.toml, then run `doppler-gen generate`.
+// source-hash: sha256:bfee30bf2d938dc716215a98e87133a6da15656907bff3c6b188e596d3194980
+
+// Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
+//
+// One workgroup per (query, head); every invocation computes the query's scores and owns
+// 16 head-dim columns of its output. All arithmetic is f32.
+
+const MAX_HEAD_DIM: u32 = 512u;
+const BLOCK_K: u32 = 8u;        // keys per online-softmax chunk
+const TILE_D4: u32 = 4u;          // head-dim vec4 columns per invocation
+const WORKGROUP_SIZE: u32 = 32u;
+
+struct Uniforms {
+    num_heads: u32,       // Number of query heads
+    num_kv_heads: u32,    // Number of KV heads (for GQA)
+    head_dim: u32,        // Dimension per head
+    seq_len: u32,         // Current sequence length (for KV)
+    query_len: u32,       // Query length (1 for decode, seq_len for prefill)
+    scale: f32,           // 1/sqrt(head_dim)
+    is_causal: u32,       // Apply causal mask (1 = yes)
+    start_pos: u32,       // Absolute position offset for causal masking
+    attn_softcap: f32,    // Gemma 2: 50.0, 0 = disabled
+    sliding_window: u32,  // Sliding window size (0 = disabled, >0 = window size)
+    kv_len_source: u32,   // 0 = use uniform seq_len, 1 = use buffer
+    kv_start: u32,        // Absolute position of the first KV row
+    page_size: u32,       // Rows per page when kv_layout == 2
+    kv_layout: u32,       // 0 = contiguous, 1 = ring (sliding window), 2 = paged
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Uniforms;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;       // [query_len, num_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<f32>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(3) var<storage, read> V: array<f32>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(4) var<storage, read_write> output: array<f32>; // [query_len, num_heads, head_dim]
+@group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
+@group(0) @binding(6) var<storage, read> page_table: array<u32>;
+
+// Get KV head index for grouped query attention
+fn get_kv_head_idx(query_head_idx: u32) -> u32 {
+    // GQA: multiple query heads share one KV head
+    let heads_per_kv = u.num_heads / u.num_kv_heads;
+    return query_head_idx / heads_per_kv;
+}
+
+// Check if position should be masked (causal + sliding window attention)
+fn is_masked(query_pos: u32, key_pos: u32) -> bool {
+    let abs_query = query_pos + u.start_pos;
+    let abs_key = u.kv_start + key_pos;
+    // Causal mask
+    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
+    // Sliding window mask
+    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
+        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
+    }
+    return false;
+}
+
+// Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
+fn get_kv_pos(key_pos: u32) -> u32 {
+    let abs_key = u.kv_start + key_pos;
+    if (u.kv_layout == 1u && u.sliding_window > 0u) {
+        return abs_key % u.sliding_window;
+    }
+    if (u.kv_layout == 2u) {
+        let page_idx = abs_key / u.page_size;
+        let in_page = abs_key - (page_idx * u.page_size);
+        let phys_page = page_table[page_idx];
+        return phys_page * u.page_size + in_page;
+    }
+    return abs_key;
+}
+
+// KV length: the uniform, or the first word of kv_len_buffer when kv_len_source != 0
+fn get_kv_len() -> u32 {
+    if (u.kv_len_source == 0u) {
+        return u.seq_len;
+    }
+    return kv_len_buffer[0];
+}
+
+// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see (causal end, window start)
+fn visible_keys(q0: u32, q_count: u32, kv_len: u32) -> vec2<u32> {
+    let first_abs = q0 + u.start_pos;
+    let last_abs = first_abs + q_count - 1u;
+    var end = kv_len;
+    if (u.is_causal != 0u) {
+        end = min(end, select(0u, last_abs + 1u - u.kv_start, last_abs + 1u > u.kv_start));
+    }
+    var begin: u32 = 0u;
+    if (u.sliding_window > 0u && first_abs >= u.sliding_window) {
+        let lowest = first_abs - u.sliding_window + 1u;
+        begin = select(0u, lowest - u.kv_start, lowest > u.kv_start);
+    }
+    return vec2<u32>(begin, max(begin, end));
+}
+
+// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim)
+fn load_q4(base: u32, d4: u32) -> vec4<f32> {
+    let d = d4 * 4u;
+    if (d + 4u <= u.head_dim) {
+        return vec4<f32>(Q[base + d], Q[base + d + 1u], Q[base + d + 2u], Q[base + d + 3u]);
+    }
+    var value = vec4<f32>();
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        if (d + e < u.head_dim) {
+            value[e] = Q[base + d + e];
+        }
+    }
+    return value;
+}
+
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim)
+fn load_k4(base: u32, d4: u32) -> vec4<f32> {
+    let d = d4 * 4u;
+    if (d + 4u <= u.head_dim) {
+        return vec4<f32>(K[base + d], K[base + d + 1u], K[base + d + 2u], K[base + d + 3u]);
+    }
+    var value = vec4<f32>();
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        if (d + e < u.head_dim) {
+            value[e] = K[base + d + e];
+        }
+    }
+    return value;
+}
+
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim)
+fn load_v4(base: u32, d4: u32) -> vec4<f32> {
+    let d = d4 * 4u;
+    if (d + 4u <= u.head_dim) {
+        return vec4<f32>(V[base + d], V[base + d + 1u], V[base + d + 2u], V[base + d + 3u]);
+    }
+    var value = vec4<f32>();
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        if (d + e < u.head_dim) {
+            value[e] = V[base + d + e];
+        }
+    }
+    return value;
+}
+
+// Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
+fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
+    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
+        let d = d4 * 4u + e;
+        if (d < u.head_dim) {
+            output[base + d] = value[e];
+        }
+    }
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
+fn main(
+    @builtin(local_invocation_id) local_id: vec3<u32>,
+    @builtin(workgroup_id) wg_id: vec3<u32>
+) {
+    let head = wg_id.x % u.num_heads;
+    let query = wg_id.x / u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || query >= u.query_len) {
+        return;
+    }
+    let t = local_id.x;
+    let kv_head = get_kv_head_idx(head);
+    let d4_count = (u.head_dim + 3u) / 4u;
+    let q_base = (query * u.num_heads + head) * u.head_dim;
+    let span = visible_keys(query, 1u, get_kv_len());
+
+    var m: f32 = -3.402823e+38;
+    var l: f32 = 0.0;
+    var acc: array<vec4<f32>, 4>;
+    for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+        acc[j] = vec4<f32>();
+    }
+
+    for (var k0: u32 = span.x; k0 < span.y; k0 = k0 + BLOCK_K) {
+        let count = min(BLOCK_K, span.y - k0);
+        var base: array<u32, 8>;
+        var s: array<f32, 8>;
+        for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
+            base[k] = (get_kv_pos(k0 + min(k, count - 1u)) * u.num_kv_heads + kv_head) * u.head_dim;
+            s[k] = 0.0;
+        }
+        for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
+            let qv = vec4<f32>(load_q4(q_base, d4));
+            for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
+                s[k] = s[k] + dot(qv, vec4<f32>(load_k4(base[k], d4)));
+            }
+        }
+        var chunk_max: f32 = -3.402823e+38;
+        for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
+            var score = s[k] * u.scale;
+            if (u.attn_softcap > 0.0) {
+                score = tanh(score / u.attn_softcap) * u.attn_softcap;
+            }
+            s[k] = score;
+            if (k < count) {
+                chunk_max = max(chunk_max, score);
+            }
+        }
+        let m_new = max(m, chunk_max);
+        let correction = exp(m - m_new);
+        m = m_new;
+        l = l * correction;
+        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+            acc[j] = acc[j] * correction;
+        }
+        for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
+            let p = select(0.0, exp(s[k] - m_new), k < count);
+            l = l + p;
+            for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+                let col = t + j * WORKGROUP_SIZE;
+                if (col < d4_count) {
+                    acc[j] = acc[j] + p * vec4<f32>(load_v4(base[k], col));
+                }
+            }
+        }
+    }
+
+    // A query whose every key is masked has l == 0 and writes zeros (masked_row = "zero")
+    let inv_l = select(0.0, 1.0 / l, l > 0.0);
+    for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
+        let col = t + j * WORKGROUP_SIZE;
+        if (col < d4_count) {
+            store_out4(q_base, col, acc[j] * inv_l);
+        }
+    }
+}
