@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7d3ce36267b984af6d9656dfbd2835e190fcb3a7007b2481c10430d7c6a20c23
+// source-hash: sha256:9f0b5adc6abda71f8f9bacbcd7be7c8c186db1362f0c56a2b432e1da0a8e32d5
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -210,6 +210,37 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
 }
 
+// Scaled, soft-capped score of query query_pos and key key_pos; MASKED where a mask applies
+// (tested only on tiles that straddle a mask edge or the KV end)
+fn final_score(raw: f32, edge: bool, query_pos: u32, key_pos: u32, kv_len: u32) -> f32 {
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
+    if (edge && (key_pos >= kv_len || is_masked(query_pos, key_pos))) {
+        return MASKED;
+    }
+    return score;
+}
+
+// Largest of the COLS partial maxima of tile row r
+fn row_max(r: u32) -> f32 {
+    var value: f32 = MASKED;
+    for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
+        value = max(value, row_part[r * COLS + cc]);
+    }
+    return value;
+}
+
+// Sum of the COLS partial row sums of tile row r
+fn row_sum(r: u32) -> f32 {
+    var value: f32 = 0.0;
+    for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
+        value = value + row_part[r * COLS + cc];
+    }
+    return value;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
@@ -245,16 +276,26 @@ fn main(
     let first_tile = span.x / BLOCK_K;
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
+    // Register micro-tiles (loops over them are unrolled here so every index is a constant)
     var m: array<f32, 4>;    // running row max (identical across a query group)
     var l: array<f32, 4>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4] output columns c + j * COLS
-    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-        m[i] = MASKED;
-        l[i] = 0.0;
-        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-            acc[i * TILE_D4 + j] = vec4<f32>();
-        }
-    }
+    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    m[0] = MASKED;
+    l[0] = 0.0;
+    acc[0] = vec4<f32>();
+    acc[1] = vec4<f32>();
+    m[1] = MASKED;
+    l[1] = 0.0;
+    acc[2] = vec4<f32>();
+    acc[3] = vec4<f32>();
+    m[2] = MASKED;
+    l[2] = 0.0;
+    acc[4] = vec4<f32>();
+    acc[5] = vec4<f32>();
+    m[3] = MASKED;
+    l[3] = 0.0;
+    acc[6] = vec4<f32>();
+    acc[7] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -262,108 +303,193 @@ fn main(
         load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
         workgroupBarrier();
 
-        // S = Q·Kᵀ for TILE_Q queries x TILE_K keys
+        // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
         var s: array<f32, 8>;
-        for (var e: u32 = 0u; e < TILE_Q * TILE_K; e = e + 1u) {
-            s[e] = 0.0;
-        }
+        s[0] = 0.0;
+        s[1] = 0.0;
+        s[2] = 0.0;
+        s[3] = 0.0;
+        s[4] = 0.0;
+        s[5] = 0.0;
+        s[6] = 0.0;
+        s[7] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
-            var kv: array<vec4<f32>, 2>;
-            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                kv[j] = vec4<f32>(tile_kv[(c + j * COLS) * ROW4 + d4]);
-            }
-            for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-                let qv = q_vec(q0, a * TILE_Q + i, d4, head);
-                for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                    s[i * TILE_K + j] = s[i * TILE_K + j] + dot(qv, kv[j]);
-                }
-            }
+            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
+            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
+            let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
+            s[0] = s[0] + dot(qr0, kt0);
+            s[1] = s[1] + dot(qr0, kt1);
+            let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
+            s[2] = s[2] + dot(qr1, kt0);
+            s[3] = s[3] + dot(qr1, kt1);
+            let qr2 = q_vec(q0, a * TILE_Q + 2u, d4, head);
+            s[4] = s[4] + dot(qr2, kt0);
+            s[5] = s[5] + dot(qr2, kt1);
+            let qr3 = q_vec(q0, a * TILE_Q + 3u, d4, head);
+            s[6] = s[6] + dot(qr3, kt0);
+            s[7] = s[7] + dot(qr3, kt1);
         }
 
-        // scale, softcap, masks; per-invocation row max
+        // scale, softcap and (on tiles that straddle a mask edge) masks; partial row maxima
         let edge = tile_needs_mask(q0, q_count, k0, kv_len);
-        for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-            var local_max: f32 = MASKED;
-            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                var score = s[i * TILE_K + j] * u.scale;
-                if (u.attn_softcap > 0.0) {
-                    score = tanh(score / u.attn_softcap) * u.attn_softcap;
-                }
-                if (edge) {
-                    let key = k0 + c + j * COLS;
-                    if (key >= kv_len || is_masked(q0 + a * TILE_Q + i, key)) {
-                        score = MASKED;
-                    }
-                }
-                s[i * TILE_K + j] = score;
-                local_max = max(local_max, score);
-            }
-            row_part[(a * TILE_Q + i) * COLS + c] = local_max;
-        }
+        s[0] = final_score(s[0], edge, q0 + a * TILE_Q + 0u, k0 + c + 0u * COLS, kv_len);
+        s[1] = final_score(s[1], edge, q0 + a * TILE_Q + 0u, k0 + c + 1u * COLS, kv_len);
+        row_part[(a * TILE_Q + 0u) * COLS + c] = max(s[0], s[1]);
+        s[2] = final_score(s[2], edge, q0 + a * TILE_Q + 1u, k0 + c + 0u * COLS, kv_len);
+        s[3] = final_score(s[3], edge, q0 + a * TILE_Q + 1u, k0 + c + 1u * COLS, kv_len);
+        row_part[(a * TILE_Q + 1u) * COLS + c] = max(s[2], s[3]);
+        s[4] = final_score(s[4], edge, q0 + a * TILE_Q + 2u, k0 + c + 0u * COLS, kv_len);
+        s[5] = final_score(s[5], edge, q0 + a * TILE_Q + 2u, k0 + c + 1u * COLS, kv_len);
+        row_part[(a * TILE_Q + 2u) * COLS + c] = max(s[4], s[5]);
+        s[6] = final_score(s[6], edge, q0 + a * TILE_Q + 3u, k0 + c + 0u * COLS, kv_len);
+        s[7] = final_score(s[7], edge, q0 + a * TILE_Q + 3u, k0 + c + 1u * COLS, kv_len);
+        row_part[(a * TILE_Q + 3u) * COLS + c] = max(s[6], s[7]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
-        for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-            let r = a * TILE_Q + i;
-            var m_new = m[i];
-            for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
-                m_new = max(m_new, row_part[r * COLS + cc]);
-            }
-            // m[i] == MASKED == m_new: nothing seen yet, acc and l are 0 whatever the factor
-            let correction = exp(m[i] - m_new);
-            m[i] = m_new;
-            var sum: f32 = 0.0;
-            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                let score = s[i * TILE_K + j];
-                let p = select(0.0, exp(score - m_new), score > MASKED);
-                sum = sum + p;
-                let key = c + j * COLS;
-                tile_p[r * (BLOCK_K / 4u) + key / 4u][key % 4u] = p;
-            }
-            l[i] = l[i] * correction + sum;
-            for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-                acc[i * TILE_D4 + j] = acc[i * TILE_D4 + j] * correction;
-            }
+        // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
+        // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
+        {
+            let r = a * TILE_Q + 0u;
+            let m_new = max(m[0], row_max(r));
+            let correction = exp(m[0] - m_new);
+            m[0] = m_new;
+            let p0 = select(0.0, exp(s[0] - m_new), s[0] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
+            let p1 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            l[0] = l[0] * correction + p0 + p1;
+            acc[0] = acc[0] * correction;
+            acc[1] = acc[1] * correction;
+        }
+        {
+            let r = a * TILE_Q + 1u;
+            let m_new = max(m[1], row_max(r));
+            let correction = exp(m[1] - m_new);
+            m[1] = m_new;
+            let p0 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
+            let p1 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            l[1] = l[1] * correction + p0 + p1;
+            acc[2] = acc[2] * correction;
+            acc[3] = acc[3] * correction;
+        }
+        {
+            let r = a * TILE_Q + 2u;
+            let m_new = max(m[2], row_max(r));
+            let correction = exp(m[2] - m_new);
+            m[2] = m_new;
+            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
+            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            l[2] = l[2] * correction + p0 + p1;
+            acc[4] = acc[4] * correction;
+            acc[5] = acc[5] * correction;
+        }
+        {
+            let r = a * TILE_Q + 3u;
+            let m_new = max(m[3], row_max(r));
+            let correction = exp(m[3] - m_new);
+            m[3] = m_new;
+            let p0 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
+            let p1 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            l[3] = l[3] * correction + p0 + p1;
+            acc[6] = acc[6] * correction;
+            acc[7] = acc[7] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
-            var p4: array<vec4<f32>, 4>;
-            for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-                p4[i] = tile_p[(a * TILE_Q + i) * (BLOCK_K / 4u) + k4];
-            }
-            for (var kk: u32 = 0u; kk < 4u; kk = kk + 1u) {
-                for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-                    let v = vec4<f32>(tile_kv[(k4 * 4u + kk) * ROW4 + c + j * COLS]);
-                    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-                        acc[i * TILE_D4 + j] = acc[i * TILE_D4 + j] + p4[i][kk] * v;
-                    }
-                }
-            }
+            let p0 = tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4];
+            let p1 = tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4];
+            let p2 = tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4];
+            let p3 = tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4];
+            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.x * v00;
+            acc[2] = acc[2] + p1.x * v00;
+            acc[4] = acc[4] + p2.x * v00;
+            acc[6] = acc[6] + p3.x * v00;
+            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.x * v01;
+            acc[3] = acc[3] + p1.x * v01;
+            acc[5] = acc[5] + p2.x * v01;
+            acc[7] = acc[7] + p3.x * v01;
+            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.y * v10;
+            acc[2] = acc[2] + p1.y * v10;
+            acc[4] = acc[4] + p2.y * v10;
+            acc[6] = acc[6] + p3.y * v10;
+            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.y * v11;
+            acc[3] = acc[3] + p1.y * v11;
+            acc[5] = acc[5] + p2.y * v11;
+            acc[7] = acc[7] + p3.y * v11;
+            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.z * v20;
+            acc[2] = acc[2] + p1.z * v20;
+            acc[4] = acc[4] + p2.z * v20;
+            acc[6] = acc[6] + p3.z * v20;
+            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.z * v21;
+            acc[3] = acc[3] + p1.z * v21;
+            acc[5] = acc[5] + p2.z * v21;
+            acc[7] = acc[7] + p3.z * v21;
+            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.w * v30;
+            acc[2] = acc[2] + p1.w * v30;
+            acc[4] = acc[4] + p2.w * v30;
+            acc[6] = acc[6] + p3.w * v30;
+            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.w * v31;
+            acc[3] = acc[3] + p1.w * v31;
+            acc[5] = acc[5] + p2.w * v31;
+            acc[7] = acc[7] + p3.w * v31;
         }
     }
 
     // Row sums: reduce the COLS shares, then normalise and store
     // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
     workgroupBarrier();
-    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-        row_part[(a * TILE_Q + i) * COLS + c] = l[i];
-    }
+    row_part[(a * TILE_Q + 0u) * COLS + c] = l[0];
+    row_part[(a * TILE_Q + 1u) * COLS + c] = l[1];
+    row_part[(a * TILE_Q + 2u) * COLS + c] = l[2];
+    row_part[(a * TILE_Q + 3u) * COLS + c] = l[3];
     workgroupBarrier();
-    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-        let r = a * TILE_Q + i;
-        if (r >= q_count) {
-            continue;
-        }
-        var total: f32 = 0.0;
-        for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
-            total = total + row_part[r * COLS + cc];
-        }
+    if (a * TILE_Q + 0u < q_count) {
+        let r = a * TILE_Q + 0u;
+        let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-            store_out4(base, c + j * COLS, acc[i * TILE_D4 + j] * inv_l);
-        }
+        store_out4(base, c + 0u * COLS, acc[0] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[1] * inv_l);
+    }
+    if (a * TILE_Q + 1u < q_count) {
+        let r = a * TILE_Q + 1u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[2] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[3] * inv_l);
+    }
+    if (a * TILE_Q + 2u < q_count) {
+        let r = a * TILE_Q + 2u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
+    }
+    if (a * TILE_Q + 3u < q_count) {
+        let r = a * TILE_Q + 3u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[6] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[7] * inv_l);
     }
 }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:caf320c54c46b634260a1d4949feab727e6bca984b96af01a9f7e85dc0f95d3b
+// source-hash: sha256:2e0ea2079e52d8ea5bae12078845aa271dfcb3c5f86a26d822c4bc1a640ef8bc
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -215,6 +215,37 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(load_q4((query * u.num_heads + head) * u.head_dim, d4));
 }
 
+// Scaled, soft-capped score of query query_pos and key key_pos; MASKED where a mask applies
+// (tested only on tiles that straddle a mask edge or the KV end)
+fn final_score(raw: f32, edge: bool, query_pos: u32, key_pos: u32, kv_len: u32) -> f32 {
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
+    if (edge && (key_pos >= kv_len || is_masked(query_pos, key_pos))) {
+        return MASKED;
+    }
+    return score;
+}
+
+// Largest of the COLS partial maxima of tile row r
+fn row_max(r: u32) -> f32 {
+    var value: f32 = MASKED;
+    for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
+        value = max(value, row_part[r * COLS + cc]);
+    }
+    return value;
+}
+
+// Sum of the COLS partial row sums of tile row r
+fn row_sum(r: u32) -> f32 {
+    var value: f32 = 0.0;
+    for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
+        value = value + row_part[r * COLS + cc];
+    }
+    return value;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
@@ -239,16 +270,30 @@ fn main(
     let first_tile = span.x / BLOCK_K;
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
+    // Register micro-tiles (loops over them are unrolled here so every index is a constant)
     var m: array<f32, 2>;    // running row max (identical across a query group)
     var l: array<f32, 2>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4] output columns c + j * COLS
-    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-        m[i] = MASKED;
-        l[i] = 0.0;
-        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-            acc[i * TILE_D4 + j] = vec4<f32>();
-        }
-    }
+    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    m[0] = MASKED;
+    l[0] = 0.0;
+    acc[0] = vec4<f32>();
+    acc[1] = vec4<f32>();
+    acc[2] = vec4<f32>();
+    acc[3] = vec4<f32>();
+    acc[4] = vec4<f32>();
+    acc[5] = vec4<f32>();
+    acc[6] = vec4<f32>();
+    acc[7] = vec4<f32>();
+    m[1] = MASKED;
+    l[1] = 0.0;
+    acc[8] = vec4<f32>();
+    acc[9] = vec4<f32>();
+    acc[10] = vec4<f32>();
+    acc[11] = vec4<f32>();
+    acc[12] = vec4<f32>();
+    acc[13] = vec4<f32>();
+    acc[14] = vec4<f32>();
+    acc[15] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -256,108 +301,200 @@ fn main(
         load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
         workgroupBarrier();
 
-        // S = Q·Kᵀ for TILE_Q queries x TILE_K keys
+        // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
         var s: array<f32, 2>;
-        for (var e: u32 = 0u; e < TILE_Q * TILE_K; e = e + 1u) {
-            s[e] = 0.0;
-        }
+        s[0] = 0.0;
+        s[1] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
-            var kv: array<vec4<f32>, 1>;
-            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                kv[j] = vec4<f32>(tile_kv[(c + j * COLS) * ROW4 + d4]);
-            }
-            for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-                let qv = q_vec(q0, a * TILE_Q + i, d4, head);
-                for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                    s[i * TILE_K + j] = s[i * TILE_K + j] + dot(qv, kv[j]);
-                }
-            }
+            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
+            let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
+            s[0] = s[0] + dot(qr0, kt0);
+            let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
+            s[1] = s[1] + dot(qr1, kt0);
         }
 
-        // scale, softcap, masks; per-invocation row max
+        // scale, softcap and (on tiles that straddle a mask edge) masks; partial row maxima
         let edge = tile_needs_mask(q0, q_count, k0, kv_len);
-        for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-            var local_max: f32 = MASKED;
-            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                var score = s[i * TILE_K + j] * u.scale;
-                if (u.attn_softcap > 0.0) {
-                    score = tanh(score / u.attn_softcap) * u.attn_softcap;
-                }
-                if (edge) {
-                    let key = k0 + c + j * COLS;
-                    if (key >= kv_len || is_masked(q0 + a * TILE_Q + i, key)) {
-                        score = MASKED;
-                    }
-                }
-                s[i * TILE_K + j] = score;
-                local_max = max(local_max, score);
-            }
-            row_part[(a * TILE_Q + i) * COLS + c] = local_max;
-        }
+        s[0] = final_score(s[0], edge, q0 + a * TILE_Q + 0u, k0 + c + 0u * COLS, kv_len);
+        row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
+        s[1] = final_score(s[1], edge, q0 + a * TILE_Q + 1u, k0 + c + 0u * COLS, kv_len);
+        row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
-        for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-            let r = a * TILE_Q + i;
-            var m_new = m[i];
-            for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
-                m_new = max(m_new, row_part[r * COLS + cc]);
-            }
-            // m[i] == MASKED == m_new: nothing seen yet, acc and l are 0 whatever the factor
-            let correction = exp(m[i] - m_new);
-            m[i] = m_new;
-            var sum: f32 = 0.0;
-            for (var j: u32 = 0u; j < TILE_K; j = j + 1u) {
-                let score = s[i * TILE_K + j];
-                let p = select(0.0, exp(score - m_new), score > MASKED);
-                sum = sum + p;
-                let key = c + j * COLS;
-                tile_p[r * (BLOCK_K / 4u) + key / 4u][key % 4u] = p;
-            }
-            l[i] = l[i] * correction + sum;
-            for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-                acc[i * TILE_D4 + j] = acc[i * TILE_D4 + j] * correction;
-            }
+        // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
+        // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
+        {
+            let r = a * TILE_Q + 0u;
+            let m_new = max(m[0], row_max(r));
+            let correction = exp(m[0] - m_new);
+            m[0] = m_new;
+            let p0 = select(0.0, exp(s[0] - m_new), s[0] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
+            l[0] = l[0] * correction + p0;
+            acc[0] = acc[0] * correction;
+            acc[1] = acc[1] * correction;
+            acc[2] = acc[2] * correction;
+            acc[3] = acc[3] * correction;
+            acc[4] = acc[4] * correction;
+            acc[5] = acc[5] * correction;
+            acc[6] = acc[6] * correction;
+            acc[7] = acc[7] * correction;
+        }
+        {
+            let r = a * TILE_Q + 1u;
+            let m_new = max(m[1], row_max(r));
+            let correction = exp(m[1] - m_new);
+            m[1] = m_new;
+            let p0 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
+            l[1] = l[1] * correction + p0;
+            acc[8] = acc[8] * correction;
+            acc[9] = acc[9] * correction;
+            acc[10] = acc[10] * correction;
+            acc[11] = acc[11] * correction;
+            acc[12] = acc[12] * correction;
+            acc[13] = acc[13] * correction;
+            acc[14] = acc[14] * correction;
+            acc[15] = acc[15] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
-            var p4: array<vec4<f32>, 2>;
-            for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-                p4[i] = tile_p[(a * TILE_Q + i) * (BLOCK_K / 4u) + k4];
-            }
-            for (var kk: u32 = 0u; kk < 4u; kk = kk + 1u) {
-                for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-                    let v = vec4<f32>(tile_kv[(k4 * 4u + kk) * ROW4 + c + j * COLS]);
-                    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-                        acc[i * TILE_D4 + j] = acc[i * TILE_D4 + j] + p4[i][kk] * v;
-                    }
-                }
-            }
+            let p0 = tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4];
+            let p1 = tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4];
+            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.x * v00;
+            acc[8] = acc[8] + p1.x * v00;
+            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.x * v01;
+            acc[9] = acc[9] + p1.x * v01;
+            let v02 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 2u * COLS]);
+            acc[2] = acc[2] + p0.x * v02;
+            acc[10] = acc[10] + p1.x * v02;
+            let v03 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 3u * COLS]);
+            acc[3] = acc[3] + p0.x * v03;
+            acc[11] = acc[11] + p1.x * v03;
+            let v04 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 4u * COLS]);
+            acc[4] = acc[4] + p0.x * v04;
+            acc[12] = acc[12] + p1.x * v04;
+            let v05 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 5u * COLS]);
+            acc[5] = acc[5] + p0.x * v05;
+            acc[13] = acc[13] + p1.x * v05;
+            let v06 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 6u * COLS]);
+            acc[6] = acc[6] + p0.x * v06;
+            acc[14] = acc[14] + p1.x * v06;
+            let v07 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 7u * COLS]);
+            acc[7] = acc[7] + p0.x * v07;
+            acc[15] = acc[15] + p1.x * v07;
+            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.y * v10;
+            acc[8] = acc[8] + p1.y * v10;
+            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.y * v11;
+            acc[9] = acc[9] + p1.y * v11;
+            let v12 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 2u * COLS]);
+            acc[2] = acc[2] + p0.y * v12;
+            acc[10] = acc[10] + p1.y * v12;
+            let v13 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 3u * COLS]);
+            acc[3] = acc[3] + p0.y * v13;
+            acc[11] = acc[11] + p1.y * v13;
+            let v14 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 4u * COLS]);
+            acc[4] = acc[4] + p0.y * v14;
+            acc[12] = acc[12] + p1.y * v14;
+            let v15 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 5u * COLS]);
+            acc[5] = acc[5] + p0.y * v15;
+            acc[13] = acc[13] + p1.y * v15;
+            let v16 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 6u * COLS]);
+            acc[6] = acc[6] + p0.y * v16;
+            acc[14] = acc[14] + p1.y * v16;
+            let v17 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 7u * COLS]);
+            acc[7] = acc[7] + p0.y * v17;
+            acc[15] = acc[15] + p1.y * v17;
+            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.z * v20;
+            acc[8] = acc[8] + p1.z * v20;
+            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.z * v21;
+            acc[9] = acc[9] + p1.z * v21;
+            let v22 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 2u * COLS]);
+            acc[2] = acc[2] + p0.z * v22;
+            acc[10] = acc[10] + p1.z * v22;
+            let v23 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 3u * COLS]);
+            acc[3] = acc[3] + p0.z * v23;
+            acc[11] = acc[11] + p1.z * v23;
+            let v24 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 4u * COLS]);
+            acc[4] = acc[4] + p0.z * v24;
+            acc[12] = acc[12] + p1.z * v24;
+            let v25 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 5u * COLS]);
+            acc[5] = acc[5] + p0.z * v25;
+            acc[13] = acc[13] + p1.z * v25;
+            let v26 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 6u * COLS]);
+            acc[6] = acc[6] + p0.z * v26;
+            acc[14] = acc[14] + p1.z * v26;
+            let v27 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 7u * COLS]);
+            acc[7] = acc[7] + p0.z * v27;
+            acc[15] = acc[15] + p1.z * v27;
+            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
+            acc[0] = acc[0] + p0.w * v30;
+            acc[8] = acc[8] + p1.w * v30;
+            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.w * v31;
+            acc[9] = acc[9] + p1.w * v31;
+            let v32 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 2u * COLS]);
+            acc[2] = acc[2] + p0.w * v32;
+            acc[10] = acc[10] + p1.w * v32;
+            let v33 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 3u * COLS]);
+            acc[3] = acc[3] + p0.w * v33;
+            acc[11] = acc[11] + p1.w * v33;
+            let v34 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 4u * COLS]);
+            acc[4] = acc[4] + p0.w * v34;
+            acc[12] = acc[12] + p1.w * v34;
+            let v35 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 5u * COLS]);
+            acc[5] = acc[5] + p0.w * v35;
+            acc[13] = acc[13] + p1.w * v35;
+            let v36 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 6u * COLS]);
+            acc[6] = acc[6] + p0.w * v36;
+            acc[14] = acc[14] + p1.w * v36;
+            let v37 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 7u * COLS]);
+            acc[7] = acc[7] + p0.w * v37;
+            acc[15] = acc[15] + p1.w * v37;
         }
     }
 
     // Row sums: reduce the COLS shares, then normalise and store
     // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
     workgroupBarrier();
-    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-        row_part[(a * TILE_Q + i) * COLS + c] = l[i];
-    }
+    row_part[(a * TILE_Q + 0u) * COLS + c] = l[0];
+    row_part[(a * TILE_Q + 1u) * COLS + c] = l[1];
     workgroupBarrier();
-    for (var i: u32 = 0u; i < TILE_Q; i = i + 1u) {
-        let r = a * TILE_Q + i;
-        if (r >= q_count) {
-            continue;
-        }
-        var total: f32 = 0.0;
-        for (var cc: u32 = 0u; cc < COLS; cc = cc + 1u) {
-            total = total + row_part[r * COLS + cc];
-        }
+    if (a * TILE_Q + 0u < q_count) {
+        let r = a * TILE_Q + 0u;
+        let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-            store_out4(base, c + j * COLS, acc[i * TILE_D4 + j] * inv_l);
-        }
+        store_out4(base, c + 0u * COLS, acc[0] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[1] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[2] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[3] * inv_l);
+        store_out4(base, c + 4u * COLS, acc[4] * inv_l);
+        store_out4(base, c + 5u * COLS, acc[5] * inv_l);
+        store_out4(base, c + 6u * COLS, acc[6] * inv_l);
+        store_out4(base, c + 7u * COLS, acc[7] * inv_l);
+    }
+    if (a * TILE_Q + 1u < q_count) {
+        let r = a * TILE_Q + 1u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[10] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[11] * inv_l);
+        store_out4(base, c + 4u * COLS, acc[12] * inv_l);
+        store_out4(base, c + 5u * COLS, acc[13] * inv_l);
+        store_out4(base, c + 6u * COLS, acc[14] * inv_l);
+        store_out4(base, c + 7u * COLS, acc[15] * inv_l);
     }
 }
