@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:15499c34cd7deacf737db10b505415f8cfc911236a08738b63de1d1dec8b23ec
+// source-hash: sha256:6e7c7bfc5f2394dec0df697906204404defc9a11e303d203dca2e1b136cdd607
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -154,6 +154,15 @@ fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
     }
 }
 
+// Scaled, soft-capped score
+fn final_score(raw: f32) -> f32 {
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
+    return score;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
@@ -173,60 +182,137 @@ fn main(
     var m: f32 = -3.402823e+38;
     var l: f32 = 0.0;
     var acc: array<vec4<f32>, 4>;
-    for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-        acc[j] = vec4<f32>();
-    }
+    acc[0] = vec4<f32>();
+    acc[1] = vec4<f32>();
+    acc[2] = vec4<f32>();
+    acc[3] = vec4<f32>();
 
+    // chunks of BLOCK_K keys (loops over the chunk are unrolled here: constant register indices)
     for (var k0: u32 = span.x; k0 < span.y; k0 = k0 + BLOCK_K) {
-        let count = min(BLOCK_K, span.y - k0);
-        var base: array<u32, 8>;
+        let last = min(BLOCK_K, span.y - k0) - 1u;  // keys past the span repeat the last one, p = 0
+        let base0 = (get_kv_pos(k0 + min(0u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
+        let base1 = (get_kv_pos(k0 + min(1u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
+        let base2 = (get_kv_pos(k0 + min(2u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
+        let base3 = (get_kv_pos(k0 + min(3u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
+        let base4 = (get_kv_pos(k0 + min(4u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
+        let base5 = (get_kv_pos(k0 + min(5u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
+        let base6 = (get_kv_pos(k0 + min(6u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
+        let base7 = (get_kv_pos(k0 + min(7u, last)) * u.num_kv_heads + kv_head) * u.head_dim;
         var s: array<f32, 8>;
-        for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
-            base[k] = (get_kv_pos(k0 + min(k, count - 1u)) * u.num_kv_heads + kv_head) * u.head_dim;
-            s[k] = 0.0;
-        }
+        s[0] = 0.0;
+        s[1] = 0.0;
+        s[2] = 0.0;
+        s[3] = 0.0;
+        s[4] = 0.0;
+        s[5] = 0.0;
+        s[6] = 0.0;
+        s[7] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let qv = vec4<f32>(load_q4(q_base, d4));
-            for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
-                s[k] = s[k] + dot(qv, vec4<f32>(load_k4(base[k], d4)));
-            }
+            s[0] = s[0] + dot(qv, vec4<f32>(load_k4(base0, d4)));
+            s[1] = s[1] + dot(qv, vec4<f32>(load_k4(base1, d4)));
+            s[2] = s[2] + dot(qv, vec4<f32>(load_k4(base2, d4)));
+            s[3] = s[3] + dot(qv, vec4<f32>(load_k4(base3, d4)));
+            s[4] = s[4] + dot(qv, vec4<f32>(load_k4(base4, d4)));
+            s[5] = s[5] + dot(qv, vec4<f32>(load_k4(base5, d4)));
+            s[6] = s[6] + dot(qv, vec4<f32>(load_k4(base6, d4)));
+            s[7] = s[7] + dot(qv, vec4<f32>(load_k4(base7, d4)));
         }
         var chunk_max: f32 = -3.402823e+38;
-        for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
-            var score = s[k] * u.scale;
-            if (u.attn_softcap > 0.0) {
-                score = tanh(score / u.attn_softcap) * u.attn_softcap;
-            }
-            s[k] = score;
-            if (k < count) {
-                chunk_max = max(chunk_max, score);
-            }
-        }
+        s[0] = final_score(s[0]);
+        chunk_max = select(chunk_max, max(chunk_max, s[0]), 0u <= last);
+        s[1] = final_score(s[1]);
+        chunk_max = select(chunk_max, max(chunk_max, s[1]), 1u <= last);
+        s[2] = final_score(s[2]);
+        chunk_max = select(chunk_max, max(chunk_max, s[2]), 2u <= last);
+        s[3] = final_score(s[3]);
+        chunk_max = select(chunk_max, max(chunk_max, s[3]), 3u <= last);
+        s[4] = final_score(s[4]);
+        chunk_max = select(chunk_max, max(chunk_max, s[4]), 4u <= last);
+        s[5] = final_score(s[5]);
+        chunk_max = select(chunk_max, max(chunk_max, s[5]), 5u <= last);
+        s[6] = final_score(s[6]);
+        chunk_max = select(chunk_max, max(chunk_max, s[6]), 6u <= last);
+        s[7] = final_score(s[7]);
+        chunk_max = select(chunk_max, max(chunk_max, s[7]), 7u <= last);
         let m_new = max(m, chunk_max);
         let correction = exp(m - m_new);
         m = m_new;
-        l = l * correction;
-        for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-            acc[j] = acc[j] * correction;
+        let p0 = select(0.0, exp(s[0] - m_new), 0u <= last);
+        let p1 = select(0.0, exp(s[1] - m_new), 1u <= last);
+        let p2 = select(0.0, exp(s[2] - m_new), 2u <= last);
+        let p3 = select(0.0, exp(s[3] - m_new), 3u <= last);
+        let p4 = select(0.0, exp(s[4] - m_new), 4u <= last);
+        let p5 = select(0.0, exp(s[5] - m_new), 5u <= last);
+        let p6 = select(0.0, exp(s[6] - m_new), 6u <= last);
+        let p7 = select(0.0, exp(s[7] - m_new), 7u <= last);
+        l = l * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
+        if (t + 0u * WORKGROUP_SIZE < d4_count) {
+            let col = t + 0u * WORKGROUP_SIZE;
+            var o = acc[0] * correction;
+            o = o + p0 * vec4<f32>(load_v4(base0, col));
+            o = o + p1 * vec4<f32>(load_v4(base1, col));
+            o = o + p2 * vec4<f32>(load_v4(base2, col));
+            o = o + p3 * vec4<f32>(load_v4(base3, col));
+            o = o + p4 * vec4<f32>(load_v4(base4, col));
+            o = o + p5 * vec4<f32>(load_v4(base5, col));
+            o = o + p6 * vec4<f32>(load_v4(base6, col));
+            o = o + p7 * vec4<f32>(load_v4(base7, col));
+            acc[0] = o;
         }
-        for (var k: u32 = 0u; k < BLOCK_K; k = k + 1u) {
-            let p = select(0.0, exp(s[k] - m_new), k < count);
-            l = l + p;
-            for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-                let col = t + j * WORKGROUP_SIZE;
-                if (col < d4_count) {
-                    acc[j] = acc[j] + p * vec4<f32>(load_v4(base[k], col));
-                }
-            }
+        if (t + 1u * WORKGROUP_SIZE < d4_count) {
+            let col = t + 1u * WORKGROUP_SIZE;
+            var o = acc[1] * correction;
+            o = o + p0 * vec4<f32>(load_v4(base0, col));
+            o = o + p1 * vec4<f32>(load_v4(base1, col));
+            o = o + p2 * vec4<f32>(load_v4(base2, col));
+            o = o + p3 * vec4<f32>(load_v4(base3, col));
+            o = o + p4 * vec4<f32>(load_v4(base4, col));
+            o = o + p5 * vec4<f32>(load_v4(base5, col));
+            o = o + p6 * vec4<f32>(load_v4(base6, col));
+            o = o + p7 * vec4<f32>(load_v4(base7, col));
+            acc[1] = o;
+        }
+        if (t + 2u * WORKGROUP_SIZE < d4_count) {
+            let col = t + 2u * WORKGROUP_SIZE;
+            var o = acc[2] * correction;
+            o = o + p0 * vec4<f32>(load_v4(base0, col));
+            o = o + p1 * vec4<f32>(load_v4(base1, col));
+            o = o + p2 * vec4<f32>(load_v4(base2, col));
+            o = o + p3 * vec4<f32>(load_v4(base3, col));
+            o = o + p4 * vec4<f32>(load_v4(base4, col));
+            o = o + p5 * vec4<f32>(load_v4(base5, col));
+            o = o + p6 * vec4<f32>(load_v4(base6, col));
+            o = o + p7 * vec4<f32>(load_v4(base7, col));
+            acc[2] = o;
+        }
+        if (t + 3u * WORKGROUP_SIZE < d4_count) {
+            let col = t + 3u * WORKGROUP_SIZE;
+            var o = acc[3] * correction;
+            o = o + p0 * vec4<f32>(load_v4(base0, col));
+            o = o + p1 * vec4<f32>(load_v4(base1, col));
+            o = o + p2 * vec4<f32>(load_v4(base2, col));
+            o = o + p3 * vec4<f32>(load_v4(base3, col));
+            o = o + p4 * vec4<f32>(load_v4(base4, col));
+            o = o + p5 * vec4<f32>(load_v4(base5, col));
+            o = o + p6 * vec4<f32>(load_v4(base6, col));
+            o = o + p7 * vec4<f32>(load_v4(base7, col));
+            acc[3] = o;
         }
     }
 
     // A query whose every key is masked has l == 0 and writes zeros (masked_row = "zero")
     let inv_l = select(0.0, 1.0 / l, l > 0.0);
-    for (var j: u32 = 0u; j < TILE_D4; j = j + 1u) {
-        let col = t + j * WORKGROUP_SIZE;
-        if (col < d4_count) {
-            store_out4(q_base, col, acc[j] * inv_l);
-        }
+    if (t + 0u * WORKGROUP_SIZE < d4_count) {
+        store_out4(q_base, t + 0u * WORKGROUP_SIZE, acc[0] * inv_l);
+    }
+    if (t + 1u * WORKGROUP_SIZE < d4_count) {
+        store_out4(q_base, t + 1u * WORKGROUP_SIZE, acc[1] * inv_l);
+    }
+    if (t + 2u * WORKGROUP_SIZE < d4_count) {
+        store_out4(q_base, t + 2u * WORKGROUP_SIZE, acc[2] * inv_l);
+    }
+    if (t + 3u * WORKGROUP_SIZE < d4_count) {
+        store_out4(q_base, t + 3u * WORKGROUP_SIZE, acc[3] * inv_l);
     }
 }
