@@ -1,20 +1,20 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cb13cd129095fdc39b9582dcebfd2285e68db9dd15a4a777f86449afdb43d9af
+// source-hash: sha256:4fa29632ad9e2ba476cb4fccbdb87987dd2db283235879b7af92fab0a6458925
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 4 queries x 2 keys (S) and 4 queries x 8 dims (O).
+// micro-tiles of 8 queries x 4 keys (S) and 8 queries x 8 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
 
 const MAX_HEAD_DIM: u32 = 128u;
-const MAX_BLOCK_Q: u32 = 32u;    // rows of the Q / P tiles
-const BLOCK_K: u32 = 32u;        // keys per KV tile
-const TILE_Q: u32 = 4u;          // queries per invocation
-const TILE_K: u32 = 2u;          // keys per invocation (strided by COLS)
+const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
+const BLOCK_K: u32 = 64u;        // keys per KV tile
+const TILE_Q: u32 = 8u;          // queries per invocation
+const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
 const COLS: u32 = 16u;             // invocations sharing a query group
 const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 33u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
@@ -23,7 +23,7 @@ const MASKED: f32 = -3.402823e+38;
 
 // Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
 // tile rows idle, it stays correct)
-override BLOCK_Q: u32 = 32u;
+override BLOCK_Q: u32 = 64u;
 
 struct Uniforms {
     num_heads: u32,       // Number of query heads
@@ -51,10 +51,10 @@ struct Uniforms {
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
 
-var<workgroup> tile_q: array<vec4<f16>, 1056>;      // [MAX_BLOCK_Q][ROW4]
-var<workgroup> tile_kv: array<vec4<f16>, 1056>;     // [BLOCK_K][ROW4], K then V
-var<workgroup> tile_p: array<vec4<f32>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
-var<workgroup> row_part: array<f32, 512>;          // [MAX_BLOCK_Q][COLS] partial max / sum
+var<workgroup> tile_q: array<vec4<f16>, 2112>;      // [MAX_BLOCK_Q][ROW4]
+var<workgroup> tile_kv: array<vec4<f16>, 2112>;     // [BLOCK_K][ROW4], K then V
+var<workgroup> tile_p: array<vec4<f16>, 1024>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
+var<workgroup> row_part: array<f32, 1024>;          // [MAX_BLOCK_Q][COLS] partial max / sum
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -279,9 +279,9 @@ fn main(
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
-    var m: array<f32, 4>;    // running row max (identical across a query group)
-    var l: array<f32, 4>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var m: array<f32, 8>;    // running row max (identical across a query group)
+    var l: array<f32, 8>;    // this invocation's share of the row sum
+    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
@@ -298,6 +298,22 @@ fn main(
     l[3] = 0.0;
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
+    m[4] = MASKED;
+    l[4] = 0.0;
+    acc[8] = vec4<f32>();
+    acc[9] = vec4<f32>();
+    m[5] = MASKED;
+    l[5] = 0.0;
+    acc[10] = vec4<f32>();
+    acc[11] = vec4<f32>();
+    m[6] = MASKED;
+    l[6] = 0.0;
+    acc[12] = vec4<f32>();
+    acc[13] = vec4<f32>();
+    m[7] = MASKED;
+    l[7] = 0.0;
+    acc[14] = vec4<f32>();
+    acc[15] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -306,7 +322,7 @@ fn main(
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 8>;
+        var s: array<f32, 32>;
         s[0] = 0.0;
         s[1] = 0.0;
         s[2] = 0.0;
@@ -315,37 +331,119 @@ fn main(
         s[5] = 0.0;
         s[6] = 0.0;
         s[7] = 0.0;
+        s[8] = 0.0;
+        s[9] = 0.0;
+        s[10] = 0.0;
+        s[11] = 0.0;
+        s[12] = 0.0;
+        s[13] = 0.0;
+        s[14] = 0.0;
+        s[15] = 0.0;
+        s[16] = 0.0;
+        s[17] = 0.0;
+        s[18] = 0.0;
+        s[19] = 0.0;
+        s[20] = 0.0;
+        s[21] = 0.0;
+        s[22] = 0.0;
+        s[23] = 0.0;
+        s[24] = 0.0;
+        s[25] = 0.0;
+        s[26] = 0.0;
+        s[27] = 0.0;
+        s[28] = 0.0;
+        s[29] = 0.0;
+        s[30] = 0.0;
+        s[31] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
             let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
+            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
+            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
+            s[2] = s[2] + dot(qr0, kt2);
+            s[3] = s[3] + dot(qr0, kt3);
             let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
-            s[2] = s[2] + dot(qr1, kt0);
-            s[3] = s[3] + dot(qr1, kt1);
+            s[4] = s[4] + dot(qr1, kt0);
+            s[5] = s[5] + dot(qr1, kt1);
+            s[6] = s[6] + dot(qr1, kt2);
+            s[7] = s[7] + dot(qr1, kt3);
             let qr2 = q_vec(q0, a * TILE_Q + 2u, d4, head);
-            s[4] = s[4] + dot(qr2, kt0);
-            s[5] = s[5] + dot(qr2, kt1);
+            s[8] = s[8] + dot(qr2, kt0);
+            s[9] = s[9] + dot(qr2, kt1);
+            s[10] = s[10] + dot(qr2, kt2);
+            s[11] = s[11] + dot(qr2, kt3);
             let qr3 = q_vec(q0, a * TILE_Q + 3u, d4, head);
-            s[6] = s[6] + dot(qr3, kt0);
-            s[7] = s[7] + dot(qr3, kt1);
+            s[12] = s[12] + dot(qr3, kt0);
+            s[13] = s[13] + dot(qr3, kt1);
+            s[14] = s[14] + dot(qr3, kt2);
+            s[15] = s[15] + dot(qr3, kt3);
+            let qr4 = q_vec(q0, a * TILE_Q + 4u, d4, head);
+            s[16] = s[16] + dot(qr4, kt0);
+            s[17] = s[17] + dot(qr4, kt1);
+            s[18] = s[18] + dot(qr4, kt2);
+            s[19] = s[19] + dot(qr4, kt3);
+            let qr5 = q_vec(q0, a * TILE_Q + 5u, d4, head);
+            s[20] = s[20] + dot(qr5, kt0);
+            s[21] = s[21] + dot(qr5, kt1);
+            s[22] = s[22] + dot(qr5, kt2);
+            s[23] = s[23] + dot(qr5, kt3);
+            let qr6 = q_vec(q0, a * TILE_Q + 6u, d4, head);
+            s[24] = s[24] + dot(qr6, kt0);
+            s[25] = s[25] + dot(qr6, kt1);
+            s[26] = s[26] + dot(qr6, kt2);
+            s[27] = s[27] + dot(qr6, kt3);
+            let qr7 = q_vec(q0, a * TILE_Q + 7u, d4, head);
+            s[28] = s[28] + dot(qr7, kt0);
+            s[29] = s[29] + dot(qr7, kt1);
+            s[30] = s[30] + dot(qr7, kt2);
+            s[31] = s[31] + dot(qr7, kt3);
         }
 
         // scale, softcap and (on tiles that straddle a mask edge) masks; partial row maxima
         let edge = tile_needs_mask(q0, q_count, k0, kv_len);
         s[0] = final_score(s[0], edge, q0 + a * TILE_Q + 0u, k0 + c + 0u * COLS, kv_len);
         s[1] = final_score(s[1], edge, q0 + a * TILE_Q + 0u, k0 + c + 1u * COLS, kv_len);
-        row_part[(a * TILE_Q + 0u) * COLS + c] = max(s[0], s[1]);
-        s[2] = final_score(s[2], edge, q0 + a * TILE_Q + 1u, k0 + c + 0u * COLS, kv_len);
-        s[3] = final_score(s[3], edge, q0 + a * TILE_Q + 1u, k0 + c + 1u * COLS, kv_len);
-        row_part[(a * TILE_Q + 1u) * COLS + c] = max(s[2], s[3]);
-        s[4] = final_score(s[4], edge, q0 + a * TILE_Q + 2u, k0 + c + 0u * COLS, kv_len);
-        s[5] = final_score(s[5], edge, q0 + a * TILE_Q + 2u, k0 + c + 1u * COLS, kv_len);
-        row_part[(a * TILE_Q + 2u) * COLS + c] = max(s[4], s[5]);
-        s[6] = final_score(s[6], edge, q0 + a * TILE_Q + 3u, k0 + c + 0u * COLS, kv_len);
-        s[7] = final_score(s[7], edge, q0 + a * TILE_Q + 3u, k0 + c + 1u * COLS, kv_len);
-        row_part[(a * TILE_Q + 3u) * COLS + c] = max(s[6], s[7]);
+        s[2] = final_score(s[2], edge, q0 + a * TILE_Q + 0u, k0 + c + 2u * COLS, kv_len);
+        s[3] = final_score(s[3], edge, q0 + a * TILE_Q + 0u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
+        s[4] = final_score(s[4], edge, q0 + a * TILE_Q + 1u, k0 + c + 0u * COLS, kv_len);
+        s[5] = final_score(s[5], edge, q0 + a * TILE_Q + 1u, k0 + c + 1u * COLS, kv_len);
+        s[6] = final_score(s[6], edge, q0 + a * TILE_Q + 1u, k0 + c + 2u * COLS, kv_len);
+        s[7] = final_score(s[7], edge, q0 + a * TILE_Q + 1u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);
+        s[8] = final_score(s[8], edge, q0 + a * TILE_Q + 2u, k0 + c + 0u * COLS, kv_len);
+        s[9] = final_score(s[9], edge, q0 + a * TILE_Q + 2u, k0 + c + 1u * COLS, kv_len);
+        s[10] = final_score(s[10], edge, q0 + a * TILE_Q + 2u, k0 + c + 2u * COLS, kv_len);
+        s[11] = final_score(s[11], edge, q0 + a * TILE_Q + 2u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 2u) * COLS + c] = max(max(max(s[8], s[9]), s[10]), s[11]);
+        s[12] = final_score(s[12], edge, q0 + a * TILE_Q + 3u, k0 + c + 0u * COLS, kv_len);
+        s[13] = final_score(s[13], edge, q0 + a * TILE_Q + 3u, k0 + c + 1u * COLS, kv_len);
+        s[14] = final_score(s[14], edge, q0 + a * TILE_Q + 3u, k0 + c + 2u * COLS, kv_len);
+        s[15] = final_score(s[15], edge, q0 + a * TILE_Q + 3u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 3u) * COLS + c] = max(max(max(s[12], s[13]), s[14]), s[15]);
+        s[16] = final_score(s[16], edge, q0 + a * TILE_Q + 4u, k0 + c + 0u * COLS, kv_len);
+        s[17] = final_score(s[17], edge, q0 + a * TILE_Q + 4u, k0 + c + 1u * COLS, kv_len);
+        s[18] = final_score(s[18], edge, q0 + a * TILE_Q + 4u, k0 + c + 2u * COLS, kv_len);
+        s[19] = final_score(s[19], edge, q0 + a * TILE_Q + 4u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 4u) * COLS + c] = max(max(max(s[16], s[17]), s[18]), s[19]);
+        s[20] = final_score(s[20], edge, q0 + a * TILE_Q + 5u, k0 + c + 0u * COLS, kv_len);
+        s[21] = final_score(s[21], edge, q0 + a * TILE_Q + 5u, k0 + c + 1u * COLS, kv_len);
+        s[22] = final_score(s[22], edge, q0 + a * TILE_Q + 5u, k0 + c + 2u * COLS, kv_len);
+        s[23] = final_score(s[23], edge, q0 + a * TILE_Q + 5u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 5u) * COLS + c] = max(max(max(s[20], s[21]), s[22]), s[23]);
+        s[24] = final_score(s[24], edge, q0 + a * TILE_Q + 6u, k0 + c + 0u * COLS, kv_len);
+        s[25] = final_score(s[25], edge, q0 + a * TILE_Q + 6u, k0 + c + 1u * COLS, kv_len);
+        s[26] = final_score(s[26], edge, q0 + a * TILE_Q + 6u, k0 + c + 2u * COLS, kv_len);
+        s[27] = final_score(s[27], edge, q0 + a * TILE_Q + 6u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 6u) * COLS + c] = max(max(max(s[24], s[25]), s[26]), s[27]);
+        s[28] = final_score(s[28], edge, q0 + a * TILE_Q + 7u, k0 + c + 0u * COLS, kv_len);
+        s[29] = final_score(s[29], edge, q0 + a * TILE_Q + 7u, k0 + c + 1u * COLS, kv_len);
+        s[30] = final_score(s[30], edge, q0 + a * TILE_Q + 7u, k0 + c + 2u * COLS, kv_len);
+        s[31] = final_score(s[31], edge, q0 + a * TILE_Q + 7u, k0 + c + 3u * COLS, kv_len);
+        row_part[(a * TILE_Q + 7u) * COLS + c] = max(max(max(s[28], s[29]), s[30]), s[31]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
@@ -356,11 +454,19 @@ fn main(
             let m_new = max(m[0], row_max(r));
             let correction = exp(m[0] - m_new);
             m[0] = m_new;
-            let p0 = select(0.0, exp(s[0] - m_new), s[0] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            l[0] = l[0] * correction + p0 + p1;
+            let p0_h = f16(select(0.0, exp(s[0] - m_new), s[0] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[1] - m_new), s[1] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[2] - m_new), s[2] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[3] - m_new), s[3] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[0] = l[0] * correction + p0 + p1 + p2 + p3;
             acc[0] = acc[0] * correction;
             acc[1] = acc[1] * correction;
         }
@@ -369,11 +475,19 @@ fn main(
             let m_new = max(m[1], row_max(r));
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
-            let p0 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            l[1] = l[1] * correction + p0 + p1;
+            let p0_h = f16(select(0.0, exp(s[4] - m_new), s[4] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[5] - m_new), s[5] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[6] - m_new), s[6] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[7] - m_new), s[7] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[1] = l[1] * correction + p0 + p1 + p2 + p3;
             acc[2] = acc[2] * correction;
             acc[3] = acc[3] * correction;
         }
@@ -382,11 +496,19 @@ fn main(
             let m_new = max(m[2], row_max(r));
             let correction = exp(m[2] - m_new);
             m[2] = m_new;
-            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            l[2] = l[2] * correction + p0 + p1;
+            let p0_h = f16(select(0.0, exp(s[8] - m_new), s[8] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[9] - m_new), s[9] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[10] - m_new), s[10] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[11] - m_new), s[11] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[2] = l[2] * correction + p0 + p1 + p2 + p3;
             acc[4] = acc[4] * correction;
             acc[5] = acc[5] * correction;
         }
@@ -395,62 +517,190 @@ fn main(
             let m_new = max(m[3], row_max(r));
             let correction = exp(m[3] - m_new);
             m[3] = m_new;
-            let p0 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            l[3] = l[3] * correction + p0 + p1;
+            let p0_h = f16(select(0.0, exp(s[12] - m_new), s[12] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[13] - m_new), s[13] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[14] - m_new), s[14] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[15] - m_new), s[15] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[3] = l[3] * correction + p0 + p1 + p2 + p3;
             acc[6] = acc[6] * correction;
             acc[7] = acc[7] * correction;
+        }
+        {
+            let r = a * TILE_Q + 4u;
+            let m_new = max(m[4], row_max(r));
+            let correction = exp(m[4] - m_new);
+            m[4] = m_new;
+            let p0_h = f16(select(0.0, exp(s[16] - m_new), s[16] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[17] - m_new), s[17] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[18] - m_new), s[18] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[19] - m_new), s[19] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[4] = l[4] * correction + p0 + p1 + p2 + p3;
+            acc[8] = acc[8] * correction;
+            acc[9] = acc[9] * correction;
+        }
+        {
+            let r = a * TILE_Q + 5u;
+            let m_new = max(m[5], row_max(r));
+            let correction = exp(m[5] - m_new);
+            m[5] = m_new;
+            let p0_h = f16(select(0.0, exp(s[20] - m_new), s[20] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[21] - m_new), s[21] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[22] - m_new), s[22] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[23] - m_new), s[23] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[5] = l[5] * correction + p0 + p1 + p2 + p3;
+            acc[10] = acc[10] * correction;
+            acc[11] = acc[11] * correction;
+        }
+        {
+            let r = a * TILE_Q + 6u;
+            let m_new = max(m[6], row_max(r));
+            let correction = exp(m[6] - m_new);
+            m[6] = m_new;
+            let p0_h = f16(select(0.0, exp(s[24] - m_new), s[24] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[25] - m_new), s[25] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[26] - m_new), s[26] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[27] - m_new), s[27] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[6] = l[6] * correction + p0 + p1 + p2 + p3;
+            acc[12] = acc[12] * correction;
+            acc[13] = acc[13] * correction;
+        }
+        {
+            let r = a * TILE_Q + 7u;
+            let m_new = max(m[7], row_max(r));
+            let correction = exp(m[7] - m_new);
+            m[7] = m_new;
+            let p0_h = f16(select(0.0, exp(s[28] - m_new), s[28] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[29] - m_new), s[29] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[30] - m_new), s[30] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[31] - m_new), s[31] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[7] = l[7] * correction + p0 + p1 + p2 + p3;
+            acc[14] = acc[14] * correction;
+            acc[15] = acc[15] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
-            let p0 = tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4];
-            let p1 = tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4];
-            let p2 = tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4];
-            let p3 = tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4];
+            let p0 = vec4<f32>(tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4]);
+            let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
+            let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
+            let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
+            let p4 = vec4<f32>(tile_p[(a * TILE_Q + 4u) * (BLOCK_K / 4u) + k4]);
+            let p5 = vec4<f32>(tile_p[(a * TILE_Q + 5u) * (BLOCK_K / 4u) + k4]);
+            let p6 = vec4<f32>(tile_p[(a * TILE_Q + 6u) * (BLOCK_K / 4u) + k4]);
+            let p7 = vec4<f32>(tile_p[(a * TILE_Q + 7u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
             acc[2] = acc[2] + p1.x * v00;
             acc[4] = acc[4] + p2.x * v00;
             acc[6] = acc[6] + p3.x * v00;
+            acc[8] = acc[8] + p4.x * v00;
+            acc[10] = acc[10] + p5.x * v00;
+            acc[12] = acc[12] + p6.x * v00;
+            acc[14] = acc[14] + p7.x * v00;
             let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.x * v01;
             acc[3] = acc[3] + p1.x * v01;
             acc[5] = acc[5] + p2.x * v01;
             acc[7] = acc[7] + p3.x * v01;
+            acc[9] = acc[9] + p4.x * v01;
+            acc[11] = acc[11] + p5.x * v01;
+            acc[13] = acc[13] + p6.x * v01;
+            acc[15] = acc[15] + p7.x * v01;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
             acc[2] = acc[2] + p1.y * v10;
             acc[4] = acc[4] + p2.y * v10;
             acc[6] = acc[6] + p3.y * v10;
+            acc[8] = acc[8] + p4.y * v10;
+            acc[10] = acc[10] + p5.y * v10;
+            acc[12] = acc[12] + p6.y * v10;
+            acc[14] = acc[14] + p7.y * v10;
             let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.y * v11;
             acc[3] = acc[3] + p1.y * v11;
             acc[5] = acc[5] + p2.y * v11;
             acc[7] = acc[7] + p3.y * v11;
+            acc[9] = acc[9] + p4.y * v11;
+            acc[11] = acc[11] + p5.y * v11;
+            acc[13] = acc[13] + p6.y * v11;
+            acc[15] = acc[15] + p7.y * v11;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
             acc[2] = acc[2] + p1.z * v20;
             acc[4] = acc[4] + p2.z * v20;
             acc[6] = acc[6] + p3.z * v20;
+            acc[8] = acc[8] + p4.z * v20;
+            acc[10] = acc[10] + p5.z * v20;
+            acc[12] = acc[12] + p6.z * v20;
+            acc[14] = acc[14] + p7.z * v20;
             let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.z * v21;
             acc[3] = acc[3] + p1.z * v21;
             acc[5] = acc[5] + p2.z * v21;
             acc[7] = acc[7] + p3.z * v21;
+            acc[9] = acc[9] + p4.z * v21;
+            acc[11] = acc[11] + p5.z * v21;
+            acc[13] = acc[13] + p6.z * v21;
+            acc[15] = acc[15] + p7.z * v21;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
             acc[2] = acc[2] + p1.w * v30;
             acc[4] = acc[4] + p2.w * v30;
             acc[6] = acc[6] + p3.w * v30;
+            acc[8] = acc[8] + p4.w * v30;
+            acc[10] = acc[10] + p5.w * v30;
+            acc[12] = acc[12] + p6.w * v30;
+            acc[14] = acc[14] + p7.w * v30;
             let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.w * v31;
             acc[3] = acc[3] + p1.w * v31;
             acc[5] = acc[5] + p2.w * v31;
             acc[7] = acc[7] + p3.w * v31;
+            acc[9] = acc[9] + p4.w * v31;
+            acc[11] = acc[11] + p5.w * v31;
+            acc[13] = acc[13] + p6.w * v31;
+            acc[15] = acc[15] + p7.w * v31;
         }
     }
 
@@ -461,6 +711,10 @@ fn main(
     row_part[(a * TILE_Q + 1u) * COLS + c] = l[1];
     row_part[(a * TILE_Q + 2u) * COLS + c] = l[2];
     row_part[(a * TILE_Q + 3u) * COLS + c] = l[3];
+    row_part[(a * TILE_Q + 4u) * COLS + c] = l[4];
+    row_part[(a * TILE_Q + 5u) * COLS + c] = l[5];
+    row_part[(a * TILE_Q + 6u) * COLS + c] = l[6];
+    row_part[(a * TILE_Q + 7u) * COLS + c] = l[7];
     workgroupBarrier();
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
@@ -493,5 +747,37 @@ fn main(
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[6] * inv_l);
         store_out4(base, c + 1u * COLS, acc[7] * inv_l);
+    }
+    if (a * TILE_Q + 4u < q_count) {
+        let r = a * TILE_Q + 4u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
+    }
+    if (a * TILE_Q + 5u < q_count) {
+        let r = a * TILE_Q + 5u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[10] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[11] * inv_l);
+    }
+    if (a * TILE_Q + 6u < q_count) {
+        let r = a * TILE_Q + 6u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[12] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[13] * inv_l);
+    }
+    if (a * TILE_Q + 7u < q_count) {
+        let r = a * TILE_Q + 7u;
+        let total = row_sum(r);
+        let inv_l = select(0.0, 1.0 / total, total > 0.0);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[14] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[15] * inv_l);
     }
 }

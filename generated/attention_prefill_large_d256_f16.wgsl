@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8f10a4bc599e36d05b541e806f95b0a313a359f065de6ec59149e73473aa008e
+// source-hash: sha256:6ddb339601573397cb0df0aad4cc536a248f2bd72413e1b8d1e5032078ef7251
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -354,8 +354,8 @@ fn main(
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
-            let p0 = tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4];
-            let p1 = tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4];
+            let p0 = vec4<f32>(tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4]);
+            let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
             acc[4] = acc[4] + p1.x * v00;

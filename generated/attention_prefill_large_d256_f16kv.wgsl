@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ab6996dac7a1b500dc7c5ce145b4df3d27e7cf1c100604a2dec47250b84ca82
+// source-hash: sha256:d74fb3c4ae88071fe25ff72c7a6dc1680b56631968ffd21c1f8a4a15d5e512f3
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -354,8 +354,8 @@ fn main(
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
-            let p0 = tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4];
-            let p1 = tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4];
+            let p0 = vec4<f32>(tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4]);
+            let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
             acc[4] = acc[4] + p1.x * v00;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7a6da43a6f35339f1d636e509622a07c8b75e52a8ed0feb158b76c66fb552100
+// source-hash: sha256:e7fc5fcd4c938f7893975fa314d1ce665e21edb80f30bb825780c860ad44f59b
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -362,8 +362,8 @@ fn main(
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
-            let p0 = tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4];
-            let p1 = tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4];
+            let p0 = vec4<f32>(tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4]);
+            let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
             acc[8] = acc[8] + p1.x * v00;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ef4cec8425081ebcb226861ad42bce3e437f0b46460b9131abf8b0ce009aac4a
+// source-hash: sha256:027db8c6c6cb2949c4dd67bc2355fe773ce55a1d3499540d7209dcf85aee3cbb
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -389,10 +389,10 @@ fn main(
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
-            let p0 = tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4];
-            let p1 = tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4];
-            let p2 = tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4];
-            let p3 = tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4];
+            let p0 = vec4<f32>(tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4]);
+            let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
+            let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
+            let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
             acc[1] = acc[1] + p1.x * v00;
