@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4fa29632ad9e2ba476cb4fccbdb87987dd2db283235879b7af92fab0a6458925
+// source-hash: sha256:32ddfc24d21d9a5d137074c126f872c4e23d7b520036c08fc6922032eded3d90
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -249,10 +249,14 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let q0 = (wg_id.x / u.num_heads) * BLOCK_Q;   // first query of this workgroup
-    if (u.head_dim > MAX_HEAD_DIM || q0 >= u.query_len) {
+    let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
+    let block = wg_id.x / u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
         return;
     }
+    // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
+    // blocks see the most keys, and starting them first shortens the tail of the dispatch
+    let q0 = (blocks - 1u - block) * BLOCK_Q;   // first query of this workgroup
     let t = local_id.x;
     let a = t / COLS;      // query group: tile rows a * TILE_Q ..
     let c = t - a * COLS;  // key column / head-dim column

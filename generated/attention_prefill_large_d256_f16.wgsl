@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6ddb339601573397cb0df0aad4cc536a248f2bd72413e1b8d1e5032078ef7251
+// source-hash: sha256:3d28be8fa4c8f8cce54ac12a6f09c1a1ad0e8f038bed4522331cb2aaf952a98b
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -249,10 +249,14 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let q0 = (wg_id.x / u.num_heads) * BLOCK_Q;   // first query of this workgroup
-    if (u.head_dim > MAX_HEAD_DIM || q0 >= u.query_len) {
+    let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
+    let block = wg_id.x / u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
         return;
     }
+    // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
+    // blocks see the most keys, and starting them first shortens the tail of the dispatch
+    let q0 = (blocks - 1u - block) * BLOCK_Q;   // first query of this workgroup
     let t = local_id.x;
     let a = t / COLS;      // query group: tile rows a * TILE_Q ..
     let c = t - a * COLS;  // key column / head-dim column

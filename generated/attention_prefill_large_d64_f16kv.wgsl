@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:333a778c53bc7f10c3316c5eb8dbcacf5901e84b4e835713d686e1461fe0ce0b
+// source-hash: sha256:7f4ecadaa39874e54b112f1d606852a383d9d038158dfa4d25975e21053d9b9a
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -249,10 +249,14 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let q0 = (wg_id.x / u.num_heads) * BLOCK_Q;   // first query of this workgroup
-    if (u.head_dim > MAX_HEAD_DIM || q0 >= u.query_len) {
+    let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
+    let block = wg_id.x / u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
         return;
     }
+    // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
+    // blocks see the most keys, and starting them first shortens the tail of the dispatch
+    let q0 = (blocks - 1u - block) * BLOCK_Q;   // first query of this workgroup
     let t = local_id.x;
     let a = t / COLS;      // query group: tile rows a * TILE_Q ..
     let c = t - a * COLS;  // key column / head-dim column

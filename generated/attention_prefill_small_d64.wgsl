@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:027db8c6c6cb2949c4dd67bc2355fe773ce55a1d3499540d7209dcf85aee3cbb
+// source-hash: sha256:b096a06e241cbf1bf021e377e4c63570961dfff7cd6803a25b9db3ca70ddc0ba
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -250,10 +250,14 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let q0 = (wg_id.x / u.num_heads) * BLOCK_Q;   // first query of this workgroup
-    if (u.head_dim > MAX_HEAD_DIM || q0 >= u.query_len) {
+    let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
+    let block = wg_id.x / u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
         return;
     }
+    // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
+    // blocks see the most keys, and starting them first shortens the tail of the dispatch
+    let q0 = (blocks - 1u - block) * BLOCK_Q;   // first query of this workgroup
     let t = local_id.x;
     let a = t / COLS;      // query group: tile rows a * TILE_Q ..
     let c = t - a * COLS;  // key column / head-dim column

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:db3e0db6f5ecf9b5c6019dad50c087922ebba89ba5f89a0ad1c906e752559d98
+// source-hash: sha256:6076bc0b2b4a1cedb3a91366ee9727ef2c38e809b1e50fb8e799f956dfb69d6f
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -252,10 +252,14 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let q0 = (wg_id.x / u.num_heads) * BLOCK_Q;   // first query of this workgroup
-    if (u.head_dim > MAX_HEAD_DIM || q0 >= u.query_len) {
+    let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
+    let block = wg_id.x / u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
         return;
     }
+    // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
+    // blocks see the most keys, and starting them first shortens the tail of the dispatch
+    let q0 = (blocks - 1u - block) * BLOCK_Q;   // first query of this workgroup
     let t = local_id.x;
     let a = t / COLS;      // query group: tile rows a * TILE_Q ..
     let c = t - a * COLS;  // key column / head-dim column

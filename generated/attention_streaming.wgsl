@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6a39b7caee68703696efc2e53287b23f3df9b7e4719036b0a68bed9567592e9d
+// source-hash: sha256:6ef4ee9d66fa8c3cb31cebe9a9a68c83ed1d3843ad8f0480c3622f55453c593d
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //
@@ -167,10 +167,12 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let query = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || query >= u.query_len) {
+    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len) {
         return;
     }
+    // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
+    // see the most keys, and starting them first shortens the tail of the dispatch
+    let query = u.query_len - 1u - wg_id.x / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;

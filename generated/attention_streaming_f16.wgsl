@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a16d0a63e86af557af37557fc98c59390b75df31712909db3b046b2dce43e506
+// source-hash: sha256:ea05423dd218b8e168eb76e3bd193bbd9b73d2d7f1ac7b80f41ecb6bcc3b9d69
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //
@@ -169,10 +169,12 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let query = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || query >= u.query_len) {
+    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len) {
         return;
     }
+    // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
+    // see the most keys, and starting them first shortens the tail of the dispatch
+    let query = u.query_len - 1u - wg_id.x / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6e7c7bfc5f2394dec0df697906204404defc9a11e303d203dca2e1b136cdd607
+// source-hash: sha256:1e57c2eafda36dcac7660107db4c6a1661326faa411200db45d418ae7b4214fd
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -169,10 +169,12 @@ fn main(
     @builtin(workgroup_id) wg_id: vec3<u32>
 ) {
     let head = wg_id.x % u.num_heads;
-    let query = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || query >= u.query_len) {
+    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len) {
         return;
     }
+    // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
+    // see the most keys, and starting them first shortens the tail of the dispatch
+    let query = u.query_len - 1u - wg_id.x / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;
