@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:32ddfc24d21d9a5d137074c126f872c4e23d7b520036c08fc6922032eded3d90
+// source-hash: sha256:ce62d2e45a98a06f5eec79eaf3d1bac4ca7e8b25843e66ed06b7ad22ca531b3a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -63,19 +63,6 @@ fn get_kv_head_idx(query_head_idx: u32) -> u32 {
     return query_head_idx / heads_per_kv;
 }
 
-// Check if position should be masked (causal + sliding window attention)
-fn is_masked(query_pos: u32, key_pos: u32) -> bool {
-    let abs_query = query_pos + u.start_pos;
-    let abs_key = u.kv_start + key_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
-    }
-    return false;
-}
-
 // Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
 fn get_kv_pos(key_pos: u32) -> u32 {
     let abs_key = u.kv_start + key_pos;
@@ -99,7 +86,9 @@ fn get_kv_len() -> u32 {
     return kv_len_buffer[0];
 }
 
-// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see (causal end, window start)
+// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see. For one query (q_count 1)
+// this range is exactly its unmasked keys: causal masks abs_key > abs_query, a window w > 0
+// masks abs_key < abs_query - w + 1 once abs_query >= w, and keys past the KV length are absent
 fn visible_keys(q0: u32, q_count: u32, kv_len: u32) -> vec2<u32> {
     let first_abs = q0 + u.start_pos;
     let last_abs = first_abs + q_count - 1u;
@@ -133,49 +122,43 @@ fn tile_needs_mask(q0: u32, q_count: u32, k0: u32, kv_len: u32) -> bool {
     return false;
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_q4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(Q[base + d], Q[base + d + 1u], Q[base + d + 2u], Q[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = Q[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, Q[base + d], d < u.head_dim),
+        select(zero, Q[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, Q[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, Q[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_k4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(K[base + d], K[base + d + 1u], K[base + d + 2u], K[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = K[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, K[base + d], d < u.head_dim),
+        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_v4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(V[base + d], V[base + d + 1u], V[base + d + 2u], V[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = V[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, V[base + d], d < u.head_dim),
+        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -212,15 +195,11 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
 }
 
-// Scaled, soft-capped score of query query_pos and key key_pos; MASKED where a mask applies
-// (tested only on tiles that straddle a mask edge or the KV end)
-fn final_score(raw: f32, edge: bool, query_pos: u32, key_pos: u32, kv_len: u32) -> f32 {
+// Scaled, soft-capped score
+fn final_score(raw: f32) -> f32 {
     var score = raw * u.scale;
     if (u.attn_softcap > 0.0) {
         score = tanh(score / u.attn_softcap) * u.attn_softcap;
-    }
-    if (edge && (key_pos >= kv_len || is_masked(query_pos, key_pos))) {
-        return MASKED;
     }
     return score;
 }
@@ -286,34 +265,60 @@ fn main(
     var m: array<f32, 8>;    // running row max (identical across a query group)
     var l: array<f32, 8>;    // this invocation's share of the row sum
     var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var lo: array<u32, 8>;   // visible keys [lo, hi) of each of the TILE_Q queries
+    var hi: array<u32, 8>;
+    let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
+    lo[0] = span0.x;
+    hi[0] = span0.y;
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
     acc[1] = vec4<f32>();
+    let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
+    lo[1] = span1.x;
+    hi[1] = span1.y;
     m[1] = MASKED;
     l[1] = 0.0;
     acc[2] = vec4<f32>();
     acc[3] = vec4<f32>();
+    let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
+    lo[2] = span2.x;
+    hi[2] = span2.y;
     m[2] = MASKED;
     l[2] = 0.0;
     acc[4] = vec4<f32>();
     acc[5] = vec4<f32>();
+    let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
+    lo[3] = span3.x;
+    hi[3] = span3.y;
     m[3] = MASKED;
     l[3] = 0.0;
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
+    let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
+    lo[4] = span4.x;
+    hi[4] = span4.y;
     m[4] = MASKED;
     l[4] = 0.0;
     acc[8] = vec4<f32>();
     acc[9] = vec4<f32>();
+    let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
+    lo[5] = span5.x;
+    hi[5] = span5.y;
     m[5] = MASKED;
     l[5] = 0.0;
     acc[10] = vec4<f32>();
     acc[11] = vec4<f32>();
+    let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
+    lo[6] = span6.x;
+    hi[6] = span6.y;
     m[6] = MASKED;
     l[6] = 0.0;
     acc[12] = vec4<f32>();
     acc[13] = vec4<f32>();
+    let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
+    lo[7] = span7.x;
+    hi[7] = span7.y;
     m[7] = MASKED;
     l[7] = 0.0;
     acc[14] = vec4<f32>();
@@ -406,47 +411,81 @@ fn main(
             s[31] = s[31] + dot(qr7, kt3);
         }
 
-        // scale, softcap and (on tiles that straddle a mask edge) masks; partial row maxima
-        let edge = tile_needs_mask(q0, q_count, k0, kv_len);
-        s[0] = final_score(s[0], edge, q0 + a * TILE_Q + 0u, k0 + c + 0u * COLS, kv_len);
-        s[1] = final_score(s[1], edge, q0 + a * TILE_Q + 0u, k0 + c + 1u * COLS, kv_len);
-        s[2] = final_score(s[2], edge, q0 + a * TILE_Q + 0u, k0 + c + 2u * COLS, kv_len);
-        s[3] = final_score(s[3], edge, q0 + a * TILE_Q + 0u, k0 + c + 3u * COLS, kv_len);
+        // scale and softcap; masks only on tiles that straddle a mask edge (the key outside its
+        // query's visible range [lo, hi) scores MASKED); partial row maxima
+        s[0] = final_score(s[0]);
+        s[1] = final_score(s[1]);
+        s[2] = final_score(s[2]);
+        s[3] = final_score(s[3]);
+        s[4] = final_score(s[4]);
+        s[5] = final_score(s[5]);
+        s[6] = final_score(s[6]);
+        s[7] = final_score(s[7]);
+        s[8] = final_score(s[8]);
+        s[9] = final_score(s[9]);
+        s[10] = final_score(s[10]);
+        s[11] = final_score(s[11]);
+        s[12] = final_score(s[12]);
+        s[13] = final_score(s[13]);
+        s[14] = final_score(s[14]);
+        s[15] = final_score(s[15]);
+        s[16] = final_score(s[16]);
+        s[17] = final_score(s[17]);
+        s[18] = final_score(s[18]);
+        s[19] = final_score(s[19]);
+        s[20] = final_score(s[20]);
+        s[21] = final_score(s[21]);
+        s[22] = final_score(s[22]);
+        s[23] = final_score(s[23]);
+        s[24] = final_score(s[24]);
+        s[25] = final_score(s[25]);
+        s[26] = final_score(s[26]);
+        s[27] = final_score(s[27]);
+        s[28] = final_score(s[28]);
+        s[29] = final_score(s[29]);
+        s[30] = final_score(s[30]);
+        s[31] = final_score(s[31]);
+        if (tile_needs_mask(q0, q_count, k0, kv_len)) {
+            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= lo[0] & k0 + c + 0u * COLS < hi[0]);
+            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= lo[0] & k0 + c + 1u * COLS < hi[0]);
+            s[2] = select(MASKED, s[2], k0 + c + 2u * COLS >= lo[0] & k0 + c + 2u * COLS < hi[0]);
+            s[3] = select(MASKED, s[3], k0 + c + 3u * COLS >= lo[0] & k0 + c + 3u * COLS < hi[0]);
+            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= lo[1] & k0 + c + 0u * COLS < hi[1]);
+            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= lo[1] & k0 + c + 1u * COLS < hi[1]);
+            s[6] = select(MASKED, s[6], k0 + c + 2u * COLS >= lo[1] & k0 + c + 2u * COLS < hi[1]);
+            s[7] = select(MASKED, s[7], k0 + c + 3u * COLS >= lo[1] & k0 + c + 3u * COLS < hi[1]);
+            s[8] = select(MASKED, s[8], k0 + c + 0u * COLS >= lo[2] & k0 + c + 0u * COLS < hi[2]);
+            s[9] = select(MASKED, s[9], k0 + c + 1u * COLS >= lo[2] & k0 + c + 1u * COLS < hi[2]);
+            s[10] = select(MASKED, s[10], k0 + c + 2u * COLS >= lo[2] & k0 + c + 2u * COLS < hi[2]);
+            s[11] = select(MASKED, s[11], k0 + c + 3u * COLS >= lo[2] & k0 + c + 3u * COLS < hi[2]);
+            s[12] = select(MASKED, s[12], k0 + c + 0u * COLS >= lo[3] & k0 + c + 0u * COLS < hi[3]);
+            s[13] = select(MASKED, s[13], k0 + c + 1u * COLS >= lo[3] & k0 + c + 1u * COLS < hi[3]);
+            s[14] = select(MASKED, s[14], k0 + c + 2u * COLS >= lo[3] & k0 + c + 2u * COLS < hi[3]);
+            s[15] = select(MASKED, s[15], k0 + c + 3u * COLS >= lo[3] & k0 + c + 3u * COLS < hi[3]);
+            s[16] = select(MASKED, s[16], k0 + c + 0u * COLS >= lo[4] & k0 + c + 0u * COLS < hi[4]);
+            s[17] = select(MASKED, s[17], k0 + c + 1u * COLS >= lo[4] & k0 + c + 1u * COLS < hi[4]);
+            s[18] = select(MASKED, s[18], k0 + c + 2u * COLS >= lo[4] & k0 + c + 2u * COLS < hi[4]);
+            s[19] = select(MASKED, s[19], k0 + c + 3u * COLS >= lo[4] & k0 + c + 3u * COLS < hi[4]);
+            s[20] = select(MASKED, s[20], k0 + c + 0u * COLS >= lo[5] & k0 + c + 0u * COLS < hi[5]);
+            s[21] = select(MASKED, s[21], k0 + c + 1u * COLS >= lo[5] & k0 + c + 1u * COLS < hi[5]);
+            s[22] = select(MASKED, s[22], k0 + c + 2u * COLS >= lo[5] & k0 + c + 2u * COLS < hi[5]);
+            s[23] = select(MASKED, s[23], k0 + c + 3u * COLS >= lo[5] & k0 + c + 3u * COLS < hi[5]);
+            s[24] = select(MASKED, s[24], k0 + c + 0u * COLS >= lo[6] & k0 + c + 0u * COLS < hi[6]);
+            s[25] = select(MASKED, s[25], k0 + c + 1u * COLS >= lo[6] & k0 + c + 1u * COLS < hi[6]);
+            s[26] = select(MASKED, s[26], k0 + c + 2u * COLS >= lo[6] & k0 + c + 2u * COLS < hi[6]);
+            s[27] = select(MASKED, s[27], k0 + c + 3u * COLS >= lo[6] & k0 + c + 3u * COLS < hi[6]);
+            s[28] = select(MASKED, s[28], k0 + c + 0u * COLS >= lo[7] & k0 + c + 0u * COLS < hi[7]);
+            s[29] = select(MASKED, s[29], k0 + c + 1u * COLS >= lo[7] & k0 + c + 1u * COLS < hi[7]);
+            s[30] = select(MASKED, s[30], k0 + c + 2u * COLS >= lo[7] & k0 + c + 2u * COLS < hi[7]);
+            s[31] = select(MASKED, s[31], k0 + c + 3u * COLS >= lo[7] & k0 + c + 3u * COLS < hi[7]);
+        }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
-        s[4] = final_score(s[4], edge, q0 + a * TILE_Q + 1u, k0 + c + 0u * COLS, kv_len);
-        s[5] = final_score(s[5], edge, q0 + a * TILE_Q + 1u, k0 + c + 1u * COLS, kv_len);
-        s[6] = final_score(s[6], edge, q0 + a * TILE_Q + 1u, k0 + c + 2u * COLS, kv_len);
-        s[7] = final_score(s[7], edge, q0 + a * TILE_Q + 1u, k0 + c + 3u * COLS, kv_len);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);
-        s[8] = final_score(s[8], edge, q0 + a * TILE_Q + 2u, k0 + c + 0u * COLS, kv_len);
-        s[9] = final_score(s[9], edge, q0 + a * TILE_Q + 2u, k0 + c + 1u * COLS, kv_len);
-        s[10] = final_score(s[10], edge, q0 + a * TILE_Q + 2u, k0 + c + 2u * COLS, kv_len);
-        s[11] = final_score(s[11], edge, q0 + a * TILE_Q + 2u, k0 + c + 3u * COLS, kv_len);
         row_part[(a * TILE_Q + 2u) * COLS + c] = max(max(max(s[8], s[9]), s[10]), s[11]);
-        s[12] = final_score(s[12], edge, q0 + a * TILE_Q + 3u, k0 + c + 0u * COLS, kv_len);
-        s[13] = final_score(s[13], edge, q0 + a * TILE_Q + 3u, k0 + c + 1u * COLS, kv_len);
-        s[14] = final_score(s[14], edge, q0 + a * TILE_Q + 3u, k0 + c + 2u * COLS, kv_len);
-        s[15] = final_score(s[15], edge, q0 + a * TILE_Q + 3u, k0 + c + 3u * COLS, kv_len);
         row_part[(a * TILE_Q + 3u) * COLS + c] = max(max(max(s[12], s[13]), s[14]), s[15]);
-        s[16] = final_score(s[16], edge, q0 + a * TILE_Q + 4u, k0 + c + 0u * COLS, kv_len);
-        s[17] = final_score(s[17], edge, q0 + a * TILE_Q + 4u, k0 + c + 1u * COLS, kv_len);
-        s[18] = final_score(s[18], edge, q0 + a * TILE_Q + 4u, k0 + c + 2u * COLS, kv_len);
-        s[19] = final_score(s[19], edge, q0 + a * TILE_Q + 4u, k0 + c + 3u * COLS, kv_len);
         row_part[(a * TILE_Q + 4u) * COLS + c] = max(max(max(s[16], s[17]), s[18]), s[19]);
-        s[20] = final_score(s[20], edge, q0 + a * TILE_Q + 5u, k0 + c + 0u * COLS, kv_len);
-        s[21] = final_score(s[21], edge, q0 + a * TILE_Q + 5u, k0 + c + 1u * COLS, kv_len);
-        s[22] = final_score(s[22], edge, q0 + a * TILE_Q + 5u, k0 + c + 2u * COLS, kv_len);
-        s[23] = final_score(s[23], edge, q0 + a * TILE_Q + 5u, k0 + c + 3u * COLS, kv_len);
         row_part[(a * TILE_Q + 5u) * COLS + c] = max(max(max(s[20], s[21]), s[22]), s[23]);
-        s[24] = final_score(s[24], edge, q0 + a * TILE_Q + 6u, k0 + c + 0u * COLS, kv_len);
-        s[25] = final_score(s[25], edge, q0 + a * TILE_Q + 6u, k0 + c + 1u * COLS, kv_len);
-        s[26] = final_score(s[26], edge, q0 + a * TILE_Q + 6u, k0 + c + 2u * COLS, kv_len);
-        s[27] = final_score(s[27], edge, q0 + a * TILE_Q + 6u, k0 + c + 3u * COLS, kv_len);
         row_part[(a * TILE_Q + 6u) * COLS + c] = max(max(max(s[24], s[25]), s[26]), s[27]);
-        s[28] = final_score(s[28], edge, q0 + a * TILE_Q + 7u, k0 + c + 0u * COLS, kv_len);
-        s[29] = final_score(s[29], edge, q0 + a * TILE_Q + 7u, k0 + c + 1u * COLS, kv_len);
-        s[30] = final_score(s[30], edge, q0 + a * TILE_Q + 7u, k0 + c + 2u * COLS, kv_len);
-        s[31] = final_score(s[31], edge, q0 + a * TILE_Q + 7u, k0 + c + 3u * COLS, kv_len);
         row_part[(a * TILE_Q + 7u) * COLS + c] = max(max(max(s[28], s[29]), s[30]), s[31]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:35cb450b52006abdcfa076ffa7b766813907a6af274013eb6507516d00c2ac80
+// source-hash: sha256:ffcdba89456b9e42b80cf6ec981de307411bbf541e6de0061d193845a3574002
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -62,19 +62,6 @@ fn get_kv_head_idx(query_head_idx: u32) -> u32 {
     return query_head_idx / heads_per_kv;
 }
 
-// Check if position should be masked (causal + sliding window attention)
-fn is_masked(query_pos: u32, key_pos: u32) -> bool {
-    let abs_query = query_pos + u.start_pos;
-    let abs_key = u.kv_start + key_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
-    }
-    return false;
-}
-
 // Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
 fn get_kv_pos(key_pos: u32) -> u32 {
     let abs_key = u.kv_start + key_pos;
@@ -98,7 +85,9 @@ fn get_kv_len() -> u32 {
     return kv_len_buffer[0];
 }
 
-// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see (causal end, window start)
+// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see. For one query (q_count 1)
+// this range is exactly its unmasked keys: causal masks abs_key > abs_query, a window w > 0
+// masks abs_key < abs_query - w + 1 once abs_query >= w, and keys past the KV length are absent
 fn visible_keys(q0: u32, q_count: u32, kv_len: u32) -> vec2<u32> {
     let first_abs = q0 + u.start_pos;
     let last_abs = first_abs + q_count - 1u;
@@ -132,49 +121,43 @@ fn tile_needs_mask(q0: u32, q_count: u32, k0: u32, kv_len: u32) -> bool {
     return false;
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_q4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(Q[base + d], Q[base + d + 1u], Q[base + d + 2u], Q[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = Q[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, Q[base + d], d < u.head_dim),
+        select(zero, Q[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, Q[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, Q[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_k4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(K[base + d], K[base + d + 1u], K[base + d + 2u], K[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = K[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, K[base + d], d < u.head_dim),
+        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_v4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(V[base + d], V[base + d + 1u], V[base + d + 2u], V[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = V[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, V[base + d], d < u.head_dim),
+        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -215,15 +198,11 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(load_q4((query * u.num_heads + head) * u.head_dim, d4));
 }
 
-// Scaled, soft-capped score of query query_pos and key key_pos; MASKED where a mask applies
-// (tested only on tiles that straddle a mask edge or the KV end)
-fn final_score(raw: f32, edge: bool, query_pos: u32, key_pos: u32, kv_len: u32) -> f32 {
+// Scaled, soft-capped score
+fn final_score(raw: f32) -> f32 {
     var score = raw * u.scale;
     if (u.attn_softcap > 0.0) {
         score = tanh(score / u.attn_softcap) * u.attn_softcap;
-    }
-    if (edge && (key_pos >= kv_len || is_masked(query_pos, key_pos))) {
-        return MASKED;
     }
     return score;
 }
@@ -278,6 +257,11 @@ fn main(
     var m: array<f32, 2>;    // running row max (identical across a query group)
     var l: array<f32, 2>;    // this invocation's share of the row sum
     var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var lo: array<u32, 2>;   // visible keys [lo, hi) of each of the TILE_Q queries
+    var hi: array<u32, 2>;
+    let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
+    lo[0] = span0.x;
+    hi[0] = span0.y;
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
@@ -288,6 +272,9 @@ fn main(
     acc[5] = vec4<f32>();
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
+    let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
+    lo[1] = span1.x;
+    hi[1] = span1.y;
     m[1] = MASKED;
     l[1] = 0.0;
     acc[8] = vec4<f32>();
@@ -317,11 +304,15 @@ fn main(
             s[1] = s[1] + dot(qr1, kt0);
         }
 
-        // scale, softcap and (on tiles that straddle a mask edge) masks; partial row maxima
-        let edge = tile_needs_mask(q0, q_count, k0, kv_len);
-        s[0] = final_score(s[0], edge, q0 + a * TILE_Q + 0u, k0 + c + 0u * COLS, kv_len);
+        // scale and softcap; masks only on tiles that straddle a mask edge (the key outside its
+        // query's visible range [lo, hi) scores MASKED); partial row maxima
+        s[0] = final_score(s[0]);
+        s[1] = final_score(s[1]);
+        if (tile_needs_mask(q0, q_count, k0, kv_len)) {
+            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= lo[0] & k0 + c + 0u * COLS < hi[0]);
+            s[1] = select(MASKED, s[1], k0 + c + 0u * COLS >= lo[1] & k0 + c + 0u * COLS < hi[1]);
+        }
         row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
-        s[1] = final_score(s[1], edge, q0 + a * TILE_Q + 1u, k0 + c + 0u * COLS, kv_len);
         row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1e57c2eafda36dcac7660107db4c6a1661326faa411200db45d418ae7b4214fd
+// source-hash: sha256:8c295b0fafad0252f69186d4b53b8f5ddff37fbd525716bc74014f6df7d046ba
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -47,19 +47,6 @@ fn get_kv_head_idx(query_head_idx: u32) -> u32 {
     return query_head_idx / heads_per_kv;
 }
 
-// Check if position should be masked (causal + sliding window attention)
-fn is_masked(query_pos: u32, key_pos: u32) -> bool {
-    let abs_query = query_pos + u.start_pos;
-    let abs_key = u.kv_start + key_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
-    }
-    return false;
-}
-
 // Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
 fn get_kv_pos(key_pos: u32) -> u32 {
     let abs_key = u.kv_start + key_pos;
@@ -83,7 +70,9 @@ fn get_kv_len() -> u32 {
     return kv_len_buffer[0];
 }
 
-// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see (causal end, window start)
+// Logical keys [x, y) that queries q0 .. q0 + q_count - 1 can see. For one query (q_count 1)
+// this range is exactly its unmasked keys: causal masks abs_key > abs_query, a window w > 0
+// masks abs_key < abs_query - w + 1 once abs_query >= w, and keys past the KV length are absent
 fn visible_keys(q0: u32, q_count: u32, kv_len: u32) -> vec2<u32> {
     let first_abs = q0 + u.start_pos;
     let last_abs = first_abs + q_count - 1u;
@@ -99,49 +88,43 @@ fn visible_keys(q0: u32, q_count: u32, kv_len: u32) -> vec2<u32> {
     return vec2<u32>(begin, max(begin, end));
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_q4(base: u32, d4: u32) -> vec4<f32> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f32>(Q[base + d], Q[base + d + 1u], Q[base + d + 2u], Q[base + d + 3u]);
-    }
-    var value = vec4<f32>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = Q[base + d + e];
-        }
-    }
-    return value;
+    let zero = f32(0.0);
+    return vec4<f32>(
+        select(zero, Q[base + d], d < u.head_dim),
+        select(zero, Q[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, Q[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, Q[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_k4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(K[base + d], K[base + d + 1u], K[base + d + 2u], K[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = K[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, K[base + d], d < u.head_dim),
+        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
+// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
 fn load_v4(base: u32, d4: u32) -> vec4<f16> {
     let d = d4 * 4u;
-    if (d + 4u <= u.head_dim) {
-        return vec4<f16>(V[base + d], V[base + d + 1u], V[base + d + 2u], V[base + d + 3u]);
-    }
-    var value = vec4<f16>();
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        if (d + e < u.head_dim) {
-            value[e] = V[base + d + e];
-        }
-    }
-    return value;
+    let zero = f16(0.0);
+    return vec4<f16>(
+        select(zero, V[base + d], d < u.head_dim),
+        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
+        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
+        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
+    );
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
