@@ -1,0 +1,173 @@
+"""The prefill family (templates/attention_prefill.wgsl.j2, templates/attention_streaming.wgsl.j2).
+
+The new kernels keep the seed tiled interface (a host binds them exactly like `attention`), each
+tier fits the limits it is named after, the seed-named variants stay byte-identical, bad tile
+parameters are refused at generate time, and planted bugs in the new templates fail validation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, assert_one_line_error, edit, run_process, snapshot
+from gpu_support import adapter_problem
+
+from doppler_gen.config import load_project
+from doppler_gen.outputs import plan, write
+from doppler_gen.validate import validate
+from doppler_gen.wgsl import Module, parse_module
+
+PREFILL = "templates/attention_prefill.wgsl.j2"
+STREAMING = "templates/attention_streaming.wgsl.j2"
+LIB = "templates/lib/attention_prefill.wgsl.j2"
+WEBGPU_DEFAULT_STORAGE = 16384
+WEBGPU_DEFAULT_INVOCATIONS = 256
+
+
+def _variants(prefix: str) -> list[str]:
+    return [v.name for v in load_project(REPO_ROOT).variants if v.name.startswith(prefix)]
+
+
+PREFILL_VARIANTS = _variants("attention_prefill_") + _variants("attention_streaming")
+
+
+def _module(name: str) -> Module:
+    return parse_module((REPO_ROOT / "generated" / f"{name}.wgsl").read_text(encoding="utf-8"))
+
+
+def _host_view(module: Module) -> tuple:
+    """What the host binds: every binding (with its type) and the uniform struct."""
+    return module.bindings, module.structs["Uniforms"].fields
+
+
+def test_there_are_eighteen_prefill_variants() -> None:
+    tiers = {"large": 9, "small": 6}
+    for tier, count in tiers.items():
+        assert len(_variants(f"attention_prefill_{tier}_")) == count
+    assert len(_variants("attention_streaming")) == 3
+
+
+@pytest.mark.parametrize("name", PREFILL_VARIANTS)
+def test_prefill_variants_keep_the_seed_tiled_interface(name: str) -> None:
+    seed = {"f32": "attention", "f16": "attention_f16"}
+    module = _module(name)
+    q_type = next(b for b in module.bindings if b.name == "Q").element_type
+    kv_type = next(b for b in module.bindings if b.name == "K").element_type
+    reference = _module(seed[q_type] if q_type == kv_type else "attention_f16kv")
+    assert _host_view(module) == _host_view(reference)
+    assert module.entry_point == "main"
+
+
+@pytest.mark.parametrize("name", PREFILL_VARIANTS)
+def test_each_tier_fits_its_limits(name: str) -> None:
+    module = _module(name)
+    invocations = module.workgroup_size_values()[0]
+    storage = module.workgroup_storage_bytes
+    entry = load_project(REPO_ROOT).variant(name)
+    if "_small_" in name:
+        assert storage <= WEBGPU_DEFAULT_STORAGE and invocations <= WEBGPU_DEFAULT_INVOCATIONS
+    elif "_large_" in name:
+        assert storage <= 49152  # the H200's maximum
+    else:
+        assert storage == 0 and entry.template.dispatch == "query_len * num_heads"
+    if "streaming" not in name:
+        assert entry.template.dispatch == "ceil(query_len / BLOCK_Q) * num_heads"
+        assert "BLOCK_Q" in module.overrides
+    assert module.constants["MAX_HEAD_DIM"] == entry.metadata["max_head_dim"]
+
+
+def test_seed_named_variants_are_byte_identical_to_the_seed_template() -> None:
+    """The faster kernels are new names beside the seed ones; the seed template is untouched."""
+    for name in ("attention", "attention_f16", "attention_f16kv"):
+        text = (REPO_ROOT / "generated" / f"{name}.wgsl").read_text(encoding="utf-8")
+        assert "templates/attention.wgsl.j2" in text.splitlines()[0]
+        assert "BLOCK_SIZE" in text and "BLOCK_Q" not in text
+
+
+BAD = [
+    (
+        'name = "attention_prefill_small_d64_f16"',
+        "block_q = 32, block_k = 32",
+        "block_q = 128, block_k = 64",
+        "workgroup storage; the tier allows 16384 B",
+    ),
+    (
+        'name = "attention_prefill_large_d64"',
+        "tile_q = 8, workgroup_size = 64",
+        'tile_q = 8, workgroup_size = 64, p_dtype = "f16"',
+        "p_dtype f16 is only for f16-output variants",
+    ),
+    (
+        'name = "attention_prefill_large_d64"',
+        "tile_q = 8, workgroup_size = 64",
+        "tile_q = 3, workgroup_size = 64",
+        "must be a positive multiple of tile_q",
+    ),
+]
+
+
+@pytest.mark.parametrize(("anchor", "old", "new", "message"), BAD)
+def test_bad_tile_parameters_are_refused_at_the_template_line(
+    project_copy: Path, anchor: str, old: str, new: str, message: str
+) -> None:
+    config = project_copy / "variants.toml"
+    text = config.read_text(encoding="utf-8")
+    start = text.index(anchor)
+    end = text.index("\n\n", start) if "\n\n" in text[start:] else len(text)
+    assert old in text[start:end]
+    config.write_text(text[:start] + text[start:end].replace(old, new) + text[end:])
+    before = snapshot(project_copy / "generated")
+    result = run_process(project_copy, "generate")
+    assert result.returncode == 2
+    line = assert_one_line_error(result.stderr)
+    assert PREFILL in line and message in line, line
+    assert snapshot(project_copy / "generated") == before
+
+
+# (id, file, original text, planted text, variant that must fail)
+MUTATIONS = [
+    (
+        "online-rescale-dropped",
+        PREFILL,
+        "acc[{{ i * td4 + j }}] = acc[{{ i * td4 + j }}] * correction;",
+        "acc[{{ i * td4 + j }}] = acc[{{ i * td4 + j }}];",
+        "attention_prefill_small_d64_f16kv",
+    ),
+    (
+        "edge-tiles-not-masked",
+        LIB,
+        "    if (k0 + BLOCK_K > kv_len) {\n        return true;",
+        "    if (k0 + BLOCK_K > kv_len) {\n        return false;",
+        "attention_prefill_small_d64_f16kv",
+    ),
+    (
+        "window-start-off-by-one",
+        LIB,
+        "let lowest = first_abs - u.sliding_window + 1u;",
+        "let lowest = first_abs - u.sliding_window;",
+        "attention_streaming_f16kv",
+    ),
+    (
+        "heavy-first-block-wrong",
+        PREFILL,
+        "let q0 = (blocks - 1u - block) * BLOCK_Q;",
+        "let q0 = (blocks - 1u - block / 2u) * BLOCK_Q;",
+        "attention_prefill_small_d64_f16kv",
+    ),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+@pytest.mark.parametrize(
+    ("file", "old", "new", "variant"), [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS]
+)
+def test_planted_bugs_in_the_prefill_templates_fail_validation(
+    project_copy: Path, file: str, old: str, new: str, variant: str
+) -> None:
+    edit(project_copy / file, old, new)
+    project = load_project(project_copy)
+    write(plan(project))
+    run = validate(project, (variant,), quick=True)
+    assert [v.status for v in run.variants] == ["FAIL"], [v.reason for v in run.variants]
