@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ce62d2e45a98a06f5eec79eaf3d1bac4ca7e8b25843e66ed06b7ad22ca531b3a
+// source-hash: sha256:ea571f542e988c4f6a634a2c73640e7e124f40521584a2f1d8edebce318e12fd
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -265,60 +265,34 @@ fn main(
     var m: array<f32, 8>;    // running row max (identical across a query group)
     var l: array<f32, 8>;    // this invocation's share of the row sum
     var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
-    var lo: array<u32, 8>;   // visible keys [lo, hi) of each of the TILE_Q queries
-    var hi: array<u32, 8>;
-    let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-    lo[0] = span0.x;
-    hi[0] = span0.y;
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
     acc[1] = vec4<f32>();
-    let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-    lo[1] = span1.x;
-    hi[1] = span1.y;
     m[1] = MASKED;
     l[1] = 0.0;
     acc[2] = vec4<f32>();
     acc[3] = vec4<f32>();
-    let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-    lo[2] = span2.x;
-    hi[2] = span2.y;
     m[2] = MASKED;
     l[2] = 0.0;
     acc[4] = vec4<f32>();
     acc[5] = vec4<f32>();
-    let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-    lo[3] = span3.x;
-    hi[3] = span3.y;
     m[3] = MASKED;
     l[3] = 0.0;
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
-    let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
-    lo[4] = span4.x;
-    hi[4] = span4.y;
     m[4] = MASKED;
     l[4] = 0.0;
     acc[8] = vec4<f32>();
     acc[9] = vec4<f32>();
-    let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
-    lo[5] = span5.x;
-    hi[5] = span5.y;
     m[5] = MASKED;
     l[5] = 0.0;
     acc[10] = vec4<f32>();
     acc[11] = vec4<f32>();
-    let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
-    lo[6] = span6.x;
-    hi[6] = span6.y;
     m[6] = MASKED;
     l[6] = 0.0;
     acc[12] = vec4<f32>();
     acc[13] = vec4<f32>();
-    let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
-    lo[7] = span7.x;
-    hi[7] = span7.y;
     m[7] = MASKED;
     l[7] = 0.0;
     acc[14] = vec4<f32>();
@@ -411,8 +385,8 @@ fn main(
             s[31] = s[31] + dot(qr7, kt3);
         }
 
-        // scale and softcap; masks only on tiles that straddle a mask edge (the key outside its
-        // query's visible range [lo, hi) scores MASKED); partial row maxima
+        // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
+        // query's visible range [span.x, span.y) scores MASKED); partial row maxima
         s[0] = final_score(s[0]);
         s[1] = final_score(s[1]);
         s[2] = final_score(s[2]);
@@ -446,38 +420,46 @@ fn main(
         s[30] = final_score(s[30]);
         s[31] = final_score(s[31]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= lo[0] & k0 + c + 0u * COLS < hi[0]);
-            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= lo[0] & k0 + c + 1u * COLS < hi[0]);
-            s[2] = select(MASKED, s[2], k0 + c + 2u * COLS >= lo[0] & k0 + c + 2u * COLS < hi[0]);
-            s[3] = select(MASKED, s[3], k0 + c + 3u * COLS >= lo[0] & k0 + c + 3u * COLS < hi[0]);
-            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= lo[1] & k0 + c + 0u * COLS < hi[1]);
-            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= lo[1] & k0 + c + 1u * COLS < hi[1]);
-            s[6] = select(MASKED, s[6], k0 + c + 2u * COLS >= lo[1] & k0 + c + 2u * COLS < hi[1]);
-            s[7] = select(MASKED, s[7], k0 + c + 3u * COLS >= lo[1] & k0 + c + 3u * COLS < hi[1]);
-            s[8] = select(MASKED, s[8], k0 + c + 0u * COLS >= lo[2] & k0 + c + 0u * COLS < hi[2]);
-            s[9] = select(MASKED, s[9], k0 + c + 1u * COLS >= lo[2] & k0 + c + 1u * COLS < hi[2]);
-            s[10] = select(MASKED, s[10], k0 + c + 2u * COLS >= lo[2] & k0 + c + 2u * COLS < hi[2]);
-            s[11] = select(MASKED, s[11], k0 + c + 3u * COLS >= lo[2] & k0 + c + 3u * COLS < hi[2]);
-            s[12] = select(MASKED, s[12], k0 + c + 0u * COLS >= lo[3] & k0 + c + 0u * COLS < hi[3]);
-            s[13] = select(MASKED, s[13], k0 + c + 1u * COLS >= lo[3] & k0 + c + 1u * COLS < hi[3]);
-            s[14] = select(MASKED, s[14], k0 + c + 2u * COLS >= lo[3] & k0 + c + 2u * COLS < hi[3]);
-            s[15] = select(MASKED, s[15], k0 + c + 3u * COLS >= lo[3] & k0 + c + 3u * COLS < hi[3]);
-            s[16] = select(MASKED, s[16], k0 + c + 0u * COLS >= lo[4] & k0 + c + 0u * COLS < hi[4]);
-            s[17] = select(MASKED, s[17], k0 + c + 1u * COLS >= lo[4] & k0 + c + 1u * COLS < hi[4]);
-            s[18] = select(MASKED, s[18], k0 + c + 2u * COLS >= lo[4] & k0 + c + 2u * COLS < hi[4]);
-            s[19] = select(MASKED, s[19], k0 + c + 3u * COLS >= lo[4] & k0 + c + 3u * COLS < hi[4]);
-            s[20] = select(MASKED, s[20], k0 + c + 0u * COLS >= lo[5] & k0 + c + 0u * COLS < hi[5]);
-            s[21] = select(MASKED, s[21], k0 + c + 1u * COLS >= lo[5] & k0 + c + 1u * COLS < hi[5]);
-            s[22] = select(MASKED, s[22], k0 + c + 2u * COLS >= lo[5] & k0 + c + 2u * COLS < hi[5]);
-            s[23] = select(MASKED, s[23], k0 + c + 3u * COLS >= lo[5] & k0 + c + 3u * COLS < hi[5]);
-            s[24] = select(MASKED, s[24], k0 + c + 0u * COLS >= lo[6] & k0 + c + 0u * COLS < hi[6]);
-            s[25] = select(MASKED, s[25], k0 + c + 1u * COLS >= lo[6] & k0 + c + 1u * COLS < hi[6]);
-            s[26] = select(MASKED, s[26], k0 + c + 2u * COLS >= lo[6] & k0 + c + 2u * COLS < hi[6]);
-            s[27] = select(MASKED, s[27], k0 + c + 3u * COLS >= lo[6] & k0 + c + 3u * COLS < hi[6]);
-            s[28] = select(MASKED, s[28], k0 + c + 0u * COLS >= lo[7] & k0 + c + 0u * COLS < hi[7]);
-            s[29] = select(MASKED, s[29], k0 + c + 1u * COLS >= lo[7] & k0 + c + 1u * COLS < hi[7]);
-            s[30] = select(MASKED, s[30], k0 + c + 2u * COLS >= lo[7] & k0 + c + 2u * COLS < hi[7]);
-            s[31] = select(MASKED, s[31], k0 + c + 3u * COLS >= lo[7] & k0 + c + 3u * COLS < hi[7]);
+            let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
+            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= span0.x & k0 + c + 1u * COLS < span0.y);
+            s[2] = select(MASKED, s[2], k0 + c + 2u * COLS >= span0.x & k0 + c + 2u * COLS < span0.y);
+            s[3] = select(MASKED, s[3], k0 + c + 3u * COLS >= span0.x & k0 + c + 3u * COLS < span0.y);
+            let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
+            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
+            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= span1.x & k0 + c + 1u * COLS < span1.y);
+            s[6] = select(MASKED, s[6], k0 + c + 2u * COLS >= span1.x & k0 + c + 2u * COLS < span1.y);
+            s[7] = select(MASKED, s[7], k0 + c + 3u * COLS >= span1.x & k0 + c + 3u * COLS < span1.y);
+            let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
+            s[8] = select(MASKED, s[8], k0 + c + 0u * COLS >= span2.x & k0 + c + 0u * COLS < span2.y);
+            s[9] = select(MASKED, s[9], k0 + c + 1u * COLS >= span2.x & k0 + c + 1u * COLS < span2.y);
+            s[10] = select(MASKED, s[10], k0 + c + 2u * COLS >= span2.x & k0 + c + 2u * COLS < span2.y);
+            s[11] = select(MASKED, s[11], k0 + c + 3u * COLS >= span2.x & k0 + c + 3u * COLS < span2.y);
+            let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
+            s[12] = select(MASKED, s[12], k0 + c + 0u * COLS >= span3.x & k0 + c + 0u * COLS < span3.y);
+            s[13] = select(MASKED, s[13], k0 + c + 1u * COLS >= span3.x & k0 + c + 1u * COLS < span3.y);
+            s[14] = select(MASKED, s[14], k0 + c + 2u * COLS >= span3.x & k0 + c + 2u * COLS < span3.y);
+            s[15] = select(MASKED, s[15], k0 + c + 3u * COLS >= span3.x & k0 + c + 3u * COLS < span3.y);
+            let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
+            s[16] = select(MASKED, s[16], k0 + c + 0u * COLS >= span4.x & k0 + c + 0u * COLS < span4.y);
+            s[17] = select(MASKED, s[17], k0 + c + 1u * COLS >= span4.x & k0 + c + 1u * COLS < span4.y);
+            s[18] = select(MASKED, s[18], k0 + c + 2u * COLS >= span4.x & k0 + c + 2u * COLS < span4.y);
+            s[19] = select(MASKED, s[19], k0 + c + 3u * COLS >= span4.x & k0 + c + 3u * COLS < span4.y);
+            let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
+            s[20] = select(MASKED, s[20], k0 + c + 0u * COLS >= span5.x & k0 + c + 0u * COLS < span5.y);
+            s[21] = select(MASKED, s[21], k0 + c + 1u * COLS >= span5.x & k0 + c + 1u * COLS < span5.y);
+            s[22] = select(MASKED, s[22], k0 + c + 2u * COLS >= span5.x & k0 + c + 2u * COLS < span5.y);
+            s[23] = select(MASKED, s[23], k0 + c + 3u * COLS >= span5.x & k0 + c + 3u * COLS < span5.y);
+            let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
+            s[24] = select(MASKED, s[24], k0 + c + 0u * COLS >= span6.x & k0 + c + 0u * COLS < span6.y);
+            s[25] = select(MASKED, s[25], k0 + c + 1u * COLS >= span6.x & k0 + c + 1u * COLS < span6.y);
+            s[26] = select(MASKED, s[26], k0 + c + 2u * COLS >= span6.x & k0 + c + 2u * COLS < span6.y);
+            s[27] = select(MASKED, s[27], k0 + c + 3u * COLS >= span6.x & k0 + c + 3u * COLS < span6.y);
+            let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
+            s[28] = select(MASKED, s[28], k0 + c + 0u * COLS >= span7.x & k0 + c + 0u * COLS < span7.y);
+            s[29] = select(MASKED, s[29], k0 + c + 1u * COLS >= span7.x & k0 + c + 1u * COLS < span7.y);
+            s[30] = select(MASKED, s[30], k0 + c + 2u * COLS >= span7.x & k0 + c + 2u * COLS < span7.y);
+            s[31] = select(MASKED, s[31], k0 + c + 3u * COLS >= span7.x & k0 + c + 3u * COLS < span7.y);
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);

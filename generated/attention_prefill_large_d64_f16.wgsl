@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b3a76b305a25ea8dff5a7d0437b341012b633506d73d131e140a9779fb11d7fd
+// source-hash: sha256:194e077a1430974fa8dff3e09f66ee34afaefb51ca3d7312893d37d9d21f86e6
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -265,60 +265,34 @@ fn main(
     var m: array<f32, 8>;    // running row max (identical across a query group)
     var l: array<f32, 8>;    // this invocation's share of the row sum
     var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
-    var lo: array<u32, 8>;   // visible keys [lo, hi) of each of the TILE_Q queries
-    var hi: array<u32, 8>;
-    let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-    lo[0] = span0.x;
-    hi[0] = span0.y;
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
     acc[1] = vec4<f32>();
-    let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-    lo[1] = span1.x;
-    hi[1] = span1.y;
     m[1] = MASKED;
     l[1] = 0.0;
     acc[2] = vec4<f32>();
     acc[3] = vec4<f32>();
-    let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-    lo[2] = span2.x;
-    hi[2] = span2.y;
     m[2] = MASKED;
     l[2] = 0.0;
     acc[4] = vec4<f32>();
     acc[5] = vec4<f32>();
-    let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-    lo[3] = span3.x;
-    hi[3] = span3.y;
     m[3] = MASKED;
     l[3] = 0.0;
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
-    let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
-    lo[4] = span4.x;
-    hi[4] = span4.y;
     m[4] = MASKED;
     l[4] = 0.0;
     acc[8] = vec4<f32>();
     acc[9] = vec4<f32>();
-    let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
-    lo[5] = span5.x;
-    hi[5] = span5.y;
     m[5] = MASKED;
     l[5] = 0.0;
     acc[10] = vec4<f32>();
     acc[11] = vec4<f32>();
-    let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
-    lo[6] = span6.x;
-    hi[6] = span6.y;
     m[6] = MASKED;
     l[6] = 0.0;
     acc[12] = vec4<f32>();
     acc[13] = vec4<f32>();
-    let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
-    lo[7] = span7.x;
-    hi[7] = span7.y;
     m[7] = MASKED;
     l[7] = 0.0;
     acc[14] = vec4<f32>();
@@ -479,8 +453,8 @@ fn main(
             s[63] = s[63] + dot(qr7, kt7);
         }
 
-        // scale and softcap; masks only on tiles that straddle a mask edge (the key outside its
-        // query's visible range [lo, hi) scores MASKED); partial row maxima
+        // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
+        // query's visible range [span.x, span.y) scores MASKED); partial row maxima
         s[0] = final_score(s[0]);
         s[1] = final_score(s[1]);
         s[2] = final_score(s[2]);
@@ -546,70 +520,78 @@ fn main(
         s[62] = final_score(s[62]);
         s[63] = final_score(s[63]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= lo[0] & k0 + c + 0u * COLS < hi[0]);
-            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= lo[0] & k0 + c + 1u * COLS < hi[0]);
-            s[2] = select(MASKED, s[2], k0 + c + 2u * COLS >= lo[0] & k0 + c + 2u * COLS < hi[0]);
-            s[3] = select(MASKED, s[3], k0 + c + 3u * COLS >= lo[0] & k0 + c + 3u * COLS < hi[0]);
-            s[4] = select(MASKED, s[4], k0 + c + 4u * COLS >= lo[0] & k0 + c + 4u * COLS < hi[0]);
-            s[5] = select(MASKED, s[5], k0 + c + 5u * COLS >= lo[0] & k0 + c + 5u * COLS < hi[0]);
-            s[6] = select(MASKED, s[6], k0 + c + 6u * COLS >= lo[0] & k0 + c + 6u * COLS < hi[0]);
-            s[7] = select(MASKED, s[7], k0 + c + 7u * COLS >= lo[0] & k0 + c + 7u * COLS < hi[0]);
-            s[8] = select(MASKED, s[8], k0 + c + 0u * COLS >= lo[1] & k0 + c + 0u * COLS < hi[1]);
-            s[9] = select(MASKED, s[9], k0 + c + 1u * COLS >= lo[1] & k0 + c + 1u * COLS < hi[1]);
-            s[10] = select(MASKED, s[10], k0 + c + 2u * COLS >= lo[1] & k0 + c + 2u * COLS < hi[1]);
-            s[11] = select(MASKED, s[11], k0 + c + 3u * COLS >= lo[1] & k0 + c + 3u * COLS < hi[1]);
-            s[12] = select(MASKED, s[12], k0 + c + 4u * COLS >= lo[1] & k0 + c + 4u * COLS < hi[1]);
-            s[13] = select(MASKED, s[13], k0 + c + 5u * COLS >= lo[1] & k0 + c + 5u * COLS < hi[1]);
-            s[14] = select(MASKED, s[14], k0 + c + 6u * COLS >= lo[1] & k0 + c + 6u * COLS < hi[1]);
-            s[15] = select(MASKED, s[15], k0 + c + 7u * COLS >= lo[1] & k0 + c + 7u * COLS < hi[1]);
-            s[16] = select(MASKED, s[16], k0 + c + 0u * COLS >= lo[2] & k0 + c + 0u * COLS < hi[2]);
-            s[17] = select(MASKED, s[17], k0 + c + 1u * COLS >= lo[2] & k0 + c + 1u * COLS < hi[2]);
-            s[18] = select(MASKED, s[18], k0 + c + 2u * COLS >= lo[2] & k0 + c + 2u * COLS < hi[2]);
-            s[19] = select(MASKED, s[19], k0 + c + 3u * COLS >= lo[2] & k0 + c + 3u * COLS < hi[2]);
-            s[20] = select(MASKED, s[20], k0 + c + 4u * COLS >= lo[2] & k0 + c + 4u * COLS < hi[2]);
-            s[21] = select(MASKED, s[21], k0 + c + 5u * COLS >= lo[2] & k0 + c + 5u * COLS < hi[2]);
-            s[22] = select(MASKED, s[22], k0 + c + 6u * COLS >= lo[2] & k0 + c + 6u * COLS < hi[2]);
-            s[23] = select(MASKED, s[23], k0 + c + 7u * COLS >= lo[2] & k0 + c + 7u * COLS < hi[2]);
-            s[24] = select(MASKED, s[24], k0 + c + 0u * COLS >= lo[3] & k0 + c + 0u * COLS < hi[3]);
-            s[25] = select(MASKED, s[25], k0 + c + 1u * COLS >= lo[3] & k0 + c + 1u * COLS < hi[3]);
-            s[26] = select(MASKED, s[26], k0 + c + 2u * COLS >= lo[3] & k0 + c + 2u * COLS < hi[3]);
-            s[27] = select(MASKED, s[27], k0 + c + 3u * COLS >= lo[3] & k0 + c + 3u * COLS < hi[3]);
-            s[28] = select(MASKED, s[28], k0 + c + 4u * COLS >= lo[3] & k0 + c + 4u * COLS < hi[3]);
-            s[29] = select(MASKED, s[29], k0 + c + 5u * COLS >= lo[3] & k0 + c + 5u * COLS < hi[3]);
-            s[30] = select(MASKED, s[30], k0 + c + 6u * COLS >= lo[3] & k0 + c + 6u * COLS < hi[3]);
-            s[31] = select(MASKED, s[31], k0 + c + 7u * COLS >= lo[3] & k0 + c + 7u * COLS < hi[3]);
-            s[32] = select(MASKED, s[32], k0 + c + 0u * COLS >= lo[4] & k0 + c + 0u * COLS < hi[4]);
-            s[33] = select(MASKED, s[33], k0 + c + 1u * COLS >= lo[4] & k0 + c + 1u * COLS < hi[4]);
-            s[34] = select(MASKED, s[34], k0 + c + 2u * COLS >= lo[4] & k0 + c + 2u * COLS < hi[4]);
-            s[35] = select(MASKED, s[35], k0 + c + 3u * COLS >= lo[4] & k0 + c + 3u * COLS < hi[4]);
-            s[36] = select(MASKED, s[36], k0 + c + 4u * COLS >= lo[4] & k0 + c + 4u * COLS < hi[4]);
-            s[37] = select(MASKED, s[37], k0 + c + 5u * COLS >= lo[4] & k0 + c + 5u * COLS < hi[4]);
-            s[38] = select(MASKED, s[38], k0 + c + 6u * COLS >= lo[4] & k0 + c + 6u * COLS < hi[4]);
-            s[39] = select(MASKED, s[39], k0 + c + 7u * COLS >= lo[4] & k0 + c + 7u * COLS < hi[4]);
-            s[40] = select(MASKED, s[40], k0 + c + 0u * COLS >= lo[5] & k0 + c + 0u * COLS < hi[5]);
-            s[41] = select(MASKED, s[41], k0 + c + 1u * COLS >= lo[5] & k0 + c + 1u * COLS < hi[5]);
-            s[42] = select(MASKED, s[42], k0 + c + 2u * COLS >= lo[5] & k0 + c + 2u * COLS < hi[5]);
-            s[43] = select(MASKED, s[43], k0 + c + 3u * COLS >= lo[5] & k0 + c + 3u * COLS < hi[5]);
-            s[44] = select(MASKED, s[44], k0 + c + 4u * COLS >= lo[5] & k0 + c + 4u * COLS < hi[5]);
-            s[45] = select(MASKED, s[45], k0 + c + 5u * COLS >= lo[5] & k0 + c + 5u * COLS < hi[5]);
-            s[46] = select(MASKED, s[46], k0 + c + 6u * COLS >= lo[5] & k0 + c + 6u * COLS < hi[5]);
-            s[47] = select(MASKED, s[47], k0 + c + 7u * COLS >= lo[5] & k0 + c + 7u * COLS < hi[5]);
-            s[48] = select(MASKED, s[48], k0 + c + 0u * COLS >= lo[6] & k0 + c + 0u * COLS < hi[6]);
-            s[49] = select(MASKED, s[49], k0 + c + 1u * COLS >= lo[6] & k0 + c + 1u * COLS < hi[6]);
-            s[50] = select(MASKED, s[50], k0 + c + 2u * COLS >= lo[6] & k0 + c + 2u * COLS < hi[6]);
-            s[51] = select(MASKED, s[51], k0 + c + 3u * COLS >= lo[6] & k0 + c + 3u * COLS < hi[6]);
-            s[52] = select(MASKED, s[52], k0 + c + 4u * COLS >= lo[6] & k0 + c + 4u * COLS < hi[6]);
-            s[53] = select(MASKED, s[53], k0 + c + 5u * COLS >= lo[6] & k0 + c + 5u * COLS < hi[6]);
-            s[54] = select(MASKED, s[54], k0 + c + 6u * COLS >= lo[6] & k0 + c + 6u * COLS < hi[6]);
-            s[55] = select(MASKED, s[55], k0 + c + 7u * COLS >= lo[6] & k0 + c + 7u * COLS < hi[6]);
-            s[56] = select(MASKED, s[56], k0 + c + 0u * COLS >= lo[7] & k0 + c + 0u * COLS < hi[7]);
-            s[57] = select(MASKED, s[57], k0 + c + 1u * COLS >= lo[7] & k0 + c + 1u * COLS < hi[7]);
-            s[58] = select(MASKED, s[58], k0 + c + 2u * COLS >= lo[7] & k0 + c + 2u * COLS < hi[7]);
-            s[59] = select(MASKED, s[59], k0 + c + 3u * COLS >= lo[7] & k0 + c + 3u * COLS < hi[7]);
-            s[60] = select(MASKED, s[60], k0 + c + 4u * COLS >= lo[7] & k0 + c + 4u * COLS < hi[7]);
-            s[61] = select(MASKED, s[61], k0 + c + 5u * COLS >= lo[7] & k0 + c + 5u * COLS < hi[7]);
-            s[62] = select(MASKED, s[62], k0 + c + 6u * COLS >= lo[7] & k0 + c + 6u * COLS < hi[7]);
-            s[63] = select(MASKED, s[63], k0 + c + 7u * COLS >= lo[7] & k0 + c + 7u * COLS < hi[7]);
+            let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
+            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= span0.x & k0 + c + 1u * COLS < span0.y);
+            s[2] = select(MASKED, s[2], k0 + c + 2u * COLS >= span0.x & k0 + c + 2u * COLS < span0.y);
+            s[3] = select(MASKED, s[3], k0 + c + 3u * COLS >= span0.x & k0 + c + 3u * COLS < span0.y);
+            s[4] = select(MASKED, s[4], k0 + c + 4u * COLS >= span0.x & k0 + c + 4u * COLS < span0.y);
+            s[5] = select(MASKED, s[5], k0 + c + 5u * COLS >= span0.x & k0 + c + 5u * COLS < span0.y);
+            s[6] = select(MASKED, s[6], k0 + c + 6u * COLS >= span0.x & k0 + c + 6u * COLS < span0.y);
+            s[7] = select(MASKED, s[7], k0 + c + 7u * COLS >= span0.x & k0 + c + 7u * COLS < span0.y);
+            let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
+            s[8] = select(MASKED, s[8], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
+            s[9] = select(MASKED, s[9], k0 + c + 1u * COLS >= span1.x & k0 + c + 1u * COLS < span1.y);
+            s[10] = select(MASKED, s[10], k0 + c + 2u * COLS >= span1.x & k0 + c + 2u * COLS < span1.y);
+            s[11] = select(MASKED, s[11], k0 + c + 3u * COLS >= span1.x & k0 + c + 3u * COLS < span1.y);
+            s[12] = select(MASKED, s[12], k0 + c + 4u * COLS >= span1.x & k0 + c + 4u * COLS < span1.y);
+            s[13] = select(MASKED, s[13], k0 + c + 5u * COLS >= span1.x & k0 + c + 5u * COLS < span1.y);
+            s[14] = select(MASKED, s[14], k0 + c + 6u * COLS >= span1.x & k0 + c + 6u * COLS < span1.y);
+            s[15] = select(MASKED, s[15], k0 + c + 7u * COLS >= span1.x & k0 + c + 7u * COLS < span1.y);
+            let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
+            s[16] = select(MASKED, s[16], k0 + c + 0u * COLS >= span2.x & k0 + c + 0u * COLS < span2.y);
+            s[17] = select(MASKED, s[17], k0 + c + 1u * COLS >= span2.x & k0 + c + 1u * COLS < span2.y);
+            s[18] = select(MASKED, s[18], k0 + c + 2u * COLS >= span2.x & k0 + c + 2u * COLS < span2.y);
+            s[19] = select(MASKED, s[19], k0 + c + 3u * COLS >= span2.x & k0 + c + 3u * COLS < span2.y);
+            s[20] = select(MASKED, s[20], k0 + c + 4u * COLS >= span2.x & k0 + c + 4u * COLS < span2.y);
+            s[21] = select(MASKED, s[21], k0 + c + 5u * COLS >= span2.x & k0 + c + 5u * COLS < span2.y);
+            s[22] = select(MASKED, s[22], k0 + c + 6u * COLS >= span2.x & k0 + c + 6u * COLS < span2.y);
+            s[23] = select(MASKED, s[23], k0 + c + 7u * COLS >= span2.x & k0 + c + 7u * COLS < span2.y);
+            let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
+            s[24] = select(MASKED, s[24], k0 + c + 0u * COLS >= span3.x & k0 + c + 0u * COLS < span3.y);
+            s[25] = select(MASKED, s[25], k0 + c + 1u * COLS >= span3.x & k0 + c + 1u * COLS < span3.y);
+            s[26] = select(MASKED, s[26], k0 + c + 2u * COLS >= span3.x & k0 + c + 2u * COLS < span3.y);
+            s[27] = select(MASKED, s[27], k0 + c + 3u * COLS >= span3.x & k0 + c + 3u * COLS < span3.y);
+            s[28] = select(MASKED, s[28], k0 + c + 4u * COLS >= span3.x & k0 + c + 4u * COLS < span3.y);
+            s[29] = select(MASKED, s[29], k0 + c + 5u * COLS >= span3.x & k0 + c + 5u * COLS < span3.y);
+            s[30] = select(MASKED, s[30], k0 + c + 6u * COLS >= span3.x & k0 + c + 6u * COLS < span3.y);
+            s[31] = select(MASKED, s[31], k0 + c + 7u * COLS >= span3.x & k0 + c + 7u * COLS < span3.y);
+            let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
+            s[32] = select(MASKED, s[32], k0 + c + 0u * COLS >= span4.x & k0 + c + 0u * COLS < span4.y);
+            s[33] = select(MASKED, s[33], k0 + c + 1u * COLS >= span4.x & k0 + c + 1u * COLS < span4.y);
+            s[34] = select(MASKED, s[34], k0 + c + 2u * COLS >= span4.x & k0 + c + 2u * COLS < span4.y);
+            s[35] = select(MASKED, s[35], k0 + c + 3u * COLS >= span4.x & k0 + c + 3u * COLS < span4.y);
+            s[36] = select(MASKED, s[36], k0 + c + 4u * COLS >= span4.x & k0 + c + 4u * COLS < span4.y);
+            s[37] = select(MASKED, s[37], k0 + c + 5u * COLS >= span4.x & k0 + c + 5u * COLS < span4.y);
+            s[38] = select(MASKED, s[38], k0 + c + 6u * COLS >= span4.x & k0 + c + 6u * COLS < span4.y);
+            s[39] = select(MASKED, s[39], k0 + c + 7u * COLS >= span4.x & k0 + c + 7u * COLS < span4.y);
+            let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
+            s[40] = select(MASKED, s[40], k0 + c + 0u * COLS >= span5.x & k0 + c + 0u * COLS < span5.y);
+            s[41] = select(MASKED, s[41], k0 + c + 1u * COLS >= span5.x & k0 + c + 1u * COLS < span5.y);
+            s[42] = select(MASKED, s[42], k0 + c + 2u * COLS >= span5.x & k0 + c + 2u * COLS < span5.y);
+            s[43] = select(MASKED, s[43], k0 + c + 3u * COLS >= span5.x & k0 + c + 3u * COLS < span5.y);
+            s[44] = select(MASKED, s[44], k0 + c + 4u * COLS >= span5.x & k0 + c + 4u * COLS < span5.y);
+            s[45] = select(MASKED, s[45], k0 + c + 5u * COLS >= span5.x & k0 + c + 5u * COLS < span5.y);
+            s[46] = select(MASKED, s[46], k0 + c + 6u * COLS >= span5.x & k0 + c + 6u * COLS < span5.y);
+            s[47] = select(MASKED, s[47], k0 + c + 7u * COLS >= span5.x & k0 + c + 7u * COLS < span5.y);
+            let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
+            s[48] = select(MASKED, s[48], k0 + c + 0u * COLS >= span6.x & k0 + c + 0u * COLS < span6.y);
+            s[49] = select(MASKED, s[49], k0 + c + 1u * COLS >= span6.x & k0 + c + 1u * COLS < span6.y);
+            s[50] = select(MASKED, s[50], k0 + c + 2u * COLS >= span6.x & k0 + c + 2u * COLS < span6.y);
+            s[51] = select(MASKED, s[51], k0 + c + 3u * COLS >= span6.x & k0 + c + 3u * COLS < span6.y);
+            s[52] = select(MASKED, s[52], k0 + c + 4u * COLS >= span6.x & k0 + c + 4u * COLS < span6.y);
+            s[53] = select(MASKED, s[53], k0 + c + 5u * COLS >= span6.x & k0 + c + 5u * COLS < span6.y);
+            s[54] = select(MASKED, s[54], k0 + c + 6u * COLS >= span6.x & k0 + c + 6u * COLS < span6.y);
+            s[55] = select(MASKED, s[55], k0 + c + 7u * COLS >= span6.x & k0 + c + 7u * COLS < span6.y);
+            let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
+            s[56] = select(MASKED, s[56], k0 + c + 0u * COLS >= span7.x & k0 + c + 0u * COLS < span7.y);
+            s[57] = select(MASKED, s[57], k0 + c + 1u * COLS >= span7.x & k0 + c + 1u * COLS < span7.y);
+            s[58] = select(MASKED, s[58], k0 + c + 2u * COLS >= span7.x & k0 + c + 2u * COLS < span7.y);
+            s[59] = select(MASKED, s[59], k0 + c + 3u * COLS >= span7.x & k0 + c + 3u * COLS < span7.y);
+            s[60] = select(MASKED, s[60], k0 + c + 4u * COLS >= span7.x & k0 + c + 4u * COLS < span7.y);
+            s[61] = select(MASKED, s[61], k0 + c + 5u * COLS >= span7.x & k0 + c + 5u * COLS < span7.y);
+            s[62] = select(MASKED, s[62], k0 + c + 6u * COLS >= span7.x & k0 + c + 6u * COLS < span7.y);
+            s[63] = select(MASKED, s[63], k0 + c + 7u * COLS >= span7.x & k0 + c + 7u * COLS < span7.y);
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(max(max(max(max(s[0], s[1]), s[2]), s[3]), s[4]), s[5]), s[6]), s[7]);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(max(max(max(max(s[8], s[9]), s[10]), s[11]), s[12]), s[13]), s[14]), s[15]);

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3149dde690851a392a2391147a1ec5d0814dbf7f5d8f4cb6913db8c0b3abf3b0
+// source-hash: sha256:37e6633a2948c5ab2a84d06c2e41970198eed305a64da495d5176f6c835bb856
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -257,20 +257,12 @@ fn main(
     var m: array<f32, 2>;    // running row max (identical across a query group)
     var l: array<f32, 2>;    // this invocation's share of the row sum
     var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
-    var lo: array<u32, 2>;   // visible keys [lo, hi) of each of the TILE_Q queries
-    var hi: array<u32, 2>;
-    let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-    lo[0] = span0.x;
-    hi[0] = span0.y;
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
     acc[1] = vec4<f32>();
     acc[2] = vec4<f32>();
     acc[3] = vec4<f32>();
-    let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-    lo[1] = span1.x;
-    hi[1] = span1.y;
     m[1] = MASKED;
     l[1] = 0.0;
     acc[4] = vec4<f32>();
@@ -296,13 +288,15 @@ fn main(
             s[1] = s[1] + dot(qr1, kt0);
         }
 
-        // scale and softcap; masks only on tiles that straddle a mask edge (the key outside its
-        // query's visible range [lo, hi) scores MASKED); partial row maxima
+        // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
+        // query's visible range [span.x, span.y) scores MASKED); partial row maxima
         s[0] = final_score(s[0]);
         s[1] = final_score(s[1]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= lo[0] & k0 + c + 0u * COLS < hi[0]);
-            s[1] = select(MASKED, s[1], k0 + c + 0u * COLS >= lo[1] & k0 + c + 0u * COLS < hi[1]);
+            let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
+            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
+            s[1] = select(MASKED, s[1], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
         row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];

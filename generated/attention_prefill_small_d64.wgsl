@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:807d9f0492c0f28abe7259ecd92a0cdf34856c8099811e42163b617eec4d2342
+// source-hash: sha256:d4f11528a31f07227dfc458f43657eda59d3f96547ae7e3edfcedcd7ab3da1c6
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -255,29 +255,15 @@ fn main(
     var m: array<f32, 4>;    // running row max (identical across a query group)
     var l: array<f32, 4>;    // this invocation's share of the row sum
     var acc: array<vec4<f32>, 4>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
-    var lo: array<u32, 4>;   // visible keys [lo, hi) of each of the TILE_Q queries
-    var hi: array<u32, 4>;
-    let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-    lo[0] = span0.x;
-    hi[0] = span0.y;
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
-    let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-    lo[1] = span1.x;
-    hi[1] = span1.y;
     m[1] = MASKED;
     l[1] = 0.0;
     acc[1] = vec4<f32>();
-    let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-    lo[2] = span2.x;
-    hi[2] = span2.y;
     m[2] = MASKED;
     l[2] = 0.0;
     acc[2] = vec4<f32>();
-    let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-    lo[3] = span3.x;
-    hi[3] = span3.y;
     m[3] = MASKED;
     l[3] = 0.0;
     acc[3] = vec4<f32>();
@@ -315,8 +301,8 @@ fn main(
             s[7] = s[7] + dot(qr3, kt1);
         }
 
-        // scale and softcap; masks only on tiles that straddle a mask edge (the key outside its
-        // query's visible range [lo, hi) scores MASKED); partial row maxima
+        // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
+        // query's visible range [span.x, span.y) scores MASKED); partial row maxima
         s[0] = final_score(s[0]);
         s[1] = final_score(s[1]);
         s[2] = final_score(s[2]);
@@ -326,14 +312,18 @@ fn main(
         s[6] = final_score(s[6]);
         s[7] = final_score(s[7]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= lo[0] & k0 + c + 0u * COLS < hi[0]);
-            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= lo[0] & k0 + c + 1u * COLS < hi[0]);
-            s[2] = select(MASKED, s[2], k0 + c + 0u * COLS >= lo[1] & k0 + c + 0u * COLS < hi[1]);
-            s[3] = select(MASKED, s[3], k0 + c + 1u * COLS >= lo[1] & k0 + c + 1u * COLS < hi[1]);
-            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= lo[2] & k0 + c + 0u * COLS < hi[2]);
-            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= lo[2] & k0 + c + 1u * COLS < hi[2]);
-            s[6] = select(MASKED, s[6], k0 + c + 0u * COLS >= lo[3] & k0 + c + 0u * COLS < hi[3]);
-            s[7] = select(MASKED, s[7], k0 + c + 1u * COLS >= lo[3] & k0 + c + 1u * COLS < hi[3]);
+            let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
+            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= span0.x & k0 + c + 1u * COLS < span0.y);
+            let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
+            s[2] = select(MASKED, s[2], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
+            s[3] = select(MASKED, s[3], k0 + c + 1u * COLS >= span1.x & k0 + c + 1u * COLS < span1.y);
+            let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
+            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= span2.x & k0 + c + 0u * COLS < span2.y);
+            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= span2.x & k0 + c + 1u * COLS < span2.y);
+            let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
+            s[6] = select(MASKED, s[6], k0 + c + 0u * COLS >= span3.x & k0 + c + 0u * COLS < span3.y);
+            s[7] = select(MASKED, s[7], k0 + c + 1u * COLS >= span3.x & k0 + c + 1u * COLS < span3.y);
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(s[0], s[1]);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(s[2], s[3]);
