@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6c8e926cdab47b8489bdad7ea75fd114839dc66a9ec94453d21cc49004c11528
+// source-hash: sha256:ad29428eedc1ded084ae17efc1293e82ff0627d0f09bb980555e89f5ab43b87d
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -300,9 +300,9 @@ fn main(
         s[1] = final_score(s[1]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[1] = select(MASKED, s[1], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
+            s[1] = select(MASKED, s[1], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
         row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];

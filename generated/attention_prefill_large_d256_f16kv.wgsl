@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b65c2933aeebfed78ea99d55e1a4e4fa19459f7c5bc04335c4534075a79adb18
+// source-hash: sha256:064d830a41e35ab9dbe7ca80f54b5cf8afd5d960813d2e20d92217ecf13b0ad7
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -302,9 +302,9 @@ fn main(
         s[1] = final_score(s[1]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[1] = select(MASKED, s[1], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
+            s[1] = select(MASKED, s[1], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
         row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a7032aa10cfe3d15634a8e14288dbd5bfb2ebe25f1a3e10abeff60110ef50d3b
+// source-hash: sha256:6332cfc64f7daafbf69ab381069d824945d1f8c86b3e79c5310c036ab6c7c88e
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -419,45 +419,45 @@ fn main(
         s[31] = final_score(s[31]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
-            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= span0.x & k0 + c + 1u * COLS < span0.y);
-            s[2] = select(MASKED, s[2], k0 + c + 2u * COLS >= span0.x & k0 + c + 2u * COLS < span0.y);
-            s[3] = select(MASKED, s[3], k0 + c + 3u * COLS >= span0.x & k0 + c + 3u * COLS < span0.y);
+            s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
+            s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
+            s[2] = select(MASKED, s[2], (k0 + c + 2u * COLS >= span0.x) & (k0 + c + 2u * COLS < span0.y));
+            s[3] = select(MASKED, s[3], (k0 + c + 3u * COLS >= span0.x) & (k0 + c + 3u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
-            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= span1.x & k0 + c + 1u * COLS < span1.y);
-            s[6] = select(MASKED, s[6], k0 + c + 2u * COLS >= span1.x & k0 + c + 2u * COLS < span1.y);
-            s[7] = select(MASKED, s[7], k0 + c + 3u * COLS >= span1.x & k0 + c + 3u * COLS < span1.y);
+            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
+            s[6] = select(MASKED, s[6], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
+            s[7] = select(MASKED, s[7], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
             let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-            s[8] = select(MASKED, s[8], k0 + c + 0u * COLS >= span2.x & k0 + c + 0u * COLS < span2.y);
-            s[9] = select(MASKED, s[9], k0 + c + 1u * COLS >= span2.x & k0 + c + 1u * COLS < span2.y);
-            s[10] = select(MASKED, s[10], k0 + c + 2u * COLS >= span2.x & k0 + c + 2u * COLS < span2.y);
-            s[11] = select(MASKED, s[11], k0 + c + 3u * COLS >= span2.x & k0 + c + 3u * COLS < span2.y);
+            s[8] = select(MASKED, s[8], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
+            s[9] = select(MASKED, s[9], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
+            s[10] = select(MASKED, s[10], (k0 + c + 2u * COLS >= span2.x) & (k0 + c + 2u * COLS < span2.y));
+            s[11] = select(MASKED, s[11], (k0 + c + 3u * COLS >= span2.x) & (k0 + c + 3u * COLS < span2.y));
             let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-            s[12] = select(MASKED, s[12], k0 + c + 0u * COLS >= span3.x & k0 + c + 0u * COLS < span3.y);
-            s[13] = select(MASKED, s[13], k0 + c + 1u * COLS >= span3.x & k0 + c + 1u * COLS < span3.y);
-            s[14] = select(MASKED, s[14], k0 + c + 2u * COLS >= span3.x & k0 + c + 2u * COLS < span3.y);
-            s[15] = select(MASKED, s[15], k0 + c + 3u * COLS >= span3.x & k0 + c + 3u * COLS < span3.y);
+            s[12] = select(MASKED, s[12], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
+            s[13] = select(MASKED, s[13], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
+            s[14] = select(MASKED, s[14], (k0 + c + 2u * COLS >= span3.x) & (k0 + c + 2u * COLS < span3.y));
+            s[15] = select(MASKED, s[15], (k0 + c + 3u * COLS >= span3.x) & (k0 + c + 3u * COLS < span3.y));
             let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
-            s[16] = select(MASKED, s[16], k0 + c + 0u * COLS >= span4.x & k0 + c + 0u * COLS < span4.y);
-            s[17] = select(MASKED, s[17], k0 + c + 1u * COLS >= span4.x & k0 + c + 1u * COLS < span4.y);
-            s[18] = select(MASKED, s[18], k0 + c + 2u * COLS >= span4.x & k0 + c + 2u * COLS < span4.y);
-            s[19] = select(MASKED, s[19], k0 + c + 3u * COLS >= span4.x & k0 + c + 3u * COLS < span4.y);
+            s[16] = select(MASKED, s[16], (k0 + c + 0u * COLS >= span4.x) & (k0 + c + 0u * COLS < span4.y));
+            s[17] = select(MASKED, s[17], (k0 + c + 1u * COLS >= span4.x) & (k0 + c + 1u * COLS < span4.y));
+            s[18] = select(MASKED, s[18], (k0 + c + 2u * COLS >= span4.x) & (k0 + c + 2u * COLS < span4.y));
+            s[19] = select(MASKED, s[19], (k0 + c + 3u * COLS >= span4.x) & (k0 + c + 3u * COLS < span4.y));
             let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
-            s[20] = select(MASKED, s[20], k0 + c + 0u * COLS >= span5.x & k0 + c + 0u * COLS < span5.y);
-            s[21] = select(MASKED, s[21], k0 + c + 1u * COLS >= span5.x & k0 + c + 1u * COLS < span5.y);
-            s[22] = select(MASKED, s[22], k0 + c + 2u * COLS >= span5.x & k0 + c + 2u * COLS < span5.y);
-            s[23] = select(MASKED, s[23], k0 + c + 3u * COLS >= span5.x & k0 + c + 3u * COLS < span5.y);
+            s[20] = select(MASKED, s[20], (k0 + c + 0u * COLS >= span5.x) & (k0 + c + 0u * COLS < span5.y));
+            s[21] = select(MASKED, s[21], (k0 + c + 1u * COLS >= span5.x) & (k0 + c + 1u * COLS < span5.y));
+            s[22] = select(MASKED, s[22], (k0 + c + 2u * COLS >= span5.x) & (k0 + c + 2u * COLS < span5.y));
+            s[23] = select(MASKED, s[23], (k0 + c + 3u * COLS >= span5.x) & (k0 + c + 3u * COLS < span5.y));
             let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
-            s[24] = select(MASKED, s[24], k0 + c + 0u * COLS >= span6.x & k0 + c + 0u * COLS < span6.y);
-            s[25] = select(MASKED, s[25], k0 + c + 1u * COLS >= span6.x & k0 + c + 1u * COLS < span6.y);
-            s[26] = select(MASKED, s[26], k0 + c + 2u * COLS >= span6.x & k0 + c + 2u * COLS < span6.y);
-            s[27] = select(MASKED, s[27], k0 + c + 3u * COLS >= span6.x & k0 + c + 3u * COLS < span6.y);
+            s[24] = select(MASKED, s[24], (k0 + c + 0u * COLS >= span6.x) & (k0 + c + 0u * COLS < span6.y));
+            s[25] = select(MASKED, s[25], (k0 + c + 1u * COLS >= span6.x) & (k0 + c + 1u * COLS < span6.y));
+            s[26] = select(MASKED, s[26], (k0 + c + 2u * COLS >= span6.x) & (k0 + c + 2u * COLS < span6.y));
+            s[27] = select(MASKED, s[27], (k0 + c + 3u * COLS >= span6.x) & (k0 + c + 3u * COLS < span6.y));
             let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
-            s[28] = select(MASKED, s[28], k0 + c + 0u * COLS >= span7.x & k0 + c + 0u * COLS < span7.y);
-            s[29] = select(MASKED, s[29], k0 + c + 1u * COLS >= span7.x & k0 + c + 1u * COLS < span7.y);
-            s[30] = select(MASKED, s[30], k0 + c + 2u * COLS >= span7.x & k0 + c + 2u * COLS < span7.y);
-            s[31] = select(MASKED, s[31], k0 + c + 3u * COLS >= span7.x & k0 + c + 3u * COLS < span7.y);
+            s[28] = select(MASKED, s[28], (k0 + c + 0u * COLS >= span7.x) & (k0 + c + 0u * COLS < span7.y));
+            s[29] = select(MASKED, s[29], (k0 + c + 1u * COLS >= span7.x) & (k0 + c + 1u * COLS < span7.y));
+            s[30] = select(MASKED, s[30], (k0 + c + 2u * COLS >= span7.x) & (k0 + c + 2u * COLS < span7.y));
+            s[31] = select(MASKED, s[31], (k0 + c + 3u * COLS >= span7.x) & (k0 + c + 3u * COLS < span7.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);

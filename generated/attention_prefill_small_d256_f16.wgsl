@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a72793dabf1feffd35c7ba3b92c02dc5efe16400e05653272bff4d92fef83db7
+// source-hash: sha256:ca0986b18ca61ea9c8c9551bc1d9f739bd40e0c99aad9c080e12cd7841d48a11
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -294,9 +294,9 @@ fn main(
         s[1] = final_score(s[1]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[1] = select(MASKED, s[1], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
+            s[1] = select(MASKED, s[1], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
         row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:37e6633a2948c5ab2a84d06c2e41970198eed305a64da495d5176f6c835bb856
+// source-hash: sha256:f587b7f725ea8ceb800888a281510de69dbbbbf77634e44a97b16a2f2bdaef5e
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -294,9 +294,9 @@ fn main(
         s[1] = final_score(s[1]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
+            s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[1] = select(MASKED, s[1], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
+            s[1] = select(MASKED, s[1], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
         row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d4f11528a31f07227dfc458f43657eda59d3f96547ae7e3edfcedcd7ab3da1c6
+// source-hash: sha256:aa13c27619adbb20378dc089849f19e52dcc8e4b977c5e53ea34271367216e4e
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -313,17 +313,17 @@ fn main(
         s[7] = final_score(s[7]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
-            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= span0.x & k0 + c + 1u * COLS < span0.y);
+            s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
+            s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[2] = select(MASKED, s[2], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
-            s[3] = select(MASKED, s[3], k0 + c + 1u * COLS >= span1.x & k0 + c + 1u * COLS < span1.y);
+            s[2] = select(MASKED, s[2], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[3] = select(MASKED, s[3], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
             let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= span2.x & k0 + c + 0u * COLS < span2.y);
-            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= span2.x & k0 + c + 1u * COLS < span2.y);
+            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
+            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
             let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-            s[6] = select(MASKED, s[6], k0 + c + 0u * COLS >= span3.x & k0 + c + 0u * COLS < span3.y);
-            s[7] = select(MASKED, s[7], k0 + c + 1u * COLS >= span3.x & k0 + c + 1u * COLS < span3.y);
+            s[6] = select(MASKED, s[6], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
+            s[7] = select(MASKED, s[7], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(s[0], s[1]);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(s[2], s[3]);

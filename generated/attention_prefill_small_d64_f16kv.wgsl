@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3a17123ff13bcc1ac0f878389fcd8c3f063050e4441c283a7f44f42434bc719c
+// source-hash: sha256:812af6b97391179cab2caa3b7cbd745515571b481856fd2659a3f791a868bd64
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -315,17 +315,17 @@ fn main(
         s[7] = final_score(s[7]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
-            s[0] = select(MASKED, s[0], k0 + c + 0u * COLS >= span0.x & k0 + c + 0u * COLS < span0.y);
-            s[1] = select(MASKED, s[1], k0 + c + 1u * COLS >= span0.x & k0 + c + 1u * COLS < span0.y);
+            s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
+            s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[2] = select(MASKED, s[2], k0 + c + 0u * COLS >= span1.x & k0 + c + 0u * COLS < span1.y);
-            s[3] = select(MASKED, s[3], k0 + c + 1u * COLS >= span1.x & k0 + c + 1u * COLS < span1.y);
+            s[2] = select(MASKED, s[2], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[3] = select(MASKED, s[3], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
             let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-            s[4] = select(MASKED, s[4], k0 + c + 0u * COLS >= span2.x & k0 + c + 0u * COLS < span2.y);
-            s[5] = select(MASKED, s[5], k0 + c + 1u * COLS >= span2.x & k0 + c + 1u * COLS < span2.y);
+            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
+            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
             let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-            s[6] = select(MASKED, s[6], k0 + c + 0u * COLS >= span3.x & k0 + c + 0u * COLS < span3.y);
-            s[7] = select(MASKED, s[7], k0 + c + 1u * COLS >= span3.x & k0 + c + 1u * COLS < span3.y);
+            s[6] = select(MASKED, s[6], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
+            s[7] = select(MASKED, s[7], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(s[0], s[1]);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(s[2], s[3]);
