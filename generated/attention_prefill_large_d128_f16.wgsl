@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:da53e448a524670c903333e59000cc0c505804b3c181a68088dc069e5e34686f
+// source-hash: sha256:af943f2d547b31b78c282b79bed0f4cc06029d4710bc3883a115d70a6173aefc
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 8 queries x 4 keys (S) and 8 queries x 8 dims (O).
+// micro-tiles of 4 queries x 4 keys (S) and 4 queries x 8 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -13,12 +13,12 @@ enable f16;
 const MAX_HEAD_DIM: u32 = 128u;
 const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 64u;        // keys per KV tile
-const TILE_Q: u32 = 8u;          // queries per invocation
+const TILE_Q: u32 = 4u;          // queries per invocation
 const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
 const COLS: u32 = 16u;             // invocations sharing a query group
 const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 33u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
-const WORKGROUP_SIZE: u32 = 128u;
+const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
 
 // Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
@@ -262,9 +262,9 @@ fn main(
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
-    var m: array<f32, 8>;    // running row max (identical across a query group)
-    var l: array<f32, 8>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var m: array<f32, 4>;    // running row max (identical across a query group)
+    var l: array<f32, 4>;    // this invocation's share of the row sum
+    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
@@ -281,22 +281,6 @@ fn main(
     l[3] = 0.0;
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
-    m[4] = MASKED;
-    l[4] = 0.0;
-    acc[8] = vec4<f32>();
-    acc[9] = vec4<f32>();
-    m[5] = MASKED;
-    l[5] = 0.0;
-    acc[10] = vec4<f32>();
-    acc[11] = vec4<f32>();
-    m[6] = MASKED;
-    l[6] = 0.0;
-    acc[12] = vec4<f32>();
-    acc[13] = vec4<f32>();
-    m[7] = MASKED;
-    l[7] = 0.0;
-    acc[14] = vec4<f32>();
-    acc[15] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -305,7 +289,7 @@ fn main(
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 32>;
+        var s: array<f32, 16>;
         s[0] = 0.0;
         s[1] = 0.0;
         s[2] = 0.0;
@@ -322,22 +306,6 @@ fn main(
         s[13] = 0.0;
         s[14] = 0.0;
         s[15] = 0.0;
-        s[16] = 0.0;
-        s[17] = 0.0;
-        s[18] = 0.0;
-        s[19] = 0.0;
-        s[20] = 0.0;
-        s[21] = 0.0;
-        s[22] = 0.0;
-        s[23] = 0.0;
-        s[24] = 0.0;
-        s[25] = 0.0;
-        s[26] = 0.0;
-        s[27] = 0.0;
-        s[28] = 0.0;
-        s[29] = 0.0;
-        s[30] = 0.0;
-        s[31] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
             let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
@@ -363,26 +331,6 @@ fn main(
             s[13] = s[13] + dot(qr3, kt1);
             s[14] = s[14] + dot(qr3, kt2);
             s[15] = s[15] + dot(qr3, kt3);
-            let qr4 = q_vec(q0, a * TILE_Q + 4u, d4, head);
-            s[16] = s[16] + dot(qr4, kt0);
-            s[17] = s[17] + dot(qr4, kt1);
-            s[18] = s[18] + dot(qr4, kt2);
-            s[19] = s[19] + dot(qr4, kt3);
-            let qr5 = q_vec(q0, a * TILE_Q + 5u, d4, head);
-            s[20] = s[20] + dot(qr5, kt0);
-            s[21] = s[21] + dot(qr5, kt1);
-            s[22] = s[22] + dot(qr5, kt2);
-            s[23] = s[23] + dot(qr5, kt3);
-            let qr6 = q_vec(q0, a * TILE_Q + 6u, d4, head);
-            s[24] = s[24] + dot(qr6, kt0);
-            s[25] = s[25] + dot(qr6, kt1);
-            s[26] = s[26] + dot(qr6, kt2);
-            s[27] = s[27] + dot(qr6, kt3);
-            let qr7 = q_vec(q0, a * TILE_Q + 7u, d4, head);
-            s[28] = s[28] + dot(qr7, kt0);
-            s[29] = s[29] + dot(qr7, kt1);
-            s[30] = s[30] + dot(qr7, kt2);
-            s[31] = s[31] + dot(qr7, kt3);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
@@ -403,22 +351,6 @@ fn main(
         s[13] = final_score(s[13]);
         s[14] = final_score(s[14]);
         s[15] = final_score(s[15]);
-        s[16] = final_score(s[16]);
-        s[17] = final_score(s[17]);
-        s[18] = final_score(s[18]);
-        s[19] = final_score(s[19]);
-        s[20] = final_score(s[20]);
-        s[21] = final_score(s[21]);
-        s[22] = final_score(s[22]);
-        s[23] = final_score(s[23]);
-        s[24] = final_score(s[24]);
-        s[25] = final_score(s[25]);
-        s[26] = final_score(s[26]);
-        s[27] = final_score(s[27]);
-        s[28] = final_score(s[28]);
-        s[29] = final_score(s[29]);
-        s[30] = final_score(s[30]);
-        s[31] = final_score(s[31]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
@@ -440,35 +372,11 @@ fn main(
             s[13] = select(MASKED, s[13], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
             s[14] = select(MASKED, s[14], (k0 + c + 2u * COLS >= span3.x) & (k0 + c + 2u * COLS < span3.y));
             s[15] = select(MASKED, s[15], (k0 + c + 3u * COLS >= span3.x) & (k0 + c + 3u * COLS < span3.y));
-            let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
-            s[16] = select(MASKED, s[16], (k0 + c + 0u * COLS >= span4.x) & (k0 + c + 0u * COLS < span4.y));
-            s[17] = select(MASKED, s[17], (k0 + c + 1u * COLS >= span4.x) & (k0 + c + 1u * COLS < span4.y));
-            s[18] = select(MASKED, s[18], (k0 + c + 2u * COLS >= span4.x) & (k0 + c + 2u * COLS < span4.y));
-            s[19] = select(MASKED, s[19], (k0 + c + 3u * COLS >= span4.x) & (k0 + c + 3u * COLS < span4.y));
-            let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
-            s[20] = select(MASKED, s[20], (k0 + c + 0u * COLS >= span5.x) & (k0 + c + 0u * COLS < span5.y));
-            s[21] = select(MASKED, s[21], (k0 + c + 1u * COLS >= span5.x) & (k0 + c + 1u * COLS < span5.y));
-            s[22] = select(MASKED, s[22], (k0 + c + 2u * COLS >= span5.x) & (k0 + c + 2u * COLS < span5.y));
-            s[23] = select(MASKED, s[23], (k0 + c + 3u * COLS >= span5.x) & (k0 + c + 3u * COLS < span5.y));
-            let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
-            s[24] = select(MASKED, s[24], (k0 + c + 0u * COLS >= span6.x) & (k0 + c + 0u * COLS < span6.y));
-            s[25] = select(MASKED, s[25], (k0 + c + 1u * COLS >= span6.x) & (k0 + c + 1u * COLS < span6.y));
-            s[26] = select(MASKED, s[26], (k0 + c + 2u * COLS >= span6.x) & (k0 + c + 2u * COLS < span6.y));
-            s[27] = select(MASKED, s[27], (k0 + c + 3u * COLS >= span6.x) & (k0 + c + 3u * COLS < span6.y));
-            let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
-            s[28] = select(MASKED, s[28], (k0 + c + 0u * COLS >= span7.x) & (k0 + c + 0u * COLS < span7.y));
-            s[29] = select(MASKED, s[29], (k0 + c + 1u * COLS >= span7.x) & (k0 + c + 1u * COLS < span7.y));
-            s[30] = select(MASKED, s[30], (k0 + c + 2u * COLS >= span7.x) & (k0 + c + 2u * COLS < span7.y));
-            s[31] = select(MASKED, s[31], (k0 + c + 3u * COLS >= span7.x) & (k0 + c + 3u * COLS < span7.y));
         }
         row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
         row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);
         row_part[(a * TILE_Q + 2u) * COLS + c] = max(max(max(s[8], s[9]), s[10]), s[11]);
         row_part[(a * TILE_Q + 3u) * COLS + c] = max(max(max(s[12], s[13]), s[14]), s[15]);
-        row_part[(a * TILE_Q + 4u) * COLS + c] = max(max(max(s[16], s[17]), s[18]), s[19]);
-        row_part[(a * TILE_Q + 5u) * COLS + c] = max(max(max(s[20], s[21]), s[22]), s[23]);
-        row_part[(a * TILE_Q + 6u) * COLS + c] = max(max(max(s[24], s[25]), s[26]), s[27]);
-        row_part[(a * TILE_Q + 7u) * COLS + c] = max(max(max(s[28], s[29]), s[30]), s[31]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
@@ -558,90 +466,6 @@ fn main(
             acc[6] = acc[6] * correction;
             acc[7] = acc[7] * correction;
         }
-        {
-            let r = a * TILE_Q + 4u;
-            let m_new = max(m[4], row_max(r));
-            let correction = exp(m[4] - m_new);
-            m[4] = m_new;
-            let p0_h = f16(select(0.0, exp(s[16] - m_new), s[16] > MASKED));
-            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
-            let p1_h = f16(select(0.0, exp(s[17] - m_new), s[17] > MASKED));
-            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            let p2_h = f16(select(0.0, exp(s[18] - m_new), s[18] > MASKED));
-            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
-            let p3_h = f16(select(0.0, exp(s[19] - m_new), s[19] > MASKED));
-            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
-            l[4] = l[4] * correction + p0 + p1 + p2 + p3;
-            acc[8] = acc[8] * correction;
-            acc[9] = acc[9] * correction;
-        }
-        {
-            let r = a * TILE_Q + 5u;
-            let m_new = max(m[5], row_max(r));
-            let correction = exp(m[5] - m_new);
-            m[5] = m_new;
-            let p0_h = f16(select(0.0, exp(s[20] - m_new), s[20] > MASKED));
-            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
-            let p1_h = f16(select(0.0, exp(s[21] - m_new), s[21] > MASKED));
-            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            let p2_h = f16(select(0.0, exp(s[22] - m_new), s[22] > MASKED));
-            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
-            let p3_h = f16(select(0.0, exp(s[23] - m_new), s[23] > MASKED));
-            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
-            l[5] = l[5] * correction + p0 + p1 + p2 + p3;
-            acc[10] = acc[10] * correction;
-            acc[11] = acc[11] * correction;
-        }
-        {
-            let r = a * TILE_Q + 6u;
-            let m_new = max(m[6], row_max(r));
-            let correction = exp(m[6] - m_new);
-            m[6] = m_new;
-            let p0_h = f16(select(0.0, exp(s[24] - m_new), s[24] > MASKED));
-            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
-            let p1_h = f16(select(0.0, exp(s[25] - m_new), s[25] > MASKED));
-            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            let p2_h = f16(select(0.0, exp(s[26] - m_new), s[26] > MASKED));
-            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
-            let p3_h = f16(select(0.0, exp(s[27] - m_new), s[27] > MASKED));
-            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
-            l[6] = l[6] * correction + p0 + p1 + p2 + p3;
-            acc[12] = acc[12] * correction;
-            acc[13] = acc[13] * correction;
-        }
-        {
-            let r = a * TILE_Q + 7u;
-            let m_new = max(m[7], row_max(r));
-            let correction = exp(m[7] - m_new);
-            m[7] = m_new;
-            let p0_h = f16(select(0.0, exp(s[28] - m_new), s[28] > MASKED));
-            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
-            let p1_h = f16(select(0.0, exp(s[29] - m_new), s[29] > MASKED));
-            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            let p2_h = f16(select(0.0, exp(s[30] - m_new), s[30] > MASKED));
-            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
-            let p3_h = f16(select(0.0, exp(s[31] - m_new), s[31] > MASKED));
-            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
-            l[7] = l[7] * correction + p0 + p1 + p2 + p3;
-            acc[14] = acc[14] * correction;
-            acc[15] = acc[15] * correction;
-        }
         workgroupBarrier();  // V and P are in workgroup memory
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
@@ -650,82 +474,46 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
             let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
-            let p4 = vec4<f32>(tile_p[(a * TILE_Q + 4u) * (BLOCK_K / 4u) + k4]);
-            let p5 = vec4<f32>(tile_p[(a * TILE_Q + 5u) * (BLOCK_K / 4u) + k4]);
-            let p6 = vec4<f32>(tile_p[(a * TILE_Q + 6u) * (BLOCK_K / 4u) + k4]);
-            let p7 = vec4<f32>(tile_p[(a * TILE_Q + 7u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
             acc[2] = acc[2] + p1.x * v00;
             acc[4] = acc[4] + p2.x * v00;
             acc[6] = acc[6] + p3.x * v00;
-            acc[8] = acc[8] + p4.x * v00;
-            acc[10] = acc[10] + p5.x * v00;
-            acc[12] = acc[12] + p6.x * v00;
-            acc[14] = acc[14] + p7.x * v00;
             let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.x * v01;
             acc[3] = acc[3] + p1.x * v01;
             acc[5] = acc[5] + p2.x * v01;
             acc[7] = acc[7] + p3.x * v01;
-            acc[9] = acc[9] + p4.x * v01;
-            acc[11] = acc[11] + p5.x * v01;
-            acc[13] = acc[13] + p6.x * v01;
-            acc[15] = acc[15] + p7.x * v01;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
             acc[2] = acc[2] + p1.y * v10;
             acc[4] = acc[4] + p2.y * v10;
             acc[6] = acc[6] + p3.y * v10;
-            acc[8] = acc[8] + p4.y * v10;
-            acc[10] = acc[10] + p5.y * v10;
-            acc[12] = acc[12] + p6.y * v10;
-            acc[14] = acc[14] + p7.y * v10;
             let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.y * v11;
             acc[3] = acc[3] + p1.y * v11;
             acc[5] = acc[5] + p2.y * v11;
             acc[7] = acc[7] + p3.y * v11;
-            acc[9] = acc[9] + p4.y * v11;
-            acc[11] = acc[11] + p5.y * v11;
-            acc[13] = acc[13] + p6.y * v11;
-            acc[15] = acc[15] + p7.y * v11;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
             acc[2] = acc[2] + p1.z * v20;
             acc[4] = acc[4] + p2.z * v20;
             acc[6] = acc[6] + p3.z * v20;
-            acc[8] = acc[8] + p4.z * v20;
-            acc[10] = acc[10] + p5.z * v20;
-            acc[12] = acc[12] + p6.z * v20;
-            acc[14] = acc[14] + p7.z * v20;
             let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.z * v21;
             acc[3] = acc[3] + p1.z * v21;
             acc[5] = acc[5] + p2.z * v21;
             acc[7] = acc[7] + p3.z * v21;
-            acc[9] = acc[9] + p4.z * v21;
-            acc[11] = acc[11] + p5.z * v21;
-            acc[13] = acc[13] + p6.z * v21;
-            acc[15] = acc[15] + p7.z * v21;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
             acc[2] = acc[2] + p1.w * v30;
             acc[4] = acc[4] + p2.w * v30;
             acc[6] = acc[6] + p3.w * v30;
-            acc[8] = acc[8] + p4.w * v30;
-            acc[10] = acc[10] + p5.w * v30;
-            acc[12] = acc[12] + p6.w * v30;
-            acc[14] = acc[14] + p7.w * v30;
             let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.w * v31;
             acc[3] = acc[3] + p1.w * v31;
             acc[5] = acc[5] + p2.w * v31;
             acc[7] = acc[7] + p3.w * v31;
-            acc[9] = acc[9] + p4.w * v31;
-            acc[11] = acc[11] + p5.w * v31;
-            acc[13] = acc[13] + p6.w * v31;
-            acc[15] = acc[15] + p7.w * v31;
         }
     }
 
@@ -736,10 +524,6 @@ fn main(
     row_part[(a * TILE_Q + 1u) * COLS + c] = l[1];
     row_part[(a * TILE_Q + 2u) * COLS + c] = l[2];
     row_part[(a * TILE_Q + 3u) * COLS + c] = l[3];
-    row_part[(a * TILE_Q + 4u) * COLS + c] = l[4];
-    row_part[(a * TILE_Q + 5u) * COLS + c] = l[5];
-    row_part[(a * TILE_Q + 6u) * COLS + c] = l[6];
-    row_part[(a * TILE_Q + 7u) * COLS + c] = l[7];
     workgroupBarrier();
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
@@ -772,37 +556,5 @@ fn main(
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[6] * inv_l);
         store_out4(base, c + 1u * COLS, acc[7] * inv_l);
-    }
-    if (a * TILE_Q + 4u < q_count) {
-        let r = a * TILE_Q + 4u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
-    }
-    if (a * TILE_Q + 5u < q_count) {
-        let r = a * TILE_Q + 5u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[10] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[11] * inv_l);
-    }
-    if (a * TILE_Q + 6u < q_count) {
-        let r = a * TILE_Q + 6u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[12] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[13] * inv_l);
-    }
-    if (a * TILE_Q + 7u < q_count) {
-        let r = a * TILE_Q + 7u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[14] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[15] * inv_l);
     }
 }

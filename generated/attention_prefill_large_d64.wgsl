@@ -1,22 +1,22 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6332cfc64f7daafbf69ab381069d824945d1f8c86b3e79c5310c036ab6c7c88e
+// source-hash: sha256:d61be3afbda4ff7e68011bb775f90630b220fe72354be6a54813bb596ae2b43a
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f32), register
-// micro-tiles of 8 queries x 4 keys (S) and 8 queries x 8 dims (O).
+// micro-tiles of 4 queries x 2 keys (S) and 4 queries x 4 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 const MAX_HEAD_DIM: u32 = 64u;
 const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 32u;        // keys per KV tile
-const TILE_Q: u32 = 8u;          // queries per invocation
-const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
-const COLS: u32 = 8u;             // invocations sharing a query group
-const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
+const TILE_Q: u32 = 4u;          // queries per invocation
+const TILE_K: u32 = 2u;          // keys per invocation (strided by COLS)
+const COLS: u32 = 16u;             // invocations sharing a query group
+const TILE_D4: u32 = 1u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
-const WORKGROUP_SIZE: u32 = 64u;
+const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
 
 // Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
@@ -52,7 +52,7 @@ struct Uniforms {
 var<workgroup> tile_q: array<vec4<f32>, 1088>;      // [MAX_BLOCK_Q][ROW4]
 var<workgroup> tile_kv: array<vec4<f32>, 544>;     // [BLOCK_K][ROW4], K then V
 var<workgroup> tile_p: array<vec4<f32>, 512>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
-var<workgroup> row_part: array<f32, 512>;          // [MAX_BLOCK_Q][COLS] partial max / sum
+var<workgroup> row_part: array<f32, 1024>;          // [MAX_BLOCK_Q][COLS] partial max / sum
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -260,41 +260,21 @@ fn main(
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
-    var m: array<f32, 8>;    // running row max (identical across a query group)
-    var l: array<f32, 8>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var m: array<f32, 4>;    // running row max (identical across a query group)
+    var l: array<f32, 4>;    // this invocation's share of the row sum
+    var acc: array<vec4<f32>, 4>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
-    acc[1] = vec4<f32>();
     m[1] = MASKED;
     l[1] = 0.0;
-    acc[2] = vec4<f32>();
-    acc[3] = vec4<f32>();
+    acc[1] = vec4<f32>();
     m[2] = MASKED;
     l[2] = 0.0;
-    acc[4] = vec4<f32>();
-    acc[5] = vec4<f32>();
+    acc[2] = vec4<f32>();
     m[3] = MASKED;
     l[3] = 0.0;
-    acc[6] = vec4<f32>();
-    acc[7] = vec4<f32>();
-    m[4] = MASKED;
-    l[4] = 0.0;
-    acc[8] = vec4<f32>();
-    acc[9] = vec4<f32>();
-    m[5] = MASKED;
-    l[5] = 0.0;
-    acc[10] = vec4<f32>();
-    acc[11] = vec4<f32>();
-    m[6] = MASKED;
-    l[6] = 0.0;
-    acc[12] = vec4<f32>();
-    acc[13] = vec4<f32>();
-    m[7] = MASKED;
-    l[7] = 0.0;
-    acc[14] = vec4<f32>();
-    acc[15] = vec4<f32>();
+    acc[3] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -303,7 +283,7 @@ fn main(
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 32>;
+        var s: array<f32, 8>;
         s[0] = 0.0;
         s[1] = 0.0;
         s[2] = 0.0;
@@ -312,75 +292,21 @@ fn main(
         s[5] = 0.0;
         s[6] = 0.0;
         s[7] = 0.0;
-        s[8] = 0.0;
-        s[9] = 0.0;
-        s[10] = 0.0;
-        s[11] = 0.0;
-        s[12] = 0.0;
-        s[13] = 0.0;
-        s[14] = 0.0;
-        s[15] = 0.0;
-        s[16] = 0.0;
-        s[17] = 0.0;
-        s[18] = 0.0;
-        s[19] = 0.0;
-        s[20] = 0.0;
-        s[21] = 0.0;
-        s[22] = 0.0;
-        s[23] = 0.0;
-        s[24] = 0.0;
-        s[25] = 0.0;
-        s[26] = 0.0;
-        s[27] = 0.0;
-        s[28] = 0.0;
-        s[29] = 0.0;
-        s[30] = 0.0;
-        s[31] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
             let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
-            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
-            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
-            s[2] = s[2] + dot(qr0, kt2);
-            s[3] = s[3] + dot(qr0, kt3);
             let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
-            s[4] = s[4] + dot(qr1, kt0);
-            s[5] = s[5] + dot(qr1, kt1);
-            s[6] = s[6] + dot(qr1, kt2);
-            s[7] = s[7] + dot(qr1, kt3);
+            s[2] = s[2] + dot(qr1, kt0);
+            s[3] = s[3] + dot(qr1, kt1);
             let qr2 = q_vec(q0, a * TILE_Q + 2u, d4, head);
-            s[8] = s[8] + dot(qr2, kt0);
-            s[9] = s[9] + dot(qr2, kt1);
-            s[10] = s[10] + dot(qr2, kt2);
-            s[11] = s[11] + dot(qr2, kt3);
+            s[4] = s[4] + dot(qr2, kt0);
+            s[5] = s[5] + dot(qr2, kt1);
             let qr3 = q_vec(q0, a * TILE_Q + 3u, d4, head);
-            s[12] = s[12] + dot(qr3, kt0);
-            s[13] = s[13] + dot(qr3, kt1);
-            s[14] = s[14] + dot(qr3, kt2);
-            s[15] = s[15] + dot(qr3, kt3);
-            let qr4 = q_vec(q0, a * TILE_Q + 4u, d4, head);
-            s[16] = s[16] + dot(qr4, kt0);
-            s[17] = s[17] + dot(qr4, kt1);
-            s[18] = s[18] + dot(qr4, kt2);
-            s[19] = s[19] + dot(qr4, kt3);
-            let qr5 = q_vec(q0, a * TILE_Q + 5u, d4, head);
-            s[20] = s[20] + dot(qr5, kt0);
-            s[21] = s[21] + dot(qr5, kt1);
-            s[22] = s[22] + dot(qr5, kt2);
-            s[23] = s[23] + dot(qr5, kt3);
-            let qr6 = q_vec(q0, a * TILE_Q + 6u, d4, head);
-            s[24] = s[24] + dot(qr6, kt0);
-            s[25] = s[25] + dot(qr6, kt1);
-            s[26] = s[26] + dot(qr6, kt2);
-            s[27] = s[27] + dot(qr6, kt3);
-            let qr7 = q_vec(q0, a * TILE_Q + 7u, d4, head);
-            s[28] = s[28] + dot(qr7, kt0);
-            s[29] = s[29] + dot(qr7, kt1);
-            s[30] = s[30] + dot(qr7, kt2);
-            s[31] = s[31] + dot(qr7, kt3);
+            s[6] = s[6] + dot(qr3, kt0);
+            s[7] = s[7] + dot(qr3, kt1);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
@@ -393,80 +319,24 @@ fn main(
         s[5] = final_score(s[5]);
         s[6] = final_score(s[6]);
         s[7] = final_score(s[7]);
-        s[8] = final_score(s[8]);
-        s[9] = final_score(s[9]);
-        s[10] = final_score(s[10]);
-        s[11] = final_score(s[11]);
-        s[12] = final_score(s[12]);
-        s[13] = final_score(s[13]);
-        s[14] = final_score(s[14]);
-        s[15] = final_score(s[15]);
-        s[16] = final_score(s[16]);
-        s[17] = final_score(s[17]);
-        s[18] = final_score(s[18]);
-        s[19] = final_score(s[19]);
-        s[20] = final_score(s[20]);
-        s[21] = final_score(s[21]);
-        s[22] = final_score(s[22]);
-        s[23] = final_score(s[23]);
-        s[24] = final_score(s[24]);
-        s[25] = final_score(s[25]);
-        s[26] = final_score(s[26]);
-        s[27] = final_score(s[27]);
-        s[28] = final_score(s[28]);
-        s[29] = final_score(s[29]);
-        s[30] = final_score(s[30]);
-        s[31] = final_score(s[31]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
-            s[2] = select(MASKED, s[2], (k0 + c + 2u * COLS >= span0.x) & (k0 + c + 2u * COLS < span0.y));
-            s[3] = select(MASKED, s[3], (k0 + c + 3u * COLS >= span0.x) & (k0 + c + 3u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
-            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
-            s[6] = select(MASKED, s[6], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
-            s[7] = select(MASKED, s[7], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
+            s[2] = select(MASKED, s[2], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[3] = select(MASKED, s[3], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
             let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-            s[8] = select(MASKED, s[8], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
-            s[9] = select(MASKED, s[9], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
-            s[10] = select(MASKED, s[10], (k0 + c + 2u * COLS >= span2.x) & (k0 + c + 2u * COLS < span2.y));
-            s[11] = select(MASKED, s[11], (k0 + c + 3u * COLS >= span2.x) & (k0 + c + 3u * COLS < span2.y));
+            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
+            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
             let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-            s[12] = select(MASKED, s[12], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
-            s[13] = select(MASKED, s[13], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
-            s[14] = select(MASKED, s[14], (k0 + c + 2u * COLS >= span3.x) & (k0 + c + 2u * COLS < span3.y));
-            s[15] = select(MASKED, s[15], (k0 + c + 3u * COLS >= span3.x) & (k0 + c + 3u * COLS < span3.y));
-            let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
-            s[16] = select(MASKED, s[16], (k0 + c + 0u * COLS >= span4.x) & (k0 + c + 0u * COLS < span4.y));
-            s[17] = select(MASKED, s[17], (k0 + c + 1u * COLS >= span4.x) & (k0 + c + 1u * COLS < span4.y));
-            s[18] = select(MASKED, s[18], (k0 + c + 2u * COLS >= span4.x) & (k0 + c + 2u * COLS < span4.y));
-            s[19] = select(MASKED, s[19], (k0 + c + 3u * COLS >= span4.x) & (k0 + c + 3u * COLS < span4.y));
-            let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
-            s[20] = select(MASKED, s[20], (k0 + c + 0u * COLS >= span5.x) & (k0 + c + 0u * COLS < span5.y));
-            s[21] = select(MASKED, s[21], (k0 + c + 1u * COLS >= span5.x) & (k0 + c + 1u * COLS < span5.y));
-            s[22] = select(MASKED, s[22], (k0 + c + 2u * COLS >= span5.x) & (k0 + c + 2u * COLS < span5.y));
-            s[23] = select(MASKED, s[23], (k0 + c + 3u * COLS >= span5.x) & (k0 + c + 3u * COLS < span5.y));
-            let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
-            s[24] = select(MASKED, s[24], (k0 + c + 0u * COLS >= span6.x) & (k0 + c + 0u * COLS < span6.y));
-            s[25] = select(MASKED, s[25], (k0 + c + 1u * COLS >= span6.x) & (k0 + c + 1u * COLS < span6.y));
-            s[26] = select(MASKED, s[26], (k0 + c + 2u * COLS >= span6.x) & (k0 + c + 2u * COLS < span6.y));
-            s[27] = select(MASKED, s[27], (k0 + c + 3u * COLS >= span6.x) & (k0 + c + 3u * COLS < span6.y));
-            let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
-            s[28] = select(MASKED, s[28], (k0 + c + 0u * COLS >= span7.x) & (k0 + c + 0u * COLS < span7.y));
-            s[29] = select(MASKED, s[29], (k0 + c + 1u * COLS >= span7.x) & (k0 + c + 1u * COLS < span7.y));
-            s[30] = select(MASKED, s[30], (k0 + c + 2u * COLS >= span7.x) & (k0 + c + 2u * COLS < span7.y));
-            s[31] = select(MASKED, s[31], (k0 + c + 3u * COLS >= span7.x) & (k0 + c + 3u * COLS < span7.y));
+            s[6] = select(MASKED, s[6], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
+            s[7] = select(MASKED, s[7], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
         }
-        row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
-        row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);
-        row_part[(a * TILE_Q + 2u) * COLS + c] = max(max(max(s[8], s[9]), s[10]), s[11]);
-        row_part[(a * TILE_Q + 3u) * COLS + c] = max(max(max(s[12], s[13]), s[14]), s[15]);
-        row_part[(a * TILE_Q + 4u) * COLS + c] = max(max(max(s[16], s[17]), s[18]), s[19]);
-        row_part[(a * TILE_Q + 5u) * COLS + c] = max(max(max(s[20], s[21]), s[22]), s[23]);
-        row_part[(a * TILE_Q + 6u) * COLS + c] = max(max(max(s[24], s[25]), s[26]), s[27]);
-        row_part[(a * TILE_Q + 7u) * COLS + c] = max(max(max(s[28], s[29]), s[30]), s[31]);
+        row_part[(a * TILE_Q + 0u) * COLS + c] = max(s[0], s[1]);
+        row_part[(a * TILE_Q + 1u) * COLS + c] = max(s[2], s[3]);
+        row_part[(a * TILE_Q + 2u) * COLS + c] = max(s[4], s[5]);
+        row_part[(a * TILE_Q + 3u) * COLS + c] = max(s[6], s[7]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
@@ -481,132 +351,44 @@ fn main(
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
             let p1 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[0] = l[0] * correction + p0 + p1 + p2 + p3;
+            l[0] = l[0] * correction + p0 + p1;
             acc[0] = acc[0] * correction;
-            acc[1] = acc[1] * correction;
         }
         {
             let r = a * TILE_Q + 1u;
             let m_new = max(m[1], row_max(r));
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
-            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
+            let p0 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
+            let p1 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[1] = l[1] * correction + p0 + p1 + p2 + p3;
-            acc[2] = acc[2] * correction;
-            acc[3] = acc[3] * correction;
+            l[1] = l[1] * correction + p0 + p1;
+            acc[1] = acc[1] * correction;
         }
         {
             let r = a * TILE_Q + 2u;
             let m_new = max(m[2], row_max(r));
             let correction = exp(m[2] - m_new);
             m[2] = m_new;
-            let p0 = select(0.0, exp(s[8] - m_new), s[8] > MASKED);
+            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[9] - m_new), s[9] > MASKED);
+            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[10] - m_new), s[10] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[11] - m_new), s[11] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[2] = l[2] * correction + p0 + p1 + p2 + p3;
-            acc[4] = acc[4] * correction;
-            acc[5] = acc[5] * correction;
+            l[2] = l[2] * correction + p0 + p1;
+            acc[2] = acc[2] * correction;
         }
         {
             let r = a * TILE_Q + 3u;
             let m_new = max(m[3], row_max(r));
             let correction = exp(m[3] - m_new);
             m[3] = m_new;
-            let p0 = select(0.0, exp(s[12] - m_new), s[12] > MASKED);
+            let p0 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[13] - m_new), s[13] > MASKED);
+            let p1 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[14] - m_new), s[14] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[15] - m_new), s[15] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[3] = l[3] * correction + p0 + p1 + p2 + p3;
-            acc[6] = acc[6] * correction;
-            acc[7] = acc[7] * correction;
-        }
-        {
-            let r = a * TILE_Q + 4u;
-            let m_new = max(m[4], row_max(r));
-            let correction = exp(m[4] - m_new);
-            m[4] = m_new;
-            let p0 = select(0.0, exp(s[16] - m_new), s[16] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[17] - m_new), s[17] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[18] - m_new), s[18] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[19] - m_new), s[19] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[4] = l[4] * correction + p0 + p1 + p2 + p3;
-            acc[8] = acc[8] * correction;
-            acc[9] = acc[9] * correction;
-        }
-        {
-            let r = a * TILE_Q + 5u;
-            let m_new = max(m[5], row_max(r));
-            let correction = exp(m[5] - m_new);
-            m[5] = m_new;
-            let p0 = select(0.0, exp(s[20] - m_new), s[20] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[21] - m_new), s[21] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[22] - m_new), s[22] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[23] - m_new), s[23] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[5] = l[5] * correction + p0 + p1 + p2 + p3;
-            acc[10] = acc[10] * correction;
-            acc[11] = acc[11] * correction;
-        }
-        {
-            let r = a * TILE_Q + 6u;
-            let m_new = max(m[6], row_max(r));
-            let correction = exp(m[6] - m_new);
-            m[6] = m_new;
-            let p0 = select(0.0, exp(s[24] - m_new), s[24] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[25] - m_new), s[25] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[26] - m_new), s[26] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[27] - m_new), s[27] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[6] = l[6] * correction + p0 + p1 + p2 + p3;
-            acc[12] = acc[12] * correction;
-            acc[13] = acc[13] * correction;
-        }
-        {
-            let r = a * TILE_Q + 7u;
-            let m_new = max(m[7], row_max(r));
-            let correction = exp(m[7] - m_new);
-            m[7] = m_new;
-            let p0 = select(0.0, exp(s[28] - m_new), s[28] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[29] - m_new), s[29] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[30] - m_new), s[30] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[31] - m_new), s[31] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[7] = l[7] * correction + p0 + p1 + p2 + p3;
-            acc[14] = acc[14] * correction;
-            acc[15] = acc[15] * correction;
+            l[3] = l[3] * correction + p0 + p1;
+            acc[3] = acc[3] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
@@ -616,82 +398,26 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
             let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
-            let p4 = vec4<f32>(tile_p[(a * TILE_Q + 4u) * (BLOCK_K / 4u) + k4]);
-            let p5 = vec4<f32>(tile_p[(a * TILE_Q + 5u) * (BLOCK_K / 4u) + k4]);
-            let p6 = vec4<f32>(tile_p[(a * TILE_Q + 6u) * (BLOCK_K / 4u) + k4]);
-            let p7 = vec4<f32>(tile_p[(a * TILE_Q + 7u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
-            acc[2] = acc[2] + p1.x * v00;
-            acc[4] = acc[4] + p2.x * v00;
-            acc[6] = acc[6] + p3.x * v00;
-            acc[8] = acc[8] + p4.x * v00;
-            acc[10] = acc[10] + p5.x * v00;
-            acc[12] = acc[12] + p6.x * v00;
-            acc[14] = acc[14] + p7.x * v00;
-            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.x * v01;
-            acc[3] = acc[3] + p1.x * v01;
-            acc[5] = acc[5] + p2.x * v01;
-            acc[7] = acc[7] + p3.x * v01;
-            acc[9] = acc[9] + p4.x * v01;
-            acc[11] = acc[11] + p5.x * v01;
-            acc[13] = acc[13] + p6.x * v01;
-            acc[15] = acc[15] + p7.x * v01;
+            acc[1] = acc[1] + p1.x * v00;
+            acc[2] = acc[2] + p2.x * v00;
+            acc[3] = acc[3] + p3.x * v00;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
-            acc[2] = acc[2] + p1.y * v10;
-            acc[4] = acc[4] + p2.y * v10;
-            acc[6] = acc[6] + p3.y * v10;
-            acc[8] = acc[8] + p4.y * v10;
-            acc[10] = acc[10] + p5.y * v10;
-            acc[12] = acc[12] + p6.y * v10;
-            acc[14] = acc[14] + p7.y * v10;
-            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.y * v11;
-            acc[3] = acc[3] + p1.y * v11;
-            acc[5] = acc[5] + p2.y * v11;
-            acc[7] = acc[7] + p3.y * v11;
-            acc[9] = acc[9] + p4.y * v11;
-            acc[11] = acc[11] + p5.y * v11;
-            acc[13] = acc[13] + p6.y * v11;
-            acc[15] = acc[15] + p7.y * v11;
+            acc[1] = acc[1] + p1.y * v10;
+            acc[2] = acc[2] + p2.y * v10;
+            acc[3] = acc[3] + p3.y * v10;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
-            acc[2] = acc[2] + p1.z * v20;
-            acc[4] = acc[4] + p2.z * v20;
-            acc[6] = acc[6] + p3.z * v20;
-            acc[8] = acc[8] + p4.z * v20;
-            acc[10] = acc[10] + p5.z * v20;
-            acc[12] = acc[12] + p6.z * v20;
-            acc[14] = acc[14] + p7.z * v20;
-            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.z * v21;
-            acc[3] = acc[3] + p1.z * v21;
-            acc[5] = acc[5] + p2.z * v21;
-            acc[7] = acc[7] + p3.z * v21;
-            acc[9] = acc[9] + p4.z * v21;
-            acc[11] = acc[11] + p5.z * v21;
-            acc[13] = acc[13] + p6.z * v21;
-            acc[15] = acc[15] + p7.z * v21;
+            acc[1] = acc[1] + p1.z * v20;
+            acc[2] = acc[2] + p2.z * v20;
+            acc[3] = acc[3] + p3.z * v20;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
-            acc[2] = acc[2] + p1.w * v30;
-            acc[4] = acc[4] + p2.w * v30;
-            acc[6] = acc[6] + p3.w * v30;
-            acc[8] = acc[8] + p4.w * v30;
-            acc[10] = acc[10] + p5.w * v30;
-            acc[12] = acc[12] + p6.w * v30;
-            acc[14] = acc[14] + p7.w * v30;
-            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.w * v31;
-            acc[3] = acc[3] + p1.w * v31;
-            acc[5] = acc[5] + p2.w * v31;
-            acc[7] = acc[7] + p3.w * v31;
-            acc[9] = acc[9] + p4.w * v31;
-            acc[11] = acc[11] + p5.w * v31;
-            acc[13] = acc[13] + p6.w * v31;
-            acc[15] = acc[15] + p7.w * v31;
+            acc[1] = acc[1] + p1.w * v30;
+            acc[2] = acc[2] + p2.w * v30;
+            acc[3] = acc[3] + p3.w * v30;
         }
     }
 
@@ -702,10 +428,6 @@ fn main(
     row_part[(a * TILE_Q + 1u) * COLS + c] = l[1];
     row_part[(a * TILE_Q + 2u) * COLS + c] = l[2];
     row_part[(a * TILE_Q + 3u) * COLS + c] = l[3];
-    row_part[(a * TILE_Q + 4u) * COLS + c] = l[4];
-    row_part[(a * TILE_Q + 5u) * COLS + c] = l[5];
-    row_part[(a * TILE_Q + 6u) * COLS + c] = l[6];
-    row_part[(a * TILE_Q + 7u) * COLS + c] = l[7];
     workgroupBarrier();
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
@@ -713,62 +435,26 @@ fn main(
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[0] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[1] * inv_l);
     }
     if (a * TILE_Q + 1u < q_count) {
         let r = a * TILE_Q + 1u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[2] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[3] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[1] * inv_l);
     }
     if (a * TILE_Q + 2u < q_count) {
         let r = a * TILE_Q + 2u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[2] * inv_l);
     }
     if (a * TILE_Q + 3u < q_count) {
         let r = a * TILE_Q + 3u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[6] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[7] * inv_l);
-    }
-    if (a * TILE_Q + 4u < q_count) {
-        let r = a * TILE_Q + 4u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
-    }
-    if (a * TILE_Q + 5u < q_count) {
-        let r = a * TILE_Q + 5u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[10] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[11] * inv_l);
-    }
-    if (a * TILE_Q + 6u < q_count) {
-        let r = a * TILE_Q + 6u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[12] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[13] * inv_l);
-    }
-    if (a * TILE_Q + 7u < q_count) {
-        let r = a * TILE_Q + 7u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[14] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[15] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[3] * inv_l);
     }
 }

@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d5f6e23715459c18243ae19cdf62465948d82b6dc831710c513b3cbf86732a0a
+// source-hash: sha256:d1c8cca629f8e52ae9a6d890b3314548d8f93cbd1bf2b9c3ab1185ece3b4069a
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 8 queries x 8 keys (S) and 8 queries x 8 dims (O).
+// micro-tiles of 4 queries x 4 keys (S) and 4 queries x 4 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -13,12 +13,12 @@ enable f16;
 const MAX_HEAD_DIM: u32 = 64u;
 const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 64u;        // keys per KV tile
-const TILE_Q: u32 = 8u;          // queries per invocation
-const TILE_K: u32 = 8u;          // keys per invocation (strided by COLS)
-const COLS: u32 = 8u;             // invocations sharing a query group
-const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
+const TILE_Q: u32 = 4u;          // queries per invocation
+const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
+const COLS: u32 = 16u;             // invocations sharing a query group
+const TILE_D4: u32 = 1u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
-const WORKGROUP_SIZE: u32 = 64u;
+const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
 
 // Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
@@ -54,7 +54,7 @@ struct Uniforms {
 var<workgroup> tile_q: array<vec4<f32>, 1088>;      // [MAX_BLOCK_Q][ROW4]
 var<workgroup> tile_kv: array<vec4<f16>, 1088>;     // [BLOCK_K][ROW4], K then V
 var<workgroup> tile_p: array<vec4<f32>, 1024>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
-var<workgroup> row_part: array<f32, 512>;          // [MAX_BLOCK_Q][COLS] partial max / sum
+var<workgroup> row_part: array<f32, 1024>;          // [MAX_BLOCK_Q][COLS] partial max / sum
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -262,41 +262,21 @@ fn main(
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
-    var m: array<f32, 8>;    // running row max (identical across a query group)
-    var l: array<f32, 8>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var m: array<f32, 4>;    // running row max (identical across a query group)
+    var l: array<f32, 4>;    // this invocation's share of the row sum
+    var acc: array<vec4<f32>, 4>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
-    acc[1] = vec4<f32>();
     m[1] = MASKED;
     l[1] = 0.0;
-    acc[2] = vec4<f32>();
-    acc[3] = vec4<f32>();
+    acc[1] = vec4<f32>();
     m[2] = MASKED;
     l[2] = 0.0;
-    acc[4] = vec4<f32>();
-    acc[5] = vec4<f32>();
+    acc[2] = vec4<f32>();
     m[3] = MASKED;
     l[3] = 0.0;
-    acc[6] = vec4<f32>();
-    acc[7] = vec4<f32>();
-    m[4] = MASKED;
-    l[4] = 0.0;
-    acc[8] = vec4<f32>();
-    acc[9] = vec4<f32>();
-    m[5] = MASKED;
-    l[5] = 0.0;
-    acc[10] = vec4<f32>();
-    acc[11] = vec4<f32>();
-    m[6] = MASKED;
-    l[6] = 0.0;
-    acc[12] = vec4<f32>();
-    acc[13] = vec4<f32>();
-    m[7] = MASKED;
-    l[7] = 0.0;
-    acc[14] = vec4<f32>();
-    acc[15] = vec4<f32>();
+    acc[3] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -305,7 +285,7 @@ fn main(
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 64>;
+        var s: array<f32, 16>;
         s[0] = 0.0;
         s[1] = 0.0;
         s[2] = 0.0;
@@ -322,135 +302,31 @@ fn main(
         s[13] = 0.0;
         s[14] = 0.0;
         s[15] = 0.0;
-        s[16] = 0.0;
-        s[17] = 0.0;
-        s[18] = 0.0;
-        s[19] = 0.0;
-        s[20] = 0.0;
-        s[21] = 0.0;
-        s[22] = 0.0;
-        s[23] = 0.0;
-        s[24] = 0.0;
-        s[25] = 0.0;
-        s[26] = 0.0;
-        s[27] = 0.0;
-        s[28] = 0.0;
-        s[29] = 0.0;
-        s[30] = 0.0;
-        s[31] = 0.0;
-        s[32] = 0.0;
-        s[33] = 0.0;
-        s[34] = 0.0;
-        s[35] = 0.0;
-        s[36] = 0.0;
-        s[37] = 0.0;
-        s[38] = 0.0;
-        s[39] = 0.0;
-        s[40] = 0.0;
-        s[41] = 0.0;
-        s[42] = 0.0;
-        s[43] = 0.0;
-        s[44] = 0.0;
-        s[45] = 0.0;
-        s[46] = 0.0;
-        s[47] = 0.0;
-        s[48] = 0.0;
-        s[49] = 0.0;
-        s[50] = 0.0;
-        s[51] = 0.0;
-        s[52] = 0.0;
-        s[53] = 0.0;
-        s[54] = 0.0;
-        s[55] = 0.0;
-        s[56] = 0.0;
-        s[57] = 0.0;
-        s[58] = 0.0;
-        s[59] = 0.0;
-        s[60] = 0.0;
-        s[61] = 0.0;
-        s[62] = 0.0;
-        s[63] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
             let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
             let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
             let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
-            let kt4 = vec4<f32>(tile_kv[(c + 4u * COLS) * ROW4 + d4]);
-            let kt5 = vec4<f32>(tile_kv[(c + 5u * COLS) * ROW4 + d4]);
-            let kt6 = vec4<f32>(tile_kv[(c + 6u * COLS) * ROW4 + d4]);
-            let kt7 = vec4<f32>(tile_kv[(c + 7u * COLS) * ROW4 + d4]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
             s[2] = s[2] + dot(qr0, kt2);
             s[3] = s[3] + dot(qr0, kt3);
-            s[4] = s[4] + dot(qr0, kt4);
-            s[5] = s[5] + dot(qr0, kt5);
-            s[6] = s[6] + dot(qr0, kt6);
-            s[7] = s[7] + dot(qr0, kt7);
             let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
-            s[8] = s[8] + dot(qr1, kt0);
-            s[9] = s[9] + dot(qr1, kt1);
-            s[10] = s[10] + dot(qr1, kt2);
-            s[11] = s[11] + dot(qr1, kt3);
-            s[12] = s[12] + dot(qr1, kt4);
-            s[13] = s[13] + dot(qr1, kt5);
-            s[14] = s[14] + dot(qr1, kt6);
-            s[15] = s[15] + dot(qr1, kt7);
+            s[4] = s[4] + dot(qr1, kt0);
+            s[5] = s[5] + dot(qr1, kt1);
+            s[6] = s[6] + dot(qr1, kt2);
+            s[7] = s[7] + dot(qr1, kt3);
             let qr2 = q_vec(q0, a * TILE_Q + 2u, d4, head);
-            s[16] = s[16] + dot(qr2, kt0);
-            s[17] = s[17] + dot(qr2, kt1);
-            s[18] = s[18] + dot(qr2, kt2);
-            s[19] = s[19] + dot(qr2, kt3);
-            s[20] = s[20] + dot(qr2, kt4);
-            s[21] = s[21] + dot(qr2, kt5);
-            s[22] = s[22] + dot(qr2, kt6);
-            s[23] = s[23] + dot(qr2, kt7);
+            s[8] = s[8] + dot(qr2, kt0);
+            s[9] = s[9] + dot(qr2, kt1);
+            s[10] = s[10] + dot(qr2, kt2);
+            s[11] = s[11] + dot(qr2, kt3);
             let qr3 = q_vec(q0, a * TILE_Q + 3u, d4, head);
-            s[24] = s[24] + dot(qr3, kt0);
-            s[25] = s[25] + dot(qr3, kt1);
-            s[26] = s[26] + dot(qr3, kt2);
-            s[27] = s[27] + dot(qr3, kt3);
-            s[28] = s[28] + dot(qr3, kt4);
-            s[29] = s[29] + dot(qr3, kt5);
-            s[30] = s[30] + dot(qr3, kt6);
-            s[31] = s[31] + dot(qr3, kt7);
-            let qr4 = q_vec(q0, a * TILE_Q + 4u, d4, head);
-            s[32] = s[32] + dot(qr4, kt0);
-            s[33] = s[33] + dot(qr4, kt1);
-            s[34] = s[34] + dot(qr4, kt2);
-            s[35] = s[35] + dot(qr4, kt3);
-            s[36] = s[36] + dot(qr4, kt4);
-            s[37] = s[37] + dot(qr4, kt5);
-            s[38] = s[38] + dot(qr4, kt6);
-            s[39] = s[39] + dot(qr4, kt7);
-            let qr5 = q_vec(q0, a * TILE_Q + 5u, d4, head);
-            s[40] = s[40] + dot(qr5, kt0);
-            s[41] = s[41] + dot(qr5, kt1);
-            s[42] = s[42] + dot(qr5, kt2);
-            s[43] = s[43] + dot(qr5, kt3);
-            s[44] = s[44] + dot(qr5, kt4);
-            s[45] = s[45] + dot(qr5, kt5);
-            s[46] = s[46] + dot(qr5, kt6);
-            s[47] = s[47] + dot(qr5, kt7);
-            let qr6 = q_vec(q0, a * TILE_Q + 6u, d4, head);
-            s[48] = s[48] + dot(qr6, kt0);
-            s[49] = s[49] + dot(qr6, kt1);
-            s[50] = s[50] + dot(qr6, kt2);
-            s[51] = s[51] + dot(qr6, kt3);
-            s[52] = s[52] + dot(qr6, kt4);
-            s[53] = s[53] + dot(qr6, kt5);
-            s[54] = s[54] + dot(qr6, kt6);
-            s[55] = s[55] + dot(qr6, kt7);
-            let qr7 = q_vec(q0, a * TILE_Q + 7u, d4, head);
-            s[56] = s[56] + dot(qr7, kt0);
-            s[57] = s[57] + dot(qr7, kt1);
-            s[58] = s[58] + dot(qr7, kt2);
-            s[59] = s[59] + dot(qr7, kt3);
-            s[60] = s[60] + dot(qr7, kt4);
-            s[61] = s[61] + dot(qr7, kt5);
-            s[62] = s[62] + dot(qr7, kt6);
-            s[63] = s[63] + dot(qr7, kt7);
+            s[12] = s[12] + dot(qr3, kt0);
+            s[13] = s[13] + dot(qr3, kt1);
+            s[14] = s[14] + dot(qr3, kt2);
+            s[15] = s[15] + dot(qr3, kt3);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
@@ -471,136 +347,32 @@ fn main(
         s[13] = final_score(s[13]);
         s[14] = final_score(s[14]);
         s[15] = final_score(s[15]);
-        s[16] = final_score(s[16]);
-        s[17] = final_score(s[17]);
-        s[18] = final_score(s[18]);
-        s[19] = final_score(s[19]);
-        s[20] = final_score(s[20]);
-        s[21] = final_score(s[21]);
-        s[22] = final_score(s[22]);
-        s[23] = final_score(s[23]);
-        s[24] = final_score(s[24]);
-        s[25] = final_score(s[25]);
-        s[26] = final_score(s[26]);
-        s[27] = final_score(s[27]);
-        s[28] = final_score(s[28]);
-        s[29] = final_score(s[29]);
-        s[30] = final_score(s[30]);
-        s[31] = final_score(s[31]);
-        s[32] = final_score(s[32]);
-        s[33] = final_score(s[33]);
-        s[34] = final_score(s[34]);
-        s[35] = final_score(s[35]);
-        s[36] = final_score(s[36]);
-        s[37] = final_score(s[37]);
-        s[38] = final_score(s[38]);
-        s[39] = final_score(s[39]);
-        s[40] = final_score(s[40]);
-        s[41] = final_score(s[41]);
-        s[42] = final_score(s[42]);
-        s[43] = final_score(s[43]);
-        s[44] = final_score(s[44]);
-        s[45] = final_score(s[45]);
-        s[46] = final_score(s[46]);
-        s[47] = final_score(s[47]);
-        s[48] = final_score(s[48]);
-        s[49] = final_score(s[49]);
-        s[50] = final_score(s[50]);
-        s[51] = final_score(s[51]);
-        s[52] = final_score(s[52]);
-        s[53] = final_score(s[53]);
-        s[54] = final_score(s[54]);
-        s[55] = final_score(s[55]);
-        s[56] = final_score(s[56]);
-        s[57] = final_score(s[57]);
-        s[58] = final_score(s[58]);
-        s[59] = final_score(s[59]);
-        s[60] = final_score(s[60]);
-        s[61] = final_score(s[61]);
-        s[62] = final_score(s[62]);
-        s[63] = final_score(s[63]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
             s[2] = select(MASKED, s[2], (k0 + c + 2u * COLS >= span0.x) & (k0 + c + 2u * COLS < span0.y));
             s[3] = select(MASKED, s[3], (k0 + c + 3u * COLS >= span0.x) & (k0 + c + 3u * COLS < span0.y));
-            s[4] = select(MASKED, s[4], (k0 + c + 4u * COLS >= span0.x) & (k0 + c + 4u * COLS < span0.y));
-            s[5] = select(MASKED, s[5], (k0 + c + 5u * COLS >= span0.x) & (k0 + c + 5u * COLS < span0.y));
-            s[6] = select(MASKED, s[6], (k0 + c + 6u * COLS >= span0.x) & (k0 + c + 6u * COLS < span0.y));
-            s[7] = select(MASKED, s[7], (k0 + c + 7u * COLS >= span0.x) & (k0 + c + 7u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[8] = select(MASKED, s[8], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
-            s[9] = select(MASKED, s[9], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
-            s[10] = select(MASKED, s[10], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
-            s[11] = select(MASKED, s[11], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
-            s[12] = select(MASKED, s[12], (k0 + c + 4u * COLS >= span1.x) & (k0 + c + 4u * COLS < span1.y));
-            s[13] = select(MASKED, s[13], (k0 + c + 5u * COLS >= span1.x) & (k0 + c + 5u * COLS < span1.y));
-            s[14] = select(MASKED, s[14], (k0 + c + 6u * COLS >= span1.x) & (k0 + c + 6u * COLS < span1.y));
-            s[15] = select(MASKED, s[15], (k0 + c + 7u * COLS >= span1.x) & (k0 + c + 7u * COLS < span1.y));
+            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
+            s[6] = select(MASKED, s[6], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
+            s[7] = select(MASKED, s[7], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
             let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-            s[16] = select(MASKED, s[16], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
-            s[17] = select(MASKED, s[17], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
-            s[18] = select(MASKED, s[18], (k0 + c + 2u * COLS >= span2.x) & (k0 + c + 2u * COLS < span2.y));
-            s[19] = select(MASKED, s[19], (k0 + c + 3u * COLS >= span2.x) & (k0 + c + 3u * COLS < span2.y));
-            s[20] = select(MASKED, s[20], (k0 + c + 4u * COLS >= span2.x) & (k0 + c + 4u * COLS < span2.y));
-            s[21] = select(MASKED, s[21], (k0 + c + 5u * COLS >= span2.x) & (k0 + c + 5u * COLS < span2.y));
-            s[22] = select(MASKED, s[22], (k0 + c + 6u * COLS >= span2.x) & (k0 + c + 6u * COLS < span2.y));
-            s[23] = select(MASKED, s[23], (k0 + c + 7u * COLS >= span2.x) & (k0 + c + 7u * COLS < span2.y));
+            s[8] = select(MASKED, s[8], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
+            s[9] = select(MASKED, s[9], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
+            s[10] = select(MASKED, s[10], (k0 + c + 2u * COLS >= span2.x) & (k0 + c + 2u * COLS < span2.y));
+            s[11] = select(MASKED, s[11], (k0 + c + 3u * COLS >= span2.x) & (k0 + c + 3u * COLS < span2.y));
             let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-            s[24] = select(MASKED, s[24], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
-            s[25] = select(MASKED, s[25], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
-            s[26] = select(MASKED, s[26], (k0 + c + 2u * COLS >= span3.x) & (k0 + c + 2u * COLS < span3.y));
-            s[27] = select(MASKED, s[27], (k0 + c + 3u * COLS >= span3.x) & (k0 + c + 3u * COLS < span3.y));
-            s[28] = select(MASKED, s[28], (k0 + c + 4u * COLS >= span3.x) & (k0 + c + 4u * COLS < span3.y));
-            s[29] = select(MASKED, s[29], (k0 + c + 5u * COLS >= span3.x) & (k0 + c + 5u * COLS < span3.y));
-            s[30] = select(MASKED, s[30], (k0 + c + 6u * COLS >= span3.x) & (k0 + c + 6u * COLS < span3.y));
-            s[31] = select(MASKED, s[31], (k0 + c + 7u * COLS >= span3.x) & (k0 + c + 7u * COLS < span3.y));
-            let span4 = visible_keys(q0 + a * TILE_Q + 4u, 1u, kv_len);
-            s[32] = select(MASKED, s[32], (k0 + c + 0u * COLS >= span4.x) & (k0 + c + 0u * COLS < span4.y));
-            s[33] = select(MASKED, s[33], (k0 + c + 1u * COLS >= span4.x) & (k0 + c + 1u * COLS < span4.y));
-            s[34] = select(MASKED, s[34], (k0 + c + 2u * COLS >= span4.x) & (k0 + c + 2u * COLS < span4.y));
-            s[35] = select(MASKED, s[35], (k0 + c + 3u * COLS >= span4.x) & (k0 + c + 3u * COLS < span4.y));
-            s[36] = select(MASKED, s[36], (k0 + c + 4u * COLS >= span4.x) & (k0 + c + 4u * COLS < span4.y));
-            s[37] = select(MASKED, s[37], (k0 + c + 5u * COLS >= span4.x) & (k0 + c + 5u * COLS < span4.y));
-            s[38] = select(MASKED, s[38], (k0 + c + 6u * COLS >= span4.x) & (k0 + c + 6u * COLS < span4.y));
-            s[39] = select(MASKED, s[39], (k0 + c + 7u * COLS >= span4.x) & (k0 + c + 7u * COLS < span4.y));
-            let span5 = visible_keys(q0 + a * TILE_Q + 5u, 1u, kv_len);
-            s[40] = select(MASKED, s[40], (k0 + c + 0u * COLS >= span5.x) & (k0 + c + 0u * COLS < span5.y));
-            s[41] = select(MASKED, s[41], (k0 + c + 1u * COLS >= span5.x) & (k0 + c + 1u * COLS < span5.y));
-            s[42] = select(MASKED, s[42], (k0 + c + 2u * COLS >= span5.x) & (k0 + c + 2u * COLS < span5.y));
-            s[43] = select(MASKED, s[43], (k0 + c + 3u * COLS >= span5.x) & (k0 + c + 3u * COLS < span5.y));
-            s[44] = select(MASKED, s[44], (k0 + c + 4u * COLS >= span5.x) & (k0 + c + 4u * COLS < span5.y));
-            s[45] = select(MASKED, s[45], (k0 + c + 5u * COLS >= span5.x) & (k0 + c + 5u * COLS < span5.y));
-            s[46] = select(MASKED, s[46], (k0 + c + 6u * COLS >= span5.x) & (k0 + c + 6u * COLS < span5.y));
-            s[47] = select(MASKED, s[47], (k0 + c + 7u * COLS >= span5.x) & (k0 + c + 7u * COLS < span5.y));
-            let span6 = visible_keys(q0 + a * TILE_Q + 6u, 1u, kv_len);
-            s[48] = select(MASKED, s[48], (k0 + c + 0u * COLS >= span6.x) & (k0 + c + 0u * COLS < span6.y));
-            s[49] = select(MASKED, s[49], (k0 + c + 1u * COLS >= span6.x) & (k0 + c + 1u * COLS < span6.y));
-            s[50] = select(MASKED, s[50], (k0 + c + 2u * COLS >= span6.x) & (k0 + c + 2u * COLS < span6.y));
-            s[51] = select(MASKED, s[51], (k0 + c + 3u * COLS >= span6.x) & (k0 + c + 3u * COLS < span6.y));
-            s[52] = select(MASKED, s[52], (k0 + c + 4u * COLS >= span6.x) & (k0 + c + 4u * COLS < span6.y));
-            s[53] = select(MASKED, s[53], (k0 + c + 5u * COLS >= span6.x) & (k0 + c + 5u * COLS < span6.y));
-            s[54] = select(MASKED, s[54], (k0 + c + 6u * COLS >= span6.x) & (k0 + c + 6u * COLS < span6.y));
-            s[55] = select(MASKED, s[55], (k0 + c + 7u * COLS >= span6.x) & (k0 + c + 7u * COLS < span6.y));
-            let span7 = visible_keys(q0 + a * TILE_Q + 7u, 1u, kv_len);
-            s[56] = select(MASKED, s[56], (k0 + c + 0u * COLS >= span7.x) & (k0 + c + 0u * COLS < span7.y));
-            s[57] = select(MASKED, s[57], (k0 + c + 1u * COLS >= span7.x) & (k0 + c + 1u * COLS < span7.y));
-            s[58] = select(MASKED, s[58], (k0 + c + 2u * COLS >= span7.x) & (k0 + c + 2u * COLS < span7.y));
-            s[59] = select(MASKED, s[59], (k0 + c + 3u * COLS >= span7.x) & (k0 + c + 3u * COLS < span7.y));
-            s[60] = select(MASKED, s[60], (k0 + c + 4u * COLS >= span7.x) & (k0 + c + 4u * COLS < span7.y));
-            s[61] = select(MASKED, s[61], (k0 + c + 5u * COLS >= span7.x) & (k0 + c + 5u * COLS < span7.y));
-            s[62] = select(MASKED, s[62], (k0 + c + 6u * COLS >= span7.x) & (k0 + c + 6u * COLS < span7.y));
-            s[63] = select(MASKED, s[63], (k0 + c + 7u * COLS >= span7.x) & (k0 + c + 7u * COLS < span7.y));
+            s[12] = select(MASKED, s[12], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
+            s[13] = select(MASKED, s[13], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
+            s[14] = select(MASKED, s[14], (k0 + c + 2u * COLS >= span3.x) & (k0 + c + 2u * COLS < span3.y));
+            s[15] = select(MASKED, s[15], (k0 + c + 3u * COLS >= span3.x) & (k0 + c + 3u * COLS < span3.y));
         }
-        row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(max(max(max(max(s[0], s[1]), s[2]), s[3]), s[4]), s[5]), s[6]), s[7]);
-        row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(max(max(max(max(s[8], s[9]), s[10]), s[11]), s[12]), s[13]), s[14]), s[15]);
-        row_part[(a * TILE_Q + 2u) * COLS + c] = max(max(max(max(max(max(max(s[16], s[17]), s[18]), s[19]), s[20]), s[21]), s[22]), s[23]);
-        row_part[(a * TILE_Q + 3u) * COLS + c] = max(max(max(max(max(max(max(s[24], s[25]), s[26]), s[27]), s[28]), s[29]), s[30]), s[31]);
-        row_part[(a * TILE_Q + 4u) * COLS + c] = max(max(max(max(max(max(max(s[32], s[33]), s[34]), s[35]), s[36]), s[37]), s[38]), s[39]);
-        row_part[(a * TILE_Q + 5u) * COLS + c] = max(max(max(max(max(max(max(s[40], s[41]), s[42]), s[43]), s[44]), s[45]), s[46]), s[47]);
-        row_part[(a * TILE_Q + 6u) * COLS + c] = max(max(max(max(max(max(max(s[48], s[49]), s[50]), s[51]), s[52]), s[53]), s[54]), s[55]);
-        row_part[(a * TILE_Q + 7u) * COLS + c] = max(max(max(max(max(max(max(s[56], s[57]), s[58]), s[59]), s[60]), s[61]), s[62]), s[63]);
+        row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
+        row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);
+        row_part[(a * TILE_Q + 2u) * COLS + c] = max(max(max(s[8], s[9]), s[10]), s[11]);
+        row_part[(a * TILE_Q + 3u) * COLS + c] = max(max(max(s[12], s[13]), s[14]), s[15]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
@@ -619,23 +391,30 @@ fn main(
             tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
             let p3 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[0] = l[0] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
+            l[0] = l[0] * correction + p0 + p1 + p2 + p3;
             acc[0] = acc[0] * correction;
-            acc[1] = acc[1] * correction;
         }
         {
             let r = a * TILE_Q + 1u;
             let m_new = max(m[1], row_max(r));
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
+            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
+            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            let p2 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
+            let p3 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
+            l[1] = l[1] * correction + p0 + p1 + p2 + p3;
+            acc[1] = acc[1] * correction;
+        }
+        {
+            let r = a * TILE_Q + 2u;
+            let m_new = max(m[2], row_max(r));
+            let correction = exp(m[2] - m_new);
+            m[2] = m_new;
             let p0 = select(0.0, exp(s[8] - m_new), s[8] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
             let p1 = select(0.0, exp(s[9] - m_new), s[9] > MASKED);
@@ -644,167 +423,24 @@ fn main(
             tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
             let p3 = select(0.0, exp(s[11] - m_new), s[11] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[12] - m_new), s[12] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[13] - m_new), s[13] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[14] - m_new), s[14] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[15] - m_new), s[15] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[1] = l[1] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
+            l[2] = l[2] * correction + p0 + p1 + p2 + p3;
             acc[2] = acc[2] * correction;
-            acc[3] = acc[3] * correction;
-        }
-        {
-            let r = a * TILE_Q + 2u;
-            let m_new = max(m[2], row_max(r));
-            let correction = exp(m[2] - m_new);
-            m[2] = m_new;
-            let p0 = select(0.0, exp(s[16] - m_new), s[16] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[17] - m_new), s[17] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[18] - m_new), s[18] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[19] - m_new), s[19] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[20] - m_new), s[20] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[21] - m_new), s[21] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[22] - m_new), s[22] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[23] - m_new), s[23] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[2] = l[2] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
-            acc[4] = acc[4] * correction;
-            acc[5] = acc[5] * correction;
         }
         {
             let r = a * TILE_Q + 3u;
             let m_new = max(m[3], row_max(r));
             let correction = exp(m[3] - m_new);
             m[3] = m_new;
-            let p0 = select(0.0, exp(s[24] - m_new), s[24] > MASKED);
+            let p0 = select(0.0, exp(s[12] - m_new), s[12] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[25] - m_new), s[25] > MASKED);
+            let p1 = select(0.0, exp(s[13] - m_new), s[13] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[26] - m_new), s[26] > MASKED);
+            let p2 = select(0.0, exp(s[14] - m_new), s[14] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[27] - m_new), s[27] > MASKED);
+            let p3 = select(0.0, exp(s[15] - m_new), s[15] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[28] - m_new), s[28] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[29] - m_new), s[29] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[30] - m_new), s[30] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[31] - m_new), s[31] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[3] = l[3] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
-            acc[6] = acc[6] * correction;
-            acc[7] = acc[7] * correction;
-        }
-        {
-            let r = a * TILE_Q + 4u;
-            let m_new = max(m[4], row_max(r));
-            let correction = exp(m[4] - m_new);
-            m[4] = m_new;
-            let p0 = select(0.0, exp(s[32] - m_new), s[32] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[33] - m_new), s[33] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[34] - m_new), s[34] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[35] - m_new), s[35] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[36] - m_new), s[36] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[37] - m_new), s[37] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[38] - m_new), s[38] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[39] - m_new), s[39] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[4] = l[4] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
-            acc[8] = acc[8] * correction;
-            acc[9] = acc[9] * correction;
-        }
-        {
-            let r = a * TILE_Q + 5u;
-            let m_new = max(m[5], row_max(r));
-            let correction = exp(m[5] - m_new);
-            m[5] = m_new;
-            let p0 = select(0.0, exp(s[40] - m_new), s[40] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[41] - m_new), s[41] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[42] - m_new), s[42] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[43] - m_new), s[43] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[44] - m_new), s[44] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[45] - m_new), s[45] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[46] - m_new), s[46] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[47] - m_new), s[47] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[5] = l[5] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
-            acc[10] = acc[10] * correction;
-            acc[11] = acc[11] * correction;
-        }
-        {
-            let r = a * TILE_Q + 6u;
-            let m_new = max(m[6], row_max(r));
-            let correction = exp(m[6] - m_new);
-            m[6] = m_new;
-            let p0 = select(0.0, exp(s[48] - m_new), s[48] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[49] - m_new), s[49] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[50] - m_new), s[50] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[51] - m_new), s[51] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[52] - m_new), s[52] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[53] - m_new), s[53] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[54] - m_new), s[54] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[55] - m_new), s[55] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[6] = l[6] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
-            acc[12] = acc[12] * correction;
-            acc[13] = acc[13] * correction;
-        }
-        {
-            let r = a * TILE_Q + 7u;
-            let m_new = max(m[7], row_max(r));
-            let correction = exp(m[7] - m_new);
-            m[7] = m_new;
-            let p0 = select(0.0, exp(s[56] - m_new), s[56] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[57] - m_new), s[57] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[58] - m_new), s[58] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[59] - m_new), s[59] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[60] - m_new), s[60] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[61] - m_new), s[61] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[62] - m_new), s[62] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[63] - m_new), s[63] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[7] = l[7] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
-            acc[14] = acc[14] * correction;
-            acc[15] = acc[15] * correction;
+            l[3] = l[3] * correction + p0 + p1 + p2 + p3;
+            acc[3] = acc[3] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
@@ -814,82 +450,26 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
             let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
-            let p4 = vec4<f32>(tile_p[(a * TILE_Q + 4u) * (BLOCK_K / 4u) + k4]);
-            let p5 = vec4<f32>(tile_p[(a * TILE_Q + 5u) * (BLOCK_K / 4u) + k4]);
-            let p6 = vec4<f32>(tile_p[(a * TILE_Q + 6u) * (BLOCK_K / 4u) + k4]);
-            let p7 = vec4<f32>(tile_p[(a * TILE_Q + 7u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
-            acc[2] = acc[2] + p1.x * v00;
-            acc[4] = acc[4] + p2.x * v00;
-            acc[6] = acc[6] + p3.x * v00;
-            acc[8] = acc[8] + p4.x * v00;
-            acc[10] = acc[10] + p5.x * v00;
-            acc[12] = acc[12] + p6.x * v00;
-            acc[14] = acc[14] + p7.x * v00;
-            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.x * v01;
-            acc[3] = acc[3] + p1.x * v01;
-            acc[5] = acc[5] + p2.x * v01;
-            acc[7] = acc[7] + p3.x * v01;
-            acc[9] = acc[9] + p4.x * v01;
-            acc[11] = acc[11] + p5.x * v01;
-            acc[13] = acc[13] + p6.x * v01;
-            acc[15] = acc[15] + p7.x * v01;
+            acc[1] = acc[1] + p1.x * v00;
+            acc[2] = acc[2] + p2.x * v00;
+            acc[3] = acc[3] + p3.x * v00;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
-            acc[2] = acc[2] + p1.y * v10;
-            acc[4] = acc[4] + p2.y * v10;
-            acc[6] = acc[6] + p3.y * v10;
-            acc[8] = acc[8] + p4.y * v10;
-            acc[10] = acc[10] + p5.y * v10;
-            acc[12] = acc[12] + p6.y * v10;
-            acc[14] = acc[14] + p7.y * v10;
-            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.y * v11;
-            acc[3] = acc[3] + p1.y * v11;
-            acc[5] = acc[5] + p2.y * v11;
-            acc[7] = acc[7] + p3.y * v11;
-            acc[9] = acc[9] + p4.y * v11;
-            acc[11] = acc[11] + p5.y * v11;
-            acc[13] = acc[13] + p6.y * v11;
-            acc[15] = acc[15] + p7.y * v11;
+            acc[1] = acc[1] + p1.y * v10;
+            acc[2] = acc[2] + p2.y * v10;
+            acc[3] = acc[3] + p3.y * v10;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
-            acc[2] = acc[2] + p1.z * v20;
-            acc[4] = acc[4] + p2.z * v20;
-            acc[6] = acc[6] + p3.z * v20;
-            acc[8] = acc[8] + p4.z * v20;
-            acc[10] = acc[10] + p5.z * v20;
-            acc[12] = acc[12] + p6.z * v20;
-            acc[14] = acc[14] + p7.z * v20;
-            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.z * v21;
-            acc[3] = acc[3] + p1.z * v21;
-            acc[5] = acc[5] + p2.z * v21;
-            acc[7] = acc[7] + p3.z * v21;
-            acc[9] = acc[9] + p4.z * v21;
-            acc[11] = acc[11] + p5.z * v21;
-            acc[13] = acc[13] + p6.z * v21;
-            acc[15] = acc[15] + p7.z * v21;
+            acc[1] = acc[1] + p1.z * v20;
+            acc[2] = acc[2] + p2.z * v20;
+            acc[3] = acc[3] + p3.z * v20;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
-            acc[2] = acc[2] + p1.w * v30;
-            acc[4] = acc[4] + p2.w * v30;
-            acc[6] = acc[6] + p3.w * v30;
-            acc[8] = acc[8] + p4.w * v30;
-            acc[10] = acc[10] + p5.w * v30;
-            acc[12] = acc[12] + p6.w * v30;
-            acc[14] = acc[14] + p7.w * v30;
-            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
-            acc[1] = acc[1] + p0.w * v31;
-            acc[3] = acc[3] + p1.w * v31;
-            acc[5] = acc[5] + p2.w * v31;
-            acc[7] = acc[7] + p3.w * v31;
-            acc[9] = acc[9] + p4.w * v31;
-            acc[11] = acc[11] + p5.w * v31;
-            acc[13] = acc[13] + p6.w * v31;
-            acc[15] = acc[15] + p7.w * v31;
+            acc[1] = acc[1] + p1.w * v30;
+            acc[2] = acc[2] + p2.w * v30;
+            acc[3] = acc[3] + p3.w * v30;
         }
     }
 
@@ -900,10 +480,6 @@ fn main(
     row_part[(a * TILE_Q + 1u) * COLS + c] = l[1];
     row_part[(a * TILE_Q + 2u) * COLS + c] = l[2];
     row_part[(a * TILE_Q + 3u) * COLS + c] = l[3];
-    row_part[(a * TILE_Q + 4u) * COLS + c] = l[4];
-    row_part[(a * TILE_Q + 5u) * COLS + c] = l[5];
-    row_part[(a * TILE_Q + 6u) * COLS + c] = l[6];
-    row_part[(a * TILE_Q + 7u) * COLS + c] = l[7];
     workgroupBarrier();
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
@@ -911,62 +487,26 @@ fn main(
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[0] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[1] * inv_l);
     }
     if (a * TILE_Q + 1u < q_count) {
         let r = a * TILE_Q + 1u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[2] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[3] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[1] * inv_l);
     }
     if (a * TILE_Q + 2u < q_count) {
         let r = a * TILE_Q + 2u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[2] * inv_l);
     }
     if (a * TILE_Q + 3u < q_count) {
         let r = a * TILE_Q + 3u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[6] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[7] * inv_l);
-    }
-    if (a * TILE_Q + 4u < q_count) {
-        let r = a * TILE_Q + 4u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
-    }
-    if (a * TILE_Q + 5u < q_count) {
-        let r = a * TILE_Q + 5u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[10] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[11] * inv_l);
-    }
-    if (a * TILE_Q + 6u < q_count) {
-        let r = a * TILE_Q + 6u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[12] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[13] * inv_l);
-    }
-    if (a * TILE_Q + 7u < q_count) {
-        let r = a * TILE_Q + 7u;
-        let total = row_sum(r);
-        let inv_l = select(0.0, 1.0 / total, total > 0.0);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[14] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[15] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[3] * inv_l);
     }
 }
