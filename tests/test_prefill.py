@@ -90,36 +90,33 @@ def test_seed_named_variants_are_byte_identical_to_the_seed_template() -> None:
 
 BAD = [
     (
-        'name = "attention_prefill_small_d64_f16"',
-        "block_q = 32, block_k = 32",
-        "block_q = 128, block_k = 64",
+        "attention_prefill_small_d64_f16",
+        'q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", storage_budget = 16384, block_q = 128',
         "workgroup storage; the tier allows 16384 B",
     ),
     (
-        'name = "attention_prefill_large_d64"',
-        "tile_q = 8, workgroup_size = 64",
-        'tile_q = 8, workgroup_size = 64, p_dtype = "f16"',
+        "attention_prefill_large_d64",
+        'p_dtype = "f16"',
         "p_dtype f16 is only for f16-output variants",
     ),
     (
-        'name = "attention_prefill_large_d64"',
-        "tile_q = 8, workgroup_size = 64",
-        "tile_q = 3, workgroup_size = 64",
+        "attention_prefill_large_d64",
+        "block_q = 64, tile_q = 3",
         "must be a positive multiple of tile_q",
     ),
 ]
 
 
-@pytest.mark.parametrize(("anchor", "old", "new", "message"), BAD)
+@pytest.mark.parametrize(("name", "params", "message"), BAD)
 def test_bad_tile_parameters_are_refused_at_the_template_line(
-    project_copy: Path, anchor: str, old: str, new: str, message: str
+    project_copy: Path, name: str, params: str, message: str
 ) -> None:
     config = project_copy / "variants.toml"
     text = config.read_text(encoding="utf-8")
-    start = text.index(anchor)
-    end = text.index("\n\n", start) if "\n\n" in text[start:] else len(text)
-    assert old in text[start:end]
-    config.write_text(text[:start] + text[start:end].replace(old, new) + text[end:])
+    start = text.index(f'name = "{name}"\n')
+    line_start = text.index("params = {", start)
+    line_end = text.index("\n", line_start)
+    config.write_text(text[:line_start] + f"params = {{ {params} }}" + text[line_end:])
     before = snapshot(project_copy / "generated")
     result = run_process(project_copy, "generate")
     assert result.returncode == 2
