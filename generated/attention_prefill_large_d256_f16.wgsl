@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ea01a41fc60d53552250a14d3bbc5e245cb13549e40a6feef3a4917ecc01b03a
+// source-hash: sha256:d5cd4573a5325daf07eacdb13c6568801503681ee7df464bb758878ee458208f
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -171,22 +171,28 @@ fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
     }
 }
 
-// Fill tile_kv with BLOCK_K rows of K or V from key k0 (zeros past the KV end and head_dim)
+// Element idx (row idx / ROW4, vec4 column idx % ROW4) of the K or V tile starting at key k0
+// (zeros past the tile, the KV end and head_dim)
+fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) -> vec4<f16> {
+    let r = idx / ROW4;
+    let d4 = idx - r * ROW4;
+    let key = k0 + r;
+    var value = vec4<f16>();
+    if (idx < BLOCK_K * ROW4 && key < kv_len && d4 < d4_count) {
+        let base = (get_kv_pos(key) * u.num_kv_heads + kv_head) * u.head_dim;
+        if (is_v) {
+            value = load_v4(base, d4);
+        } else {
+            value = load_k4(base, d4);
+        }
+    }
+    return value;
+}
+
+// Fill tile_kv with BLOCK_K rows of K or V from key k0
 fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
     for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
-        let r = idx / ROW4;
-        let d4 = idx - r * ROW4;
-        var value = vec4<f16>();
-        let key = k0 + r;
-        if (key < kv_len && d4 < d4_count) {
-            let base = (get_kv_pos(key) * u.num_kv_heads + kv_head) * u.head_dim;
-            if (is_v) {
-                value = load_v4(base, d4);
-            } else {
-                value = load_k4(base, d4);
-            }
-        }
-        tile_kv[idx] = value;
+        tile_kv[idx] = kv_element(is_v, idx, k0, kv_len, kv_head, d4_count);
     }
 }
 

@@ -194,3 +194,23 @@ def test_webgpu_default_tiers_compile_and_pass_on_tint() -> None:
     names = ("attention_prefill_small_d64_f16kv", "attention_streaming_f16kv")
     run = validate(project, names, backend_name="dawn", limits="webgpu-default", quick=True)
     assert [v.status for v in run.variants] == ["PASS", "PASS"], [v.reason for v in run.variants]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+def test_prefetch_path_passes_validation(project_copy: Path) -> None:
+    """`prefetch = true` (a tunable no committed variant uses yet) is a second code path for the
+    K/V loads, with a ragged last register (tile elements not a multiple of the workgroup)."""
+    with (project_copy / "variants.toml").open("a") as config:
+        config.write(
+            '\n[[variant]]\nname = "prefill_prefetch"\ntemplate = "attention_prefill"\n'
+            'output = "generated/prefill_prefetch.wgsl"\nrequires = ["shader-f16"]\n'
+            'params = { kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, '
+            "workgroup_size = 128, prefetch = true }\n"
+        )
+    project = load_project(project_copy)
+    write(plan(project))
+    text = (project_copy / "generated/prefill_prefetch.wgsl").read_text(encoding="utf-8")
+    assert "var pre: array<vec4<f16>, 5>;" in text  # 32 rows x 17 vec4 over 128 invocations
+    run = validate(project, ("prefill_prefetch",))
+    assert [v.status for v in run.variants] == ["PASS"], [v.reason for v in run.variants]
