@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f16c9c08e83418c066f25aa9ecd217ff22d42d595f876b56de74eb98af6d32d6
+// source-hash: sha256:9a1c88ffbc8be0b0423a71df640a30d0a812672024f9a43e61e425fc944e6272
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -19,8 +19,8 @@ const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against ba
 const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
 
-// Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
-// tile rows idle, it stays correct)
+// Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
+// rows idle and stays correct; a larger one makes the kernel return without writing)
 override BLOCK_Q: u32 = 64u;
 
 struct Uniforms {
@@ -234,7 +234,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:88c0b0efb3af4bb49f013a84e13af2f689dd9d31e14f47fb54fb819038514a75
+// source-hash: sha256:66e53e54d511779b52dcb94d41280b03e9f2c1dd9789e02c056af1b94b7601f2
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -21,8 +21,8 @@ const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against ba
 const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
 
-// Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
-// tile rows idle, it stays correct)
+// Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
+// rows idle and stays correct; a larger one makes the kernel return without writing)
 override BLOCK_Q: u32 = 128u;
 
 struct Uniforms {
@@ -236,7 +236,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c017784a9bb2324bbe5ad65f5012f4fca574af682654af771d6a60550a06bd67
+// source-hash: sha256:14ccb4f789af6a4b694e6f01a8ea25f76a113caae013b9dfadf083847983007e
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -19,8 +19,8 @@ const ROW4: u32 = 65u;            // vec4s per Q/K/V tile row (padded against ba
 const WORKGROUP_SIZE: u32 = 64u;
 const MASKED: f32 = -3.402823e+38;
 
-// Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
-// tile rows idle, it stays correct)
+// Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
+// rows idle and stays correct; a larger one makes the kernel return without writing)
 override BLOCK_Q: u32 = 16u;
 
 struct Uniforms {
@@ -237,7 +237,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a97c8b621a85615d185d0c5760912f587dde2f348dea390416a0434a7f94de44
+// source-hash: sha256:633f96daa680ee1eef0545fbe4c623e9a218647e54ea70d6673ff99d85091274
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -21,8 +21,8 @@ const ROW4: u32 = 65u;            // vec4s per Q/K/V tile row (padded against ba
 const WORKGROUP_SIZE: u32 = 128u;
 const MASKED: f32 = -3.402823e+38;
 
-// Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
-// tile rows idle, it stays correct)
+// Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
+// rows idle and stays correct; a larger one makes the kernel return without writing)
 override BLOCK_Q: u32 = 16u;
 
 struct Uniforms {
@@ -239,7 +239,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c35906a451f692ac6d2e02e64d128ab58c08894f4c41f8ec455723e781e1131d
+// source-hash: sha256:2aa8dbb7d2e168a044df11eb202f00149f70013ad40e7315e3e0b57b1c0418e4
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -21,8 +21,8 @@ const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against ba
 const WORKGROUP_SIZE: u32 = 128u;
 const MASKED: f32 = -3.402823e+38;
 
-// Queries per workgroup as the host dispatches them (at most MAX_BLOCK_Q; a smaller value leaves
-// tile rows idle, it stays correct)
+// Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
+// rows idle and stays correct; a larger one makes the kernel return without writing)
 override BLOCK_Q: u32 = 32u;
 
 struct Uniforms {
@@ -236,7 +236,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
