@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2aa8dbb7d2e168a044df11eb202f00149f70013ad40e7315e3e0b57b1c0418e4
+// source-hash: sha256:4425c10c167a02eb4bf507d4fb2ce47e7989188b6f6ca5a3194bea6abd153242
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -53,7 +53,7 @@ struct Uniforms {
 
 var<workgroup> tile_q: array<vec4<f16>, 544>;      // [MAX_BLOCK_Q][ROW4]
 var<workgroup> tile_kv: array<vec4<f16>, 544>;     // [BLOCK_K][ROW4], K then V
-var<workgroup> tile_p: array<vec4<f32>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
+var<workgroup> tile_p: array<vec4<f16>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
 var<workgroup> row_part: array<f32, 512>;          // [MAX_BLOCK_Q][COLS] partial max / sum
 
 // Get KV head index for grouped query attention
@@ -356,10 +356,12 @@ fn main(
             let m_new = max(m[0], row_max(r));
             let correction = exp(m[0] - m_new);
             m[0] = m_new;
-            let p0 = select(0.0, exp(s[0] - m_new), s[0] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            let p0_h = f16(select(0.0, exp(s[0] - m_new), s[0] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[1] - m_new), s[1] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
             l[0] = l[0] * correction + p0 + p1;
             acc[0] = acc[0] * correction;
         }
@@ -368,10 +370,12 @@ fn main(
             let m_new = max(m[1], row_max(r));
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
-            let p0 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            let p0_h = f16(select(0.0, exp(s[2] - m_new), s[2] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[3] - m_new), s[3] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
             l[1] = l[1] * correction + p0 + p1;
             acc[1] = acc[1] * correction;
         }
@@ -380,10 +384,12 @@ fn main(
             let m_new = max(m[2], row_max(r));
             let correction = exp(m[2] - m_new);
             m[2] = m_new;
-            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            let p0_h = f16(select(0.0, exp(s[4] - m_new), s[4] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[5] - m_new), s[5] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
             l[2] = l[2] * correction + p0 + p1;
             acc[2] = acc[2] * correction;
         }
@@ -392,10 +398,12 @@ fn main(
             let m_new = max(m[3], row_max(r));
             let correction = exp(m[3] - m_new);
             m[3] = m_new;
-            let p0 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
+            let p0_h = f16(select(0.0, exp(s[6] - m_new), s[6] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[7] - m_new), s[7] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
             l[3] = l[3] * correction + p0 + p1;
             acc[3] = acc[3] * correction;
         }
