@@ -15,10 +15,14 @@ from conftest import REPO_ROOT, assert_one_line_error, edit, run_process, snapsh
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import get_backend, select_adapter
+from doppler_gen.cases import CaseSpec
 from doppler_gen.config import load_project
 from doppler_gen.errors import DopplerGenError
+from doppler_gen.harness import KernelRunner
+from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
-from doppler_gen.validate import validate
+from doppler_gen.render import Renderer
+from doppler_gen.validate import open_device, validate
 from doppler_gen.wgsl import Module, parse_module
 
 PREFILL = "templates/attention_prefill.wgsl.j2"
@@ -214,3 +218,33 @@ def test_prefetch_path_passes_validation(project_copy: Path) -> None:
     assert "var pre: array<vec4<f16>, 5>;" in text  # 32 rows x 17 vec4 over 128 invocations
     run = validate(project, ("prefill_prefetch",))
     assert [v.status for v in run.variants] == ["PASS"], [v.reason for v in run.variants]
+
+
+ODD_CASES = [
+    CaseSpec("head_dim 6, GQA 2", num_heads=4, num_kv_heads=2, query_len=37, kv_len=50,
+             start_pos=13, head_dim=6, seed=1),
+    CaseSpec("head_dim 10, window 9", num_heads=2, num_kv_heads=1, query_len=70, kv_len=70,
+             sliding_window=9, head_dim=10, seed=2),
+    CaseSpec("head_dim 62, paged (3-row pages)", query_len=40, kv_len=90, start_pos=50,
+             kv_layout="paged", page_size=3, head_dim=62, seed=4),
+    CaseSpec("window past kv_start", query_len=20, kv_len=20, kv_start=100, start_pos=110,
+             sliding_window=5, head_dim=8, seed=6),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+def test_head_dims_that_are_not_multiples_of_4() -> None:
+    """The matrix's head_dims are all multiples of 4; the vec4 tiles must also handle the rest
+    (the tail reads as zeros, is never stored) on each template's code path."""
+    project = load_project(REPO_ROOT)
+    names = ["attention_prefill_small_d64_f16kv", "attention_streaming"]
+    kernels = [Renderer(project).render(project.variant(n), with_origins=True) for n in names]
+    device = open_device(get_backend("wgpu"), kernels, None, "adapter")
+    try:
+        for kernel in kernels:
+            runner = KernelRunner(device, kernel, variant_entry(kernel, parse_kernel(kernel)))
+            for spec in ODD_CASES:
+                assert runner.run_case(spec).passed, (kernel.variant.name, spec.name)
+    finally:
+        device.close()
