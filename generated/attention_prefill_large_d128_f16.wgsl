@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6274ff153d93b2024c5c62a6fa100119ebbb41ac60dd9eddf2cb300accc0cb53
+// source-hash: sha256:9d88cec2081801f24e5a0b81b310546c6a5acd89aa3d93b345486996058536c2
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c9a5b6c22cb6ae19b3548b148ea2ffc5780a0ac99d05d0922c6eea53f8e2bc53
+// source-hash: sha256:f5fab9d3655a1599e3c2fb4ef34ab2d5ac25b959fdc2ed06040dbc7cf43897be
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

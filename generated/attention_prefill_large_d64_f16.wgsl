@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:66e53e54d511779b52dcb94d41280b03e9f2c1dd9789e02c056af1b94b7601f2
+// source-hash: sha256:67647796093a8ca96ff69113addf1cee60de312fcdbe67ca3c972f9fc0a036a1
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:37a7b9fb884936ae7e87df48a17764da3805e8afc987152cef435cf669c34c73
+// source-hash: sha256:843cc867cacccf45263be3f97f85c181ee51ae675b55d5dfd40a14b0452a902d
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

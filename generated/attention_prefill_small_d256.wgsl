@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:14ccb4f789af6a4b694e6f01a8ea25f76a113caae013b9dfadf083847983007e
+// source-hash: sha256:40f6cf7a0c39d65539b2ab49862a8c7561566e50bceb7df8ed499cfb3d86c180
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

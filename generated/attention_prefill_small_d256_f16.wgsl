@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7be92f22aba6d2857caf9567122ddc1f7d24578d4e026b8dce7c0772e02e492e
+// source-hash: sha256:02d37de0e44ecbca43b33102ec89f56c4ce08a0b5063f9506de1b1084627a09a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d9580ce3514daf013518499280e85ac55a749e296464b9e1c33f21bf7d363492
+// source-hash: sha256:24b96ab5f34e0046df23b20f47707dda13937e5611e4f2668037836ca1a2376a
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -200,23 +200,34 @@ def test_webgpu_default_tiers_compile_and_pass_on_tint() -> None:
     assert [v.status for v in run.variants] == ["PASS", "PASS"], [v.reason for v in run.variants]
 
 
+ALTERNATE_PATHS = [
+    # prefetch: K/V loads through registers, a ragged last register (544 elements, 128 lanes)
+    ('kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, prefetch = true',
+     "var pre: array<vec4<f16>, 5>;"),
+    # f32 tiles of f16 data, converted once at the load (plain and prefetched loads)
+    ('q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", block_q = 32, block_k = 32, '
+     'tile_q = 4, tile_dtype = "f32"', "var<workgroup> tile_kv: array<vec4<f32>, 544>;"),
+    ('kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, tile_dtype = "f32", '
+     "prefetch = true", "= vec4<f32>(pre[4]);"),
+]  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
-def test_prefetch_path_passes_validation(project_copy: Path) -> None:
-    """`prefetch = true` (a tunable no committed variant uses yet) is a second code path for the
-    K/V loads, with a ragged last register (tile elements not a multiple of the workgroup)."""
+@pytest.mark.parametrize(("params", "marker"), ALTERNATE_PATHS)
+def test_tunable_code_paths_pass_validation(project_copy: Path, params: str, marker: str) -> None:
+    """`prefetch` and `tile_dtype = "f32"` are tunables no committed variant uses yet: second
+    code paths for the K/V loads, validated here so `tune` starts from correct kernels."""
     with (project_copy / "variants.toml").open("a") as config:
         config.write(
-            '\n[[variant]]\nname = "prefill_prefetch"\ntemplate = "attention_prefill"\n'
-            'output = "generated/prefill_prefetch.wgsl"\nrequires = ["shader-f16"]\n'
-            'params = { kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, '
-            "workgroup_size = 128, prefetch = true }\n"
+            '\n[[variant]]\nname = "prefill_alt"\ntemplate = "attention_prefill"\n'
+            'output = "generated/prefill_alt.wgsl"\nrequires = ["shader-f16"]\n'
+            f"params = {{ {params}, workgroup_size = 128 }}\n"
         )
     project = load_project(project_copy)
     write(plan(project))
-    text = (project_copy / "generated/prefill_prefetch.wgsl").read_text(encoding="utf-8")
-    assert "var pre: array<vec4<f16>, 5>;" in text  # 32 rows x 17 vec4 over 128 invocations
-    run = validate(project, ("prefill_prefetch",))
+    assert marker in (project_copy / "generated/prefill_alt.wgsl").read_text(encoding="utf-8")
+    run = validate(project, ("prefill_alt",))
     assert [v.status for v in run.variants] == ["PASS"], [v.reason for v in run.variants]
 
 
