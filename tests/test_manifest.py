@@ -84,12 +84,13 @@ def extract(text: str) -> dict[str, Any]:
     names = {**constants, **{name: value for name, (_, value) in overrides.items()}}
     storage = 0
     for _, wgsl_type in _WORKGROUP_VAR.findall(code):
-        array = re.fullmatch(r"array<\s*(\w+)\s*,\s*([^>]+)>", wgsl_type)
-        size = (
-            SCALAR_SIZES[array.group(1)] * product(array.group(2), names)
-            if array
-            else SCALAR_SIZES[wgsl_type]
-        )
+        array = re.fullmatch(r"array<\s*(?:vec([24])<\s*(\w+)\s*>|(\w+))\s*,\s*([^>]+)>", wgsl_type)
+        if array:
+            lanes, vector_scalar, scalar, count = array.groups()
+            element = SCALAR_SIZES[vector_scalar or scalar] * int(lanes or 1)
+            size = element * product(count, names)
+        else:
+            size = SCALAR_SIZES[wgsl_type]
         storage += -(-size // 16) * 16
     entry = _ENTRY.search(code)
     return {
@@ -257,7 +258,7 @@ def test_workgroup_storage(manifest: dict[str, Any], extracted: dict[str, dict[s
     for name, entry in manifest["variants"].items():
         assert entry["workgroup_storage_bytes"] == extracted[name]["workgroup_storage_bytes"], name
         params = entry["params"]
-        if entry["family"] == "tiled":
+        if entry["template"].endswith("/attention.wgsl.j2"):  # the seed tiled template
             block, tile = params["block_size"], params["head_tile"]
             # shared_K and shared_V: block x head_tile f32; shared_scores: block x block f32
             assert entry["workgroup_storage_bytes"] == 4 * (2 * block * tile + block * block), name
