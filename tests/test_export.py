@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_one_line_error, edit, line_of, run_cli, snapshot
+from conftest import REPO_ROOT, assert_one_line_error, edit, line_of, run_cli, snapshot
 from test_manifest import extract, js_uniform_writers, scalar_layout
 
+from doppler_gen.config import load_project
 from doppler_gen.errors import InterfaceError
 from doppler_gen.export import (
     content_digest,
@@ -38,7 +39,7 @@ JS_WRITERS = {
     "attention_tiered": "createTieredAttentionUniformBuffer",
     "attention_tiered_quant": "createTieredQuantAttentionUniformBuffer",
 }
-# the declared placement of today's variants (variants.toml), written out by hand
+# the declared placement of the seed host's variants (variants.toml), written out by hand
 EXPECTED_IDS = {
     "attention": {
         "prefill": "attention.wgsl",
@@ -106,8 +107,19 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
         op: {vid: v["wgsl"] for vid, v in schema["variants"].items()}
         for op, schema in registry["operations"].items()
     }
-    assert placed == EXPECTED_IDS
-    assert registry["notExported"] == ["rmsnorm", "rmsnorm_f16"]  # no doppler_id declared
+    for operation, ids in EXPECTED_IDS.items():
+        assert {vid: placed[operation].get(vid) for vid in ids} == ids, operation
+    # every id variants.toml declares is placed at its variant's file, and nothing else is
+    declared: dict[str, dict[str, str]] = {}
+    not_exported = []
+    for variant in load_project(REPO_ROOT).variants:
+        if variant.doppler is None:  # the rmsnorm variants: no Doppler registry slot yet
+            not_exported.append(variant.name)
+            continue
+        for vid in variant.doppler.ids:
+            declared.setdefault(variant.doppler.operation, {})[vid] = Path(variant.output).name
+    assert placed == declared
+    assert registry["notExported"] == not_exported == ["rmsnorm", "rmsnorm_f16"]
     tiers = {vid: v["variantMetadata"].get("tier") for _, vid, v, _, _ in resolved(registry)}
     assert tiers["prefill"] == tiers["prefill_f16kv"] == "tiled_large"
     assert tiers["prefill_small_f16kv"] == tiers["decode_small_f16kv"] == "tiled_small"
@@ -132,9 +144,11 @@ def test_metadata_comes_from_the_manifest(exported: dict[str, Any], entries: dic
         assert extra["maxHeadDim"] == meta["max_head_dim"]
         assert extra.get("maxKVLen") == meta["max_kv_len"]
         assert extra["requiredShared"] == entry["workgroup_storage_bytes"]
-        if entry["family"] == "tiled":  # dispatch ceil(query_len / BLOCK_SIZE) * num_heads
-            assert extra["queryBlockSize"] == entry["params"]["block_size"], vid
-        else:
+        block = re.match(r"ceil\(query_len / (\w+)\)", entry["metadata"]["dispatch"])
+        if block:  # e.g. ceil(query_len / BLOCK_SIZE) * num_heads: the override's default
+            defaults = {o["name"]: o["default"] for o in entry["overrides"]}
+            assert extra["queryBlockSize"] == defaults[block.group(1)], vid
+        else:  # one workgroup per query, or per head
             assert "queryBlockSize" not in extra
 
 
@@ -355,7 +369,9 @@ def test_check_against_an_identical_checkout(pristine_project: Path, tmp_path: P
     directory = checkout(pristine_project, tmp_path)
     result = run_cli(pristine_project, "export", "--check-against", str(directory))
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"{directory} matches the export (9 variants)\n"
+    registry = json.loads((directory / "registry.json").read_text(encoding="utf-8"))
+    count = sum(len(op["variants"]) for op in registry["operations"].values())
+    assert result.stdout == f"{directory} matches the export ({count} variants)\n"
 
 
 def test_check_against_lists_each_planted_difference_on_its_own_line(
@@ -410,7 +426,7 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
         attention["baseBindings"] = attention["baseBindings"][:5]  # kv_len, page_table dropped
         attention["variants"]["prefill"]["workgroup"] = [32, 1, 1]
         attention["variants"]["decode_f16kv"] = {"wgsl": "attention_f16kv.wgsl"}  # not declared
-        attention["variants"]["decode_streaming"] = {"wgsl": "attention_streaming.wgsl"}  # not ours
+        attention["variants"]["decode_streaming"] = {"wgsl": "upstream_streaming.wgsl"}  # not ours
         quant = registry["operations"]["attention_tiered_quant"]["variants"]
         quant["decode_tiered_int4_f16kv"]["variantMetadata"].pop("maxKVLen")
 
@@ -435,7 +451,9 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
         "entry point" in lines
     )
     assert not any("stale digest" in line for line in lines)  # sha256: prefix accepted
-    assert len(lines) == len(set(lines)) == 1 + 2 * 5 + 1 + 1 + 1
+    exported = json.loads((pristine_project / "generated/doppler/registry.json").read_text())
+    tiled = len(exported["operations"]["attention"]["variants"])  # each lost bindings 5 and 6
+    assert len(lines) == len(set(lines)) == 1 + 2 * tiled + 1 + 1 + 1
 
 
 @pytest.mark.parametrize(

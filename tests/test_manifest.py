@@ -86,12 +86,13 @@ def extract(text: str) -> dict[str, Any]:
     for var_name, wgsl_type in _WORKGROUP_VAR.findall(code):
         if len(re.findall(rf"\b{var_name}\b", code)) < 2:
             continue  # declared, never used: WebGPU counts only what the entry point uses
-        array = re.fullmatch(r"array<\s*(\w+)\s*,\s*([^>]+)>", wgsl_type)
-        size = (
-            SCALAR_SIZES[array.group(1)] * product(array.group(2), names)
-            if array
-            else SCALAR_SIZES[wgsl_type]
-        )
+        array = re.fullmatch(r"array<\s*(?:vec([24])<\s*(\w+)\s*>|(\w+))\s*,\s*([^>]+)>", wgsl_type)
+        if array:
+            lanes, vector_scalar, scalar, count = array.groups()
+            element = SCALAR_SIZES[vector_scalar or scalar] * int(lanes or 1)
+            size = element * product(count, names)
+        else:
+            size = SCALAR_SIZES[wgsl_type]
         storage += -(-size // 16) * 16
     entry = _ENTRY.search(code)
     return {
@@ -276,7 +277,7 @@ def test_workgroup_storage(manifest: dict[str, Any], extracted: dict[str, dict[s
     for name, entry in manifest["variants"].items():
         assert entry["workgroup_storage_bytes"] == extracted[name]["workgroup_storage_bytes"], name
         params = entry["params"]
-        if entry["family"] == "tiled":
+        if entry["template"].endswith("/attention.wgsl.j2"):  # the seed tiled template
             block, tile = params["block_size"], params["head_tile"]
             # shared_K and shared_V: block x head_tile f32; shared_scores: block x block f32
             assert entry["workgroup_storage_bytes"] == 4 * (2 * block * tile + block * block), name
