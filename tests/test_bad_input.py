@@ -489,6 +489,18 @@ def test_missing_variants_toml(tmp_path: Path) -> None:
     assert "variants.toml" in line and "not found" in line
 
 
+@pytest.mark.parametrize("command", [("check",), ("check", "--full"), ("generate",)])
+def test_a_fifo_as_variants_toml_is_one_line_not_a_hang(fresh_project: Path, command) -> None:
+    """Reading a FIFO blocks until a writer comes: a pre-commit hook would hang forever."""
+    config = fresh_project / "variants.toml"
+    config.unlink()
+    os.mkfifo(config)
+    result = run_process(fresh_project, *command)  # a real process: a hang is a timeout
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = assert_one_line_error(result.stderr)
+    assert "variants.toml: not a regular file" in line
+
+
 def test_unreadable_generated_wgsl_is_one_line(fresh_project: Path) -> None:
     """A template that renders WGSL the interface reader cannot evaluate: exit 2, no traceback."""
     before = snapshot(fresh_project / "generated")
