@@ -630,8 +630,33 @@ def _runaway(root: Path, text: str) -> str:
         ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}// {{ f(0) }}", "recursion too deep"),
         ('// {{ "x" * 200000000 }}', "exceeds the output limit of 4194304 bytes"),
         ("// {{ 7 ** 99999 }}", "7 ** 99999 has more than 4096 bits"),
+        # a width builds the whole string before the output cap sees it (300 MB, 1.2 GB RSS)
+        ('// {{ "a"|center(300000000) }}', "a width or size of 300000000 exceeds the output"),
+        ('// {{ "a"|indent(300000000, true) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "a".rjust(300000000) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "%300000000d" % 1 }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "%*d" % (300000000, 1) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "%.300000000f"|format(1) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "{:0>300000000}".format(1) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "{:>{}}".format(1, 300000000) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "{:>{w}}".format_map({"w": 300000000}) }}', "a width or size of 300000000"),
     ],
-    ids=["huge-range", "time-limit", "recursion", "huge-repeat", "huge-power"],
+    ids=[
+        "huge-range",
+        "time-limit",
+        "recursion",
+        "huge-repeat",
+        "huge-power",
+        "center",
+        "indent",
+        "rjust",
+        "percent",
+        "percent-star",
+        "format-filter",
+        "str-format",
+        "str-format-nested",
+        "format-map",
+    ],
 )
 def test_runaway_template(fresh_project: Path, monkeypatch, text: str, expected: str) -> None:
     from doppler_gen import render
@@ -649,6 +674,19 @@ def test_runaway_template(fresh_project: Path, monkeypatch, text: str, expected:
         assert location_of(line) == where, line
         assert len(line) < 400
     assert snapshot(fresh_project / "generated") == before
+
+
+def test_large_values_are_not_widths(fresh_project: Path) -> None:
+    """Only sizes are bounded: a u32 maximum formats as before, in every way of formatting."""
+    text = (
+        '// {{ "%du"|format(4294967295) }} {{ "{}u".format(4294967295) }} {{ "%du" % 4294967295 }}'
+        ' {{ "{:08.3f}".format(1.5) }} {{ 4294967295 % 7 }}'
+    )
+    _runaway(fresh_project, text)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output + result.stderr
+    kernel = (fresh_project / "generated" / "attention.wgsl").read_text(encoding="utf-8")
+    assert "// 4294967295u 4294967295u 4294967295u 0001.500 3\n" in kernel
 
 
 def test_runaway_output_names_the_template(fresh_project: Path, monkeypatch) -> None:

@@ -21,6 +21,7 @@ let `generate` write old text.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -29,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -123,6 +124,8 @@ class Renderer:
         env = _Sandbox(loader=loader, undefined=jinja2.StrictUndefined, **_ENV_OPTIONS)
         env.globals["fail"] = _template_fail
         env.globals["QUANT_BITS"] = dict(QUANT_BITS)
+        for name in _WIDTH_FILTERS:  # a width argument allocates before any output cap sees it
+            env.filters[name] = _bounded_filter(env.filters[name])
         env.filters["u32"] = _wgsl_u32
         env.filters["wgsl_float"] = _wgsl_float
         return env
@@ -399,14 +402,81 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     ``QUANT_BITS``), so no variant's output can depend on what an earlier variant did.
     """
 
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "%"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**":
             _check_power(left, right)
+        elif operator == "%":
+            if isinstance(left, str):  # "%999999999d" % 1 builds a 1 GB string
+                _check_format(left, _PRINTF_WIDTHS, right if isinstance(right, tuple) else (right,))
         else:
             _check_repeat(left, right)
         return super().call_binop(context, operator, left, right)
+
+    def call(self, context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """Bounds the sizes given to str methods: ``"a".center(10**9)``."""
+        if isinstance(getattr(obj, "__self__", None), str):
+            # center, ljust, rjust, zfill, expandtabs: the integer is the size
+            _check_sizes((*args, *kwargs.values()))
+        return super().call(context, obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """str.format / format_map, which the sandbox wraps: ``"{:>999999999}".format(1)``."""
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        text = value.__self__
+
+        def bounded(*args: Any, **kwargs: Any) -> str:
+            mapping = args[0].values() if args and isinstance(args[0], Mapping) else ()
+            _check_format(text, _FORMAT_WIDTHS, (*args, *kwargs.values(), *mapping))
+            return wrapped(*args, **kwargs)
+
+        return bounded
+
+
+# filters whose integer arguments size the string they build (`format` is printf-style)
+_WIDTH_FILTERS = ("center", "indent", "format")
+# width and precision of a printf-style (`%`) and of a str.format conversion; `*` or a nested
+# `{}` takes the width from the arguments
+_PRINTF_WIDTHS = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\d+|\*)?(?:\.(\d+|\*))?")
+_FORMAT_WIDTHS = re.compile(r"\{[^{}:]*:(?:[^{}]?[<>=^])?[-+ ]?z?#?0?(\d+|\{)?[,_]?(?:\.(\d+|\{))?")
+
+
+def _check_sizes(values: Iterable[Any]) -> None:
+    """Refuse a size larger than the output limit: it would build a string that large before
+    the output cap could stop it."""
+    for value in values:
+        if _is_int(value) and abs(value) > OUTPUT_LIMIT_BYTES:
+            raise _TemplateFailure(
+                f"a width or size of {value} exceeds the output limit of {OUTPUT_LIMIT_BYTES} bytes"
+            )
+
+
+def _check_format(text: str, widths: re.Pattern[str], arguments: Iterable[Any]) -> None:
+    """The literal widths of a format string, and its arguments where a width comes from them
+    (a plain integer argument, e.g. 4294967295 for `{}u`, is a value, not a size)."""
+    found = [n for group in widths.findall(text) for n in group if n]
+    _check_sizes(int(n) for n in found if n.isdigit())
+    if any(not n.isdigit() for n in found):
+        _check_sizes(arguments)
+
+
+def _bounded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter with its size arguments (or, for `format`, its format string) bounded."""
+
+    @functools.wraps(function)
+    def bounded(value: Any, *args: Any, **kwargs: Any) -> Any:
+        arguments = (*args, *kwargs.values())
+        if function.__name__ == "do_format":
+            if isinstance(value, str):
+                _check_format(value, _PRINTF_WIDTHS, arguments)
+        else:
+            _check_sizes(arguments)
+        return function(value, *args, **kwargs)
+
+    return bounded
 
 
 def _is_int(value: Any) -> bool:
