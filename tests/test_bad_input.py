@@ -640,6 +640,27 @@ def _runaway(root: Path, text: str) -> str:
         ('// {{ "{:0>300000000}".format(1) }}', "a width or size of 300000000 exceeds"),
         ('// {{ "{:>{}}".format(1, 300000000) }}', "a width or size of 300000000 exceeds"),
         ('// {{ "{:>{w}}".format_map({"w": 300000000}) }}', "a width or size of 300000000"),
+        # doubling in a loop: 2**27 bytes at 27 steps, 2**33 (8 GB) at 33
+        (
+            '{% set ns = namespace(s="x") %}{% for i in range(27) %}'
+            "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+            "concatenating 8388608 items exceeds the output limit",
+        ),
+        (
+            '{% set ns = namespace(s="x") %}{% for i in range(27) %}'
+            "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+            "concatenating 8388608 items exceeds the output limit",
+        ),
+        (
+            "{% set ns = namespace(s=[1]) %}{% for i in range(27) %}"
+            "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+            "concatenating 8388608 items exceeds the output limit",
+        ),
+        (
+            "{% macro d(s, n) %}{{ d(s ~ s, n - 1) if n else s|length }}{% endmacro %}"
+            '// {{ d("x", 27) }}',
+            "concatenating 8388608 items exceeds the output limit",
+        ),
     ],
     ids=[
         "huge-range",
@@ -656,6 +677,10 @@ def _runaway(root: Path, text: str) -> str:
         "str-format",
         "str-format-nested",
         "format-map",
+        "doubling-plus",
+        "doubling-tilde",
+        "doubling-list",
+        "doubling-recursion",
     ],
 )
 def test_runaway_template(fresh_project: Path, monkeypatch, text: str, expected: str) -> None:
@@ -680,13 +705,14 @@ def test_large_values_are_not_widths(fresh_project: Path) -> None:
     """Only sizes are bounded: a u32 maximum formats as before, in every way of formatting."""
     text = (
         '// {{ "%du"|format(4294967295) }} {{ "{}u".format(4294967295) }} {{ "%du" % 4294967295 }}'
-        ' {{ "{:08.3f}".format(1.5) }} {{ 4294967295 % 7 }}'
+        ' {{ "{:08.3f}".format(1.5) }} {{ 4294967295 % 7 }} {{ "a" ~ 1 ~ [2] }} {{ 1 + 2 }}'
+        " {{ [1] + [2] }}"
     )
     _runaway(fresh_project, text)
     result = run_cli(fresh_project, "generate")
     assert result.exit_code == 0, result.output + result.stderr
     kernel = (fresh_project / "generated" / "attention.wgsl").read_text(encoding="utf-8")
-    assert "// 4294967295u 4294967295u 4294967295u 0001.500 3\n" in kernel
+    assert "// 4294967295u 4294967295u 4294967295u 0001.500 3 a1[2] 3 [1, 2]\n" in kernel
 
 
 def test_runaway_output_names_the_template(fresh_project: Path, monkeypatch) -> None:

@@ -37,6 +37,8 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 import jinja2
+import jinja2.compiler
+import jinja2.nodes
 import jinja2.sandbox
 
 from doppler_gen.config import TEMPLATES_DIR, Project, Variant
@@ -402,11 +404,13 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     ``QUANT_BITS``), so no variant's output can depend on what an earlier variant did.
     """
 
-    intercepted_binops = frozenset({"*", "**", "%"})
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**":
             _check_power(left, right)
+        elif operator == "+":  # doubling a string or list in a loop or a recursive macro
+            _check_length(left, right)
         elif operator == "%":
             if isinstance(left, str):  # "%999999999d" % 1 builds a 1 GB string
                 _check_format(left, _PRINTF_WIDTHS, right if isinstance(right, tuple) else (right,))
@@ -434,6 +438,37 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             return wrapped(*args, **kwargs)
 
         return bounded
+
+    def bounded_join(self, parts: Iterable[Any]) -> str:
+        """``a ~ b`` (see _BoundedCodeGenerator), bounded like ``+``."""
+        strings = [str(part) for part in parts]
+        _check_length(*strings)
+        return "".join(strings)
+
+
+class _BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
+    """Compiles ``~`` to the sandbox's bounded join (Jinja's own join has no hook)."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
+        self.write("environment.bounded_join((")
+        for argument in node.nodes:
+            self.visit(argument, frame)
+            self.write(", ")
+        self.write("))")
+
+
+_Sandbox.code_generator_class = _BoundedCodeGenerator
+
+
+def _check_length(*parts: Any) -> None:
+    """Refuse concatenating strings, lists or tuples into more items than the output limit."""
+    if all(isinstance(part, str | list | tuple) for part in parts):
+        total = sum(len(part) for part in parts)
+        if total > OUTPUT_LIMIT_BYTES:
+            raise _TemplateFailure(
+                f"concatenating {total} items exceeds the output limit of {OUTPUT_LIMIT_BYTES} "
+                "bytes"
+            )
 
 
 # filters whose integer arguments size the string they build (`format` is printf-style)
