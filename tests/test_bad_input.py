@@ -640,6 +640,9 @@ def _runaway(root: Path, text: str) -> str:
         ('// {{ "{:0>300000000}".format(1) }}', "a width or size of 300000000 exceeds"),
         ('// {{ "{:>{}}".format(1, 300000000) }}', "a width or size of 300000000 exceeds"),
         ('// {{ "{:>{w}}".format_map({"w": 300000000}) }}', "a width or size of 300000000"),
+        ('{% set s = ("a" * 4000)|replace("a", "b" * 40000) %}', "replacing gives 160000000"),
+        ('{% set s = ("a" * 4000).replace("a", "b" * 40000) %}', "replacing gives 160000000"),
+        ('{% set s = ("a\\n" * 4000)|indent(40000) %}', "indenting 4001 lines by 40000 exceeds"),
         # doubling in a loop: 2**27 bytes at 27 steps, 2**33 (8 GB) at 33
         (
             '{% set ns = namespace(s="x") %}{% for i in range(27) %}'
@@ -677,6 +680,9 @@ def _runaway(root: Path, text: str) -> str:
         "str-format",
         "str-format-nested",
         "format-map",
+        "replace-filter",
+        "replace-method",
+        "indent-lines",
         "doubling-plus",
         "doubling-tilde",
         "doubling-list",
@@ -706,13 +712,17 @@ def test_large_values_are_not_widths(fresh_project: Path) -> None:
     text = (
         '// {{ "%du"|format(4294967295) }} {{ "{}u".format(4294967295) }} {{ "%du" % 4294967295 }}'
         ' {{ "{:08.3f}".format(1.5) }} {{ 4294967295 % 7 }} {{ "a" ~ 1 ~ [2] }} {{ 1 + 2 }}'
-        " {{ [1] + [2] }}"
+        ' {{ [1] + [2] }} {{ "abca"|replace("a", "xy") }} {{ "abca"|replace("a", "x", 1) }}'
+        ' {{ "abca".replace("a", "z") }} {{ "a\\nb"|indent(2)|replace("\\n", "|") }}'
     )
     _runaway(fresh_project, text)
     result = run_cli(fresh_project, "generate")
     assert result.exit_code == 0, result.output + result.stderr
     kernel = (fresh_project / "generated" / "attention.wgsl").read_text(encoding="utf-8")
-    assert "// 4294967295u 4294967295u 4294967295u 0001.500 3 a1[2] 3 [1, 2]\n" in kernel
+    assert (
+        "// 4294967295u 4294967295u 4294967295u 0001.500 3 a1[2] 3 [1, 2] xybcxy xbca zbcz a|  b\n"
+        in kernel
+    )
 
 
 def test_runaway_output_names_the_template(fresh_project: Path, monkeypatch) -> None:

@@ -420,7 +420,10 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     def call(self, context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
         """Bounds the sizes given to str methods: ``"a".center(10**9)``."""
-        if isinstance(getattr(obj, "__self__", None), str):
+        text = getattr(obj, "__self__", None)
+        if isinstance(text, str):
+            if getattr(obj, "__name__", "") == "replace":
+                _check_replace(text, *args, **kwargs)
             # center, ljust, rjust, zfill, expandtabs: the integer is the size
             _check_sizes((*args, *kwargs.values()))
         return super().call(context, obj, *args, **kwargs)
@@ -472,7 +475,7 @@ def _check_length(*parts: Any) -> None:
 
 
 # filters whose integer arguments size the string they build (`format` is printf-style)
-_WIDTH_FILTERS = ("center", "indent", "format")
+_WIDTH_FILTERS = ("center", "indent", "format", "replace")
 # width and precision of a printf-style (`%`) and of a str.format conversion; `*` or a nested
 # `{}` takes the width from the arguments
 _PRINTF_WIDTHS = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\d+|\*)?(?:\.(\d+|\*))?")
@@ -507,11 +510,41 @@ def _bounded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
         if function.__name__ == "do_format":
             if isinstance(value, str):
                 _check_format(value, _PRINTF_WIDTHS, arguments)
+        elif function.__name__ == "do_replace":  # value is the eval context here
+            _check_replace(*args, **kwargs)
         else:
             _check_sizes(arguments)
+            if function.__name__ == "do_indent":
+                _check_indent(value, *args)
         return function(value, *args, **kwargs)
 
     return bounded
+
+
+def _check_indent(text: Any, width: Any = 4, *_: Any) -> None:
+    """Indenting every line of ``text`` by ``width`` would exceed the output limit."""
+    lines = text.count("\n") + 1 if isinstance(text, str) else 0
+    if _is_int(width) and lines * width > OUTPUT_LIMIT_BYTES:
+        raise _TemplateFailure(
+            f"indenting {lines} lines by {width} exceeds the output limit of "
+            f"{OUTPUT_LIMIT_BYTES} bytes"
+        )
+
+
+def _check_replace(text: Any, old: Any = "", new: Any = "", count: Any = -1, *_: Any) -> None:
+    """``text.replace(old, new)`` would build a string over the output limit: refuse it first
+    (4000 × "a" replaced by 40 000 × "b" is 160 MB)."""
+    if not (isinstance(text, str) and isinstance(old, str) and isinstance(new, str)):
+        return
+    found = text.count(old) if old else len(text) + 1
+    if _is_int(count) and count >= 0:
+        found = min(found, count)
+    total = len(text) + found * (len(new) - len(old))
+    if total > OUTPUT_LIMIT_BYTES:
+        raise _TemplateFailure(
+            f"replacing gives {total} characters, over the output limit of "
+            f"{OUTPUT_LIMIT_BYTES} bytes"
+        )
 
 
 def _is_int(value: Any) -> bool:
