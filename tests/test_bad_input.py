@@ -707,6 +707,25 @@ def test_runaway_template(fresh_project: Path, monkeypatch, text: str, expected:
     assert snapshot(fresh_project / "generated") == before
 
 
+def test_memory_beyond_every_other_bound_is_one_line(fresh_project: Path, monkeypatch) -> None:
+    """Many strings, each within the bounds, joined or listed: the address-space cap stops it."""
+    import resource
+
+    from doppler_gen import render
+
+    monkeypatch.setattr(render, "RENDER_MEMORY_LIMIT_BYTES", 64 << 20)
+    before = snapshot(fresh_project / "generated")
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    text = '{% set s = range(200)|map("center", 1000000)|join %}'  # 200 MB
+    where = _runaway(fresh_project, text)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: {where}: rendering needs more than 64 MiB of memory"), line
+    assert snapshot(fresh_project / "generated") == before
+    assert resource.getrlimit(resource.RLIMIT_AS) == limits  # restored after the render
+
+
 def test_large_values_are_not_widths(fresh_project: Path) -> None:
     """Only sizes are bounded: a u32 maximum formats as before, in every way of formatting."""
     text = (

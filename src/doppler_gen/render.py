@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 import signal
 import sys
@@ -69,6 +70,9 @@ _ENV_OPTIONS = {
 RENDER_TIME_LIMIT_S = 10.0
 OUTPUT_LIMIT_BYTES = 4 * 1024 * 1024  # the largest kernel today is about 10 KB
 _POWER_LIMIT_BITS = 4096  # `**` in a template: no WGSL constant needs more
+# address space one render may add (Linux): what escapes every other bound, such as
+# `range(99999)|map("center", 4000000)|join` (400 GB), fails instead of exhausting the machine
+RENDER_MEMORY_LIMIT_BYTES = 1 << 30
 
 Origin = tuple[str, int]  # (template path relative to the project root, 1-based line)
 
@@ -581,7 +585,7 @@ def _limited_render(template: jinja2.Template, context: dict[str, Any]) -> str:
     deadline = time.monotonic() + RENDER_TIME_LIMIT_S
     limit = f"{RENDER_TIME_LIMIT_S:g} s"
     try:
-        with _alarm(RENDER_TIME_LIMIT_S):
+        with _alarm(RENDER_TIME_LIMIT_S), _memory_limit(RENDER_MEMORY_LIMIT_BYTES):
             for chunk in template.generate(context):
                 size += len(chunk)
                 if size > OUTPUT_LIMIT_BYTES:
@@ -594,7 +598,53 @@ def _limited_render(template: jinja2.Template, context: dict[str, Any]) -> str:
     except _RenderTimeout as exc:  # keep the template frames: they say where it ran away
         failure = _TemplateFailure(f"rendering took longer than {limit} (runaway loop?)")
         raise failure.with_traceback(exc.__traceback__) from None
+    except MemoryError as exc:
+        failure = _TemplateFailure(
+            f"rendering needs more than {RENDER_MEMORY_LIMIT_BYTES >> 20} MiB of memory "
+            "(runaway template?)"
+        )
+        raise failure.with_traceback(exc.__traceback__) from None
     return "".join(chunks)
+
+
+@contextlib.contextmanager
+def _memory_limit(extra: int) -> Any:
+    """Cap the process's address space at its current size plus ``extra`` (then restore it).
+
+    Linux and the main thread only (the limit is per process; `render` runs there); elsewhere,
+    or where a tighter limit is set already, nothing changes.
+    """
+    previous = _address_space_limit(extra)
+    if previous is None:
+        yield
+        return
+    import resource
+
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, previous)
+
+
+def _address_space_limit(extra: int) -> tuple[int, int] | None:
+    """Set RLIMIT_AS to the current size plus ``extra``; returns the old limits, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm", encoding="ascii") as stream:
+            used = int(stream.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = used + extra
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        if soft != resource.RLIM_INFINITY and soft <= limit:
+            return None
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    return soft, hard
 
 
 @contextlib.contextmanager
