@@ -133,7 +133,11 @@ def test_json_usage_errors_are_a_json_object_on_stdout(fresh_project: Path) -> N
 
 # -- --root on every subcommand ---------------------------------------------------------------------
 
-SUBCOMMANDS = ["generate", "check", "list", "show", "validate", "doctor", "bench", "tune"]
+SUBCOMMANDS = ["generate", "check", "export", "list", "show", "validate", "doctor", "bench", "tune"]
+
+
+def test_the_subcommand_list_is_every_subcommand() -> None:
+    assert sorted(SUBCOMMANDS) == sorted(cli.commands)  # a new command must be listed above
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO_ROOT, assert_one_line_error, edit, line_of, run_cli, snapshot
+from conftest import (
+    REPO_ROOT,
+    assert_one_line_error,
+    edit,
+    line_of,
+    project_snapshot,
+    run_cli,
+    snapshot,
+)
 from test_manifest import extract, js_uniform_writers, scalar_layout
 
 from doppler_gen.config import load_project
@@ -239,22 +247,71 @@ def test_check_reports_stale_missing_and_orphaned_exports(fresh_project: Path) -
     (export / "digests.json").unlink()
     (export / "old.json").write_text('{"generator": "doppler-gen"}\n', encoding="utf-8")
     (export / "notes.json").write_text('{"mine": true}\n', encoding="utf-8")
-    before = snapshot(fresh_project)
+    before = project_snapshot(fresh_project)
     result = run_cli(fresh_project, "check")
-    assert snapshot(fresh_project) == before
+    assert project_snapshot(fresh_project) == before
     assert result.exit_code == 1, result.output
     assert "stale:    generated/doppler/registry.json\n" in result.stdout
     assert '\n-        "size": 64\n+        "size": 80\n' in result.stdout
     assert "missing:  generated/doppler/digests.json\n" in result.stdout
-    assert "orphaned: generated/doppler/old.json (no variant produces it)\n" in result.stdout
+    assert "orphaned: generated/doppler/old.json (no variant produces it; not as" in result.stdout
     assert "notes.json" not in result.stdout  # not ours: never reported, never removed
     assert "out of date (3 file(s))" in result.stderr
 
+    # the manifest records no sha256 for exports: an orphan there may be a hand-made copy
+    refused = run_cli(fresh_project, "generate")
+    assert refused.exit_code == 2, refused.output
+    assert "generated/doppler/old.json" in assert_one_line_error(refused.stderr)
+    assert project_snapshot(fresh_project) == before
+    (export / "old.json").unlink()
     generated = run_cli(fresh_project, "generate")
     assert generated.exit_code == 0, generated.output
-    assert "removed   generated/doppler/old.json" in generated.stdout
     assert (export / "notes.json").exists()
     assert run_cli(fresh_project, "check").exit_code == 0
+
+
+def test_a_hand_made_copy_of_the_registry_is_never_deleted(fresh_project: Path) -> None:
+    export = fresh_project / "generated" / "doppler"
+    backup = export / "registry.backup"
+    shutil.copyfile(export / "registry.json", backup)  # says "generator": "doppler-gen" too
+    before = project_snapshot(fresh_project)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert "generated/doppler/registry.backup" in line and "move or delete" in line
+    assert project_snapshot(fresh_project) == before
+
+
+@pytest.mark.parametrize("command", ["generate", "check"])
+def test_a_symlinked_export_directory_leading_out_of_the_project_is_refused(
+    fresh_project: Path, tmp_path: Path, command: str
+) -> None:
+    outside = tmp_path / "elsewhere"
+    shutil.move(fresh_project / "generated" / "doppler", outside)
+    (outside / "theirs.json").write_text('{"generator": "doppler-gen"}\n', encoding="utf-8")
+    (fresh_project / "generated" / "doppler").symlink_to(outside)
+    before, theirs = project_snapshot(fresh_project), snapshot(outside)
+    result = (
+        run_cli(fresh_project, command, "--full")
+        if command == "check"
+        else (run_cli(fresh_project, command))
+    )
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith("error: generated/doppler: resolves to ") and "outside" in line
+    assert project_snapshot(fresh_project) == before and snapshot(outside) == theirs
+
+
+def test_an_export_directory_that_is_a_file_is_one_line(fresh_project: Path) -> None:
+    shutil.rmtree(fresh_project / "generated" / "doppler")
+    (fresh_project / "generated" / "doppler").write_text("mine\n", encoding="utf-8")
+    before = project_snapshot(fresh_project)
+    for args in (("generate",), ("check", "--full")):
+        result = run_cli(fresh_project, *args)
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        assert line == "error: generated/doppler: exists but is not a directory (a regular file)"
+    assert project_snapshot(fresh_project) == before
 
 
 def test_a_variant_without_doppler_id_is_generated_but_listed_as_not_exported(
