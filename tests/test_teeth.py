@@ -78,8 +78,8 @@ MUTATIONS = [
     (
         "int8-sign-extension-dropped",
         COLD,
-        "    if (q >= {{ 2 ** (bits - 1) }}) { q -= {{ 2 ** bits }}; }\n",
-        "",
+        "let offset_binary = packed_val ^ {{",
+        "let offset_binary = packed_val;\n    let sign_flip_dropped = {{",
         ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"],
     ),
     (

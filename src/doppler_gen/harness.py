@@ -137,7 +137,7 @@ class KernelRunner:
         name = self.kernel.variant.name
         head_dim_limit = int(self.meta["max_head_dim"])
         if self.family == "tiered" and self.has_override("WORKGROUP_SIZE"):
-            head_dim_limit = min(head_dim_limit, self.override("WORKGROUP_SIZE"))
+            head_dim_limit = min(head_dim_limit, self._tiered_head_dim_limit(name))
         if spec.head_dim > head_dim_limit:
             raise ShapeError(
                 f"{name}: head_dim {spec.head_dim} exceeds the kernel's maximum {head_dim_limit}"
@@ -163,6 +163,24 @@ class KernelRunner:
             raise ShapeError(
                 f"{name}: a buffer would need about {biggest} B; the device binds at most {largest} B"
             )
+
+    def _tiered_head_dim_limit(self, name: str) -> int:
+        """The largest head_dim the tiered kernel runs at its WORKGROUP_SIZE.
+
+        A kernel declaring DIMS_PER_LANE splits head_dim over a power-of-two lane group of at
+        most WORKGROUP_SIZE lanes, DIMS_PER_LANE elements each; the seed's kernel needs one
+        invocation per element (head_dim <= WORKGROUP_SIZE).
+        """
+        size = self.override("WORKGROUP_SIZE")
+        constants = self.entry.get("constants", {})
+        largest = constants.get("MAX_WORKGROUP_SIZE")
+        if "DIMS_PER_LANE" not in constants:
+            return size
+        if largest is not None and size > largest:
+            raise ShapeError(
+                f"{name}: WORKGROUP_SIZE {size} exceeds the kernel's MAX_WORKGROUP_SIZE {largest}"
+            )
+        return (1 << (size.bit_length() - 1)) * int(constants["DIMS_PER_LANE"])
 
     def check_shape(self, data: CaseData) -> None:
         """Refuse, before any dispatch, a problem the kernel does not support."""
