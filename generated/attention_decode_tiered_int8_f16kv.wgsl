@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c0c8744528c923ed461c0981e8417300a1c377bccc523a57cf47b1f8b31fde04
+// source-hash: sha256:f400aba0e2db23e9a614412de566feb3ecfa4881935b8d53ed0eb7a9978aec54
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -134,8 +134,10 @@ fn finish_score(dot: f32, abs_key: u32) -> f32 {
     return s;
 }
 
-// Sum the lanes' partial q.k dots over each lane group (one barrier; the halves alternate)
-fn group_reduce(partial: vec2<f32>, parity: u32) -> vec2<f32> {
+// Sum the lanes' partial q.k dots over each lane group: by subgroup shuffles when width > 0
+// (the group's lanes are one aligned power-of-two block of a subgroup), else through workgroup
+// memory (one barrier a step; the halves alternate)
+fn group_reduce(partial: vec2<f32>, parity: u32, width: u32) -> vec2<f32> {
     let slot = 4u * tid + 2u * parity;
     exchange[slot] = partial.x;
     exchange[slot + 1u] = partial.y;
@@ -174,7 +176,7 @@ fn online_update(
 }
 
 // One step over the cold tier: keys first + slot * num_groups + group, slot < 2
-fn cold_step(first: u32, parity: u32) {
+fn cold_step(first: u32, parity: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.cold_len;
     let key1 = first + 1u * num_groups + key_group;
@@ -221,14 +223,14 @@ fn cold_step(first: u32, parity: u32) {
         k1_1 = unpack_quant(kw1_1, 0u);
         v1_1 = unpack_quant(vw1_1, 0u);
     }
-    let dots = group_reduce(vec2<f32>((dot(q_0, k0_0) + dot(q_1, k0_1)) * ks0, (dot(q_0, k1_0) + dot(q_1, k1_1)) * ks1), parity);
+    let dots = group_reduce(vec2<f32>((dot(q_0, k0_0) + dot(q_1, k0_1)) * ks0, (dot(q_0, k1_0) + dot(q_1, k1_1)) * ks1), parity, width);
     let score0 = finish_score(dots[0], key0);
     let score1 = finish_score(dots[1], key1);
     online_update(score0, live0, vs0, score1, live1, vs1, v0_0, v0_1, v1_0, v1_1);
 }
 
 // One step over the hot tier: keys first + slot * num_groups + group, slot < 2
-fn hot_step(first: u32, parity: u32) {
+fn hot_step(first: u32, parity: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.hot_len;
     let key1 = first + 1u * num_groups + key_group;
@@ -255,7 +257,7 @@ fn hot_step(first: u32, parity: u32) {
         v1_0 = vec4<f32>(f32(V_hot[row1 + 0u]), f32(V_hot[row1 + 1u]), f32(V_hot[row1 + 2u]), f32(V_hot[row1 + 3u]));
         v1_1 = vec4<f32>(f32(V_hot[row1 + 4u]), f32(V_hot[row1 + 5u]), f32(V_hot[row1 + 6u]), f32(V_hot[row1 + 7u]));
     }
-    let dots = group_reduce(vec2<f32>(dot(q_0, k0_0) + dot(q_1, k0_1), dot(q_0, k1_0) + dot(q_1, k1_1)), parity);
+    let dots = group_reduce(vec2<f32>(dot(q_0, k0_0) + dot(q_1, k0_1), dot(q_0, k1_0) + dot(q_1, k1_1)), parity, width);
     let score0 = finish_score(dots[0], u.hot_start + key0);
     let score1 = finish_score(dots[1], u.hot_start + key1);
     online_update(score0, live0, 1.0, score1, live1, 1.0, v0_0, v0_1, v1_0, v1_1);
@@ -311,12 +313,13 @@ fn main(
     let groups = WORKGROUP_SIZE / lanes_per_key;
     let keys_per_step = groups * 2u;
     var parity: u32 = 0u;
+    let shuffle_width = 0u;  // 0: reduce through workgroup memory
     for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
-        cold_step(first, parity);
+        cold_step(first, parity, shuffle_width);
         parity = parity ^ 1u;
     }
     for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
-        hot_step(first, parity);
+        hot_step(first, parity, shuffle_width);
         parity = parity ^ 1u;
     }
 

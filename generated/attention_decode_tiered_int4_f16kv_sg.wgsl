@@ -1,0 +1,398 @@
+// AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
+// Edit the template and variants.toml, then run `doppler-gen generate`.
+// source-hash: sha256:7a67c65ec1e7e73ee789a48d2c47028012410c50dcbf89f7c8955ff1fd722706
+
+// Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
+//
+// One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
+// invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
+// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// and every group keeps its own online-softmax state (running max, running sum, accumulator
+// slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
+// the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.
+// Requires head_dim <= MAX_HEAD_DIM and LANES_PER_KEY <= WORKGROUP_SIZE <= MAX_WORKGROUP_SIZE,
+// else the kernel returns without writing.
+// Fully masked row: average of V over all keys (masked scores are -3.4e38).
+
+enable f16;
+enable subgroups;
+
+const MAX_KV_LEN: u32 = 131072u;
+const MAX_HEAD_DIM: u32 = 256u;
+const MAX_WORKGROUP_SIZE: u32 = 1024u;
+const DIMS_PER_LANE: u32 = 8u;
+const PACK_FACTOR: u32 = 8u;
+const MASKED_SCORE: f32 = -3.402823e+38;
+
+override WORKGROUP_SIZE: u32 = 256u;
+
+struct Uniforms {
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    cold_len: u32,        // Keys in the cold tier (absolute positions 0 .. cold_len-1)
+    hot_len: u32,         // Keys in the hot tier (absolute positions hot_start ..)
+    seq_len: u32,
+    scale: f32,
+    is_causal: u32,
+    start_pos: u32,       // Absolute position of the query
+    attn_softcap: f32,
+    sliding_window: u32,
+    hot_window: u32,      // Rows of the hot ring buffer
+    hot_start: u32,       // Absolute position of hot key 0
+    packed_stride: u32,   // u32 words per (token, kv_head) row of packed cold K/V
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Uniforms;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;
+@group(0) @binding(2) var<storage, read> K_hot: array<f16>;
+@group(0) @binding(3) var<storage, read> V_hot: array<f16>;
+@group(0) @binding(4) var<storage, read> K_cold: array<u32>;
+@group(0) @binding(5) var<storage, read> V_cold: array<u32>;
+@group(0) @binding(6) var<storage, read> scales_k: array<f16>;
+@group(0) @binding(7) var<storage, read> scales_v: array<f16>;
+@group(0) @binding(8) var<storage, read_write> output: array<f32>;
+
+// Four f32 per invocation: its partial dots (elements 0-1 and 2-3 alternate between steps, so
+// one barrier a step suffices), then the merge of the groups' softmax states
+var<workgroup> exchange: array<f32, 4u * MAX_WORKGROUP_SIZE>;
+
+fn get4(i: u32) -> vec4<f32> {
+    return vec4<f32>(exchange[4u * i], exchange[4u * i + 1u], exchange[4u * i + 2u], exchange[4u * i + 3u]);
+}
+
+fn set4(i: u32, value: vec4<f32>) {
+    exchange[4u * i] = value.x;
+    exchange[4u * i + 1u] = value.y;
+    exchange[4u * i + 2u] = value.z;
+    exchange[4u * i + 3u] = value.w;
+}
+// Per-invocation state: which lane group (key slot) and head-dim slice this invocation owns,
+// its slice of q, and its group's online-softmax state (running max and sum, accumulator slice)
+var<private> tid: u32;
+var<private> lanes: u32;           // lanes per key (a power of two)
+var<private> num_groups: u32;      // lane groups in the workgroup
+var<private> key_group: u32;       // this lane's group
+var<private> group_lane: u32;      // this lane's index within its group
+var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes leftover invocations
+var<private> dim0: u32;            // first head-dim element this lane owns
+var<private> lane_live: bool;      // in a group and dim0 < head_dim
+var<private> kv_head: u32;
+var<private> run_max: f32;
+var<private> run_sum: f32;
+var<private> q_0: vec4<f32>;
+var<private> q_1: vec4<f32>;
+var<private> acc_0: vec4<f32>;
+var<private> acc_1: vec4<f32>;
+
+// Get KV head index for grouped query attention
+fn get_kv_head_idx(query_head_idx: u32) -> u32 {
+    // GQA: multiple query heads share one KV head
+    let heads_per_kv = u.num_heads / u.num_kv_heads;
+    return query_head_idx / heads_per_kv;
+}
+
+// Causal + sliding-window mask of a key at absolute position abs_key for the decode query
+fn is_masked(abs_key: u32) -> bool {
+    let abs_query = u.start_pos;
+    // Causal mask
+    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
+    // Sliding window mask
+    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
+        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
+    }
+    return false;
+}
+
+// Physical row of hot key hot_pos: a ring of hot_window rows starting at hot_start
+fn get_hot_pos(hot_pos: u32) -> u32 {
+    if (u.hot_window > 0u) {
+        let abs_key = u.hot_start + hot_pos;
+        return abs_key % u.hot_window;
+    }
+    return hot_pos;
+}
+
+// Values first .. first+3 of a packed int4 word, as signed integers in f32
+fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
+    let lane = vec4<u32>(first, first + 1u, first + 2u, first + 3u);
+    let offset_binary = packed_val ^ 0x88888888u;
+    let raw = (vec4<u32>(offset_binary) >> (4u * lane)) & vec4<u32>(0xfu);
+    return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388616.0);
+}
+
+// Scale, softcap and mask a key's q.k dot into its score
+fn finish_score(dot: f32, abs_key: u32) -> f32 {
+    var s = dot * u.scale;
+    if (u.attn_softcap > 0.0) {
+        s = tanh(s / u.attn_softcap) * u.attn_softcap;
+    }
+    if (is_masked(abs_key)) {
+        s = MASKED_SCORE;
+    }
+    return s;
+}
+
+// Sum the lanes' partial q.k dots over each lane group: by subgroup shuffles when width > 0
+// (the group's lanes are one aligned power-of-two block of a subgroup), else through workgroup
+// memory (one barrier a step; the halves alternate)
+fn group_reduce(partial: vec2<f32>, parity: u32, width: u32) -> vec2<f32> {
+    if (width > 0u) {
+        var total = partial;
+        for (var mask: u32 = width / 2u; mask > 0u; mask = mask / 2u) {
+            total += subgroupShuffleXor(total, mask);
+        }
+        return total;
+    }
+    let slot = 4u * tid + 2u * parity;
+    exchange[slot] = partial.x;
+    exchange[slot + 1u] = partial.y;
+    workgroupBarrier();
+    var sum = vec2<f32>(0.0);
+    if (in_group) {
+        let base = 4u * key_group * lanes + 2u * parity;
+        for (var i: u32 = 0u; i < lanes; i++) {
+            sum += vec2<f32>(exchange[base + 4u * i], exchange[base + 4u * i + 1u]);
+        }
+    }
+    return sum;
+}
+
+// Online softmax: fold this step's keys into the group's running max, sum and accumulator
+fn online_update(
+    score0: f32, live0: bool, vscale0: f32,
+    score1: f32, live1: bool, vscale1: f32,
+    v0_0: vec4<f32>,
+    v0_1: vec4<f32>,
+    v1_0: vec4<f32>,
+    v1_1: vec4<f32>,
+) {
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let p0 = select(0.0, exp(score0 - m), live0);
+    let p1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + p0 + p1;
+    let w0 = p0 * vscale0;
+    let w1 = p1 * vscale1;
+    acc_0 = acc_0 * correction + w0 * v0_0 + w1 * v1_0;
+    acc_1 = acc_1 * correction + w0 * v0_1 + w1 * v1_1;
+    run_max = m;
+}
+
+// One step over the cold tier: keys first + slot * num_groups + group, slot < 2
+fn cold_step(first: u32, parity: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.cold_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.cold_len;
+    var k0_0 = vec4<f32>(0.0);
+    var v0_0 = vec4<f32>(0.0);
+    var k0_1 = vec4<f32>(0.0);
+    var v0_1 = vec4<f32>(0.0);
+    var k1_0 = vec4<f32>(0.0);
+    var v1_0 = vec4<f32>(0.0);
+    var k1_1 = vec4<f32>(0.0);
+    var v1_1 = vec4<f32>(0.0);
+    var ks0: f32 = 0.0;
+    var vs0: f32 = 0.0;
+    if (live0 && lane_live) {
+        let scale_idx0 = key0 * u.num_kv_heads + kv_head;
+        let word0 = dim0 / PACK_FACTOR;
+        let base0 = scale_idx0 * u.packed_stride + word0;
+        ks0 = f32(scales_k[scale_idx0]);
+        vs0 = f32(scales_v[scale_idx0]);
+        let kw0_0 = select(0u, K_cold[base0 + 0u], word0 + 0u < u.packed_stride);
+        let vw0_0 = select(0u, V_cold[base0 + 0u], word0 + 0u < u.packed_stride);
+        k0_0 = unpack_quant(kw0_0, 0u);
+        v0_0 = unpack_quant(vw0_0, 0u);
+        k0_1 = unpack_quant(kw0_0, 4u);
+        v0_1 = unpack_quant(vw0_0, 4u);
+    }
+    var ks1: f32 = 0.0;
+    var vs1: f32 = 0.0;
+    if (live1 && lane_live) {
+        let scale_idx1 = key1 * u.num_kv_heads + kv_head;
+        let word1 = dim0 / PACK_FACTOR;
+        let base1 = scale_idx1 * u.packed_stride + word1;
+        ks1 = f32(scales_k[scale_idx1]);
+        vs1 = f32(scales_v[scale_idx1]);
+        let kw1_0 = select(0u, K_cold[base1 + 0u], word1 + 0u < u.packed_stride);
+        let vw1_0 = select(0u, V_cold[base1 + 0u], word1 + 0u < u.packed_stride);
+        k1_0 = unpack_quant(kw1_0, 0u);
+        v1_0 = unpack_quant(vw1_0, 0u);
+        k1_1 = unpack_quant(kw1_0, 4u);
+        v1_1 = unpack_quant(vw1_0, 4u);
+    }
+    let dots = group_reduce(vec2<f32>((dot(q_0, k0_0) + dot(q_1, k0_1)) * ks0, (dot(q_0, k1_0) + dot(q_1, k1_1)) * ks1), parity, width);
+    let score0 = finish_score(dots[0], key0);
+    let score1 = finish_score(dots[1], key1);
+    online_update(score0, live0, vs0, score1, live1, vs1, v0_0, v0_1, v1_0, v1_1);
+}
+
+// One step over the hot tier: keys first + slot * num_groups + group, slot < 2
+fn hot_step(first: u32, parity: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.hot_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.hot_len;
+    var k0_0 = vec4<f32>(0.0);
+    var v0_0 = vec4<f32>(0.0);
+    var k0_1 = vec4<f32>(0.0);
+    var v0_1 = vec4<f32>(0.0);
+    var k1_0 = vec4<f32>(0.0);
+    var v1_0 = vec4<f32>(0.0);
+    var k1_1 = vec4<f32>(0.0);
+    var v1_1 = vec4<f32>(0.0);
+    if (live0 && lane_live) {
+        let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        k0_0 = vec4<f32>(f32(K_hot[row0 + 0u]), f32(K_hot[row0 + 1u]), f32(K_hot[row0 + 2u]), f32(K_hot[row0 + 3u]));
+        k0_1 = vec4<f32>(f32(K_hot[row0 + 4u]), f32(K_hot[row0 + 5u]), f32(K_hot[row0 + 6u]), f32(K_hot[row0 + 7u]));
+        v0_0 = vec4<f32>(f32(V_hot[row0 + 0u]), f32(V_hot[row0 + 1u]), f32(V_hot[row0 + 2u]), f32(V_hot[row0 + 3u]));
+        v0_1 = vec4<f32>(f32(V_hot[row0 + 4u]), f32(V_hot[row0 + 5u]), f32(V_hot[row0 + 6u]), f32(V_hot[row0 + 7u]));
+    }
+    if (live1 && lane_live) {
+        let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        k1_0 = vec4<f32>(f32(K_hot[row1 + 0u]), f32(K_hot[row1 + 1u]), f32(K_hot[row1 + 2u]), f32(K_hot[row1 + 3u]));
+        k1_1 = vec4<f32>(f32(K_hot[row1 + 4u]), f32(K_hot[row1 + 5u]), f32(K_hot[row1 + 6u]), f32(K_hot[row1 + 7u]));
+        v1_0 = vec4<f32>(f32(V_hot[row1 + 0u]), f32(V_hot[row1 + 1u]), f32(V_hot[row1 + 2u]), f32(V_hot[row1 + 3u]));
+        v1_1 = vec4<f32>(f32(V_hot[row1 + 4u]), f32(V_hot[row1 + 5u]), f32(V_hot[row1 + 6u]), f32(V_hot[row1 + 7u]));
+    }
+    let dots = group_reduce(vec2<f32>(dot(q_0, k0_0) + dot(q_1, k0_1), dot(q_0, k1_0) + dot(q_1, k1_1)), parity, width);
+    let score0 = finish_score(dots[0], u.hot_start + key0);
+    let score1 = finish_score(dots[1], u.hot_start + key1);
+    online_update(score0, live0, 1.0, score1, live1, 1.0, v0_0, v0_1, v1_0, v1_1);
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
+fn main(
+    @builtin(local_invocation_id) local_id: vec3<u32>,
+    @builtin(workgroup_id) workgroup_id: vec3<u32>,
+    @builtin(subgroup_size) subgroup_size: u32,
+) {
+    let head_idx = workgroup_id.x;
+    let head_dim = u.head_dim;
+    let total_len = u.cold_len + u.hot_len;
+
+    // Lanes per key: the smallest power of two covering head_dim at DIMS_PER_LANE each
+    var lanes_per_key: u32 = 1u;
+    while (lanes_per_key * DIMS_PER_LANE < head_dim) {
+        lanes_per_key = lanes_per_key * 2u;
+    }
+    if (WORKGROUP_SIZE > MAX_WORKGROUP_SIZE || head_dim > MAX_HEAD_DIM ||
+        lanes_per_key > WORKGROUP_SIZE || total_len > MAX_KV_LEN) {
+        return;
+    }
+
+    tid = local_id.x;
+    lanes = lanes_per_key;
+    num_groups = WORKGROUP_SIZE / lanes_per_key;
+    key_group = tid / lanes;
+    group_lane = tid - key_group * lanes;
+    in_group = key_group < num_groups;
+    dim0 = group_lane * DIMS_PER_LANE;
+    lane_live = in_group && dim0 < head_dim;
+    kv_head = get_kv_head_idx(head_idx);
+    run_max = MASKED_SCORE;
+    run_sum = 0.0;
+    let q_base = head_idx * head_dim + dim0;
+    acc_0 = vec4<f32>(0.0);
+    q_0 = vec4<f32>(0.0);
+    acc_1 = vec4<f32>(0.0);
+    q_1 = vec4<f32>(0.0);
+    if (lane_live) {
+        if (dim0 + 0u < head_dim) { q_0[0] = Q[q_base + 0u]; }
+        if (dim0 + 1u < head_dim) { q_0[1] = Q[q_base + 1u]; }
+        if (dim0 + 2u < head_dim) { q_0[2] = Q[q_base + 2u]; }
+        if (dim0 + 3u < head_dim) { q_0[3] = Q[q_base + 3u]; }
+        if (dim0 + 4u < head_dim) { q_1[0] = Q[q_base + 4u]; }
+        if (dim0 + 5u < head_dim) { q_1[1] = Q[q_base + 5u]; }
+        if (dim0 + 6u < head_dim) { q_1[2] = Q[q_base + 6u]; }
+        if (dim0 + 7u < head_dim) { q_1[3] = Q[q_base + 7u]; }
+    }
+
+    // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
+    let groups = WORKGROUP_SIZE / lanes_per_key;
+    let keys_per_step = groups * 2u;
+    var parity: u32 = 0u;
+    // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
+    let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
+        cold_step(first, parity, shuffle_width);
+        parity = parity ^ 1u;
+    }
+    for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
+        hot_step(first, parity, shuffle_width);
+        parity = parity ^ 1u;
+    }
+
+    // Merge the groups' (max, sum): a tree over groups in exchange (max, sum) per group
+    workgroupBarrier();
+    if (in_group && group_lane == 0u) {
+        set4(key_group, vec4<f32>(run_max, run_sum, 0.0, 0.0));
+    }
+    workgroupBarrier();
+    var n: u32 = groups;
+    while (n > 1u) {
+        let keep = (n + 1u) / 2u;
+        if (tid < n - keep) {
+            let a = get4(tid);
+            let b = get4(tid + keep);
+            let m = max(a.x, b.x);
+            set4(tid, vec4<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m), 0.0, 0.0));
+        }
+        workgroupBarrier();
+        n = keep;
+    }
+    let row_max = exchange[0];
+    let row_sum = exchange[1];
+    workgroupBarrier();
+    var inv_sum = select(0.0, 1.0 / row_sum, row_sum > 0.0);
+    // This group's share of the softmax, relative to the common max
+    let weight = select(0.0, exp(run_max - row_max), in_group);
+    let out_base = head_idx * head_dim + dim0;
+
+    // Accumulator elements 0..3 of every lane: a tree over groups, then store
+    set4(tid, acc_0 * weight);
+    workgroupBarrier();
+    n = groups;
+    while (n > 1u) {
+        let keep = (n + 1u) / 2u;
+        if (key_group < n - keep) {
+            set4(tid, get4(tid) + get4(tid + keep * lanes_per_key));
+        }
+        workgroupBarrier();
+        n = keep;
+    }
+    if (key_group == 0u && lane_live) {
+        let total = get4(tid) * inv_sum;
+        if (dim0 + 0u < head_dim) { output[out_base + 0u] = total[0]; }
+        if (dim0 + 1u < head_dim) { output[out_base + 1u] = total[1]; }
+        if (dim0 + 2u < head_dim) { output[out_base + 2u] = total[2]; }
+        if (dim0 + 3u < head_dim) { output[out_base + 3u] = total[3]; }
+    }
+    workgroupBarrier();
+
+    // Accumulator elements 4..7 of every lane: a tree over groups, then store
+    set4(tid, acc_1 * weight);
+    workgroupBarrier();
+    n = groups;
+    while (n > 1u) {
+        let keep = (n + 1u) / 2u;
+        if (key_group < n - keep) {
+            set4(tid, get4(tid) + get4(tid + keep * lanes_per_key));
+        }
+        workgroupBarrier();
+        n = keep;
+    }
+    if (key_group == 0u && lane_live) {
+        let total = get4(tid) * inv_sum;
+        if (dim0 + 4u < head_dim) { output[out_base + 4u] = total[0]; }
+        if (dim0 + 5u < head_dim) { output[out_base + 5u] = total[1]; }
+        if (dim0 + 6u < head_dim) { output[out_base + 6u] = total[2]; }
+        if (dim0 + 7u < head_dim) { output[out_base + 7u] = total[3]; }
+    }
+}
