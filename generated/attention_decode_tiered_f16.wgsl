@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:946dc7ecf70a6f2512d2a688706adf7b65930bbef0da28dfe11aa155465810be
+// source-hash: sha256:b08c2fe32cdcc22227542db1f1e7c42314fc50488f31f78ff3b658ef872c9836
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -81,6 +81,7 @@ var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
 var<private> run_max: f32;
 var<private> run_sum: f32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
 var<private> acc_0: vec4<f32>;
@@ -137,17 +138,16 @@ fn finish_score(dot: f32, abs_key: u32) -> f32 {
     return s;
 }
 
-// Sum the lanes' partial q.k dots over each lane group: by subgroup shuffles when width > 0
-// (the group's lanes are one aligned power-of-two block of a subgroup), else through workgroup
-// memory (one barrier a step; the halves alternate)
-fn group_reduce(partial: vec2<f32>, parity: u32, width: u32) -> vec2<f32> {
-    let slot = 4u * tid + 2u * parity;
-    exchange[slot] = partial.x;
-    exchange[slot + 1u] = partial.y;
+// Sum two key slots' partial q.k dots over each lane group
+fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
+    let pick = 2u * exchange_half;
+    exchange_half = exchange_half ^ 1u;
+    exchange[4u * tid + pick] = partial.x;
+    exchange[4u * tid + pick + 1u] = partial.y;
     workgroupBarrier();
     var sum = vec2<f32>(0.0);
     if (in_group) {
-        let base = 4u * key_group * lanes + 2u * parity;
+        let base = 4u * key_group * lanes + pick;
         for (var i: u32 = 0u; i < lanes; i++) {
             sum += vec2<f32>(exchange[base + 4u * i], exchange[base + 4u * i + 1u]);
         }
@@ -155,95 +155,98 @@ fn group_reduce(partial: vec2<f32>, parity: u32, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// Online softmax: fold this step's keys into the group's running max, sum and accumulator
-fn online_update(
-    score0: f32, live0: bool, vscale0: f32,
-    score1: f32, live1: bool, vscale1: f32,
-    v0_0: vec4<f32>,
-    v0_1: vec4<f32>,
-    v1_0: vec4<f32>,
-    v1_1: vec4<f32>,
-) {
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    let correction = exp(run_max - m);
-    let p0 = select(0.0, exp(score0 - m), live0);
-    let p1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + p0 + p1;
-    let w0 = p0 * vscale0;
-    let w1 = p1 * vscale1;
-    acc_0 = acc_0 * correction + w0 * v0_0 + w1 * v1_0;
-    acc_1 = acc_1 * correction + w0 * v0_1 + w1 * v1_1;
-    run_max = m;
-}
-
-// One step over the cold tier: keys first + slot * num_groups + group, slot < 2
-fn cold_step(first: u32, parity: u32, width: u32) {
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.cold_len;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < u.cold_len;
-    var k0_0 = vec4<f32>(0.0);
-    var v0_0 = vec4<f32>(0.0);
-    var k0_1 = vec4<f32>(0.0);
-    var v0_1 = vec4<f32>(0.0);
-    var k1_0 = vec4<f32>(0.0);
-    var v1_0 = vec4<f32>(0.0);
-    var k1_1 = vec4<f32>(0.0);
-    var v1_1 = vec4<f32>(0.0);
+    var kh0_0 = vec4<f16>();
+    var vh0_0 = vec4<f16>();
+    var kh0_1 = vec4<f16>();
+    var vh0_1 = vec4<f16>();
     if (live0 && lane_live) {
         let row0 = (get_cold_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        k0_0 = vec4<f32>(f32(K_cold[row0 + 0u]), f32(K_cold[row0 + 1u]), f32(K_cold[row0 + 2u]), f32(K_cold[row0 + 3u]));
-        k0_1 = vec4<f32>(f32(K_cold[row0 + 4u]), f32(K_cold[row0 + 5u]), f32(K_cold[row0 + 6u]), f32(K_cold[row0 + 7u]));
-        v0_0 = vec4<f32>(f32(V_cold[row0 + 0u]), f32(V_cold[row0 + 1u]), f32(V_cold[row0 + 2u]), f32(V_cold[row0 + 3u]));
-        v0_1 = vec4<f32>(f32(V_cold[row0 + 4u]), f32(V_cold[row0 + 5u]), f32(V_cold[row0 + 6u]), f32(V_cold[row0 + 7u]));
+        kh0_0 = vec4<f16>(K_cold[row0 + 0u], K_cold[row0 + 1u], K_cold[row0 + 2u], K_cold[row0 + 3u]);
+        kh0_1 = vec4<f16>(K_cold[row0 + 4u], K_cold[row0 + 5u], K_cold[row0 + 6u], K_cold[row0 + 7u]);
+        vh0_0 = vec4<f16>(V_cold[row0 + 0u], V_cold[row0 + 1u], V_cold[row0 + 2u], V_cold[row0 + 3u]);
+        vh0_1 = vec4<f16>(V_cold[row0 + 4u], V_cold[row0 + 5u], V_cold[row0 + 6u], V_cold[row0 + 7u]);
     }
+    var kh1_0 = vec4<f16>();
+    var vh1_0 = vec4<f16>();
+    var kh1_1 = vec4<f16>();
+    var vh1_1 = vec4<f16>();
     if (live1 && lane_live) {
         let row1 = (get_cold_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        k1_0 = vec4<f32>(f32(K_cold[row1 + 0u]), f32(K_cold[row1 + 1u]), f32(K_cold[row1 + 2u]), f32(K_cold[row1 + 3u]));
-        k1_1 = vec4<f32>(f32(K_cold[row1 + 4u]), f32(K_cold[row1 + 5u]), f32(K_cold[row1 + 6u]), f32(K_cold[row1 + 7u]));
-        v1_0 = vec4<f32>(f32(V_cold[row1 + 0u]), f32(V_cold[row1 + 1u]), f32(V_cold[row1 + 2u]), f32(V_cold[row1 + 3u]));
-        v1_1 = vec4<f32>(f32(V_cold[row1 + 4u]), f32(V_cold[row1 + 5u]), f32(V_cold[row1 + 6u]), f32(V_cold[row1 + 7u]));
+        kh1_0 = vec4<f16>(K_cold[row1 + 0u], K_cold[row1 + 1u], K_cold[row1 + 2u], K_cold[row1 + 3u]);
+        kh1_1 = vec4<f16>(K_cold[row1 + 4u], K_cold[row1 + 5u], K_cold[row1 + 6u], K_cold[row1 + 7u]);
+        vh1_0 = vec4<f16>(V_cold[row1 + 0u], V_cold[row1 + 1u], V_cold[row1 + 2u], V_cold[row1 + 3u]);
+        vh1_1 = vec4<f16>(V_cold[row1 + 4u], V_cold[row1 + 5u], V_cold[row1 + 6u], V_cold[row1 + 7u]);
     }
-    let dots = group_reduce(vec2<f32>(dot(q_0, k0_0) + dot(q_1, k0_1), dot(q_0, k1_0) + dot(q_1, k1_1)), parity, width);
-    let score0 = finish_score(dots[0], key0);
-    let score1 = finish_score(dots[1], key1);
-    online_update(score0, live0, 1.0, score1, live1, 1.0, v0_0, v0_1, v1_0, v1_1);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], key0);
+    let score1 = finish_score(dots0[1], key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
 }
 
-// One step over the hot tier: keys first + slot * num_groups + group, slot < 2
-fn hot_step(first: u32, parity: u32, width: u32) {
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.hot_len;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < u.hot_len;
-    var k0_0 = vec4<f32>(0.0);
-    var v0_0 = vec4<f32>(0.0);
-    var k0_1 = vec4<f32>(0.0);
-    var v0_1 = vec4<f32>(0.0);
-    var k1_0 = vec4<f32>(0.0);
-    var v1_0 = vec4<f32>(0.0);
-    var k1_1 = vec4<f32>(0.0);
-    var v1_1 = vec4<f32>(0.0);
+    var kh0_0 = vec4<f16>();
+    var vh0_0 = vec4<f16>();
+    var kh0_1 = vec4<f16>();
+    var vh0_1 = vec4<f16>();
     if (live0 && lane_live) {
         let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        k0_0 = vec4<f32>(f32(K_hot[row0 + 0u]), f32(K_hot[row0 + 1u]), f32(K_hot[row0 + 2u]), f32(K_hot[row0 + 3u]));
-        k0_1 = vec4<f32>(f32(K_hot[row0 + 4u]), f32(K_hot[row0 + 5u]), f32(K_hot[row0 + 6u]), f32(K_hot[row0 + 7u]));
-        v0_0 = vec4<f32>(f32(V_hot[row0 + 0u]), f32(V_hot[row0 + 1u]), f32(V_hot[row0 + 2u]), f32(V_hot[row0 + 3u]));
-        v0_1 = vec4<f32>(f32(V_hot[row0 + 4u]), f32(V_hot[row0 + 5u]), f32(V_hot[row0 + 6u]), f32(V_hot[row0 + 7u]));
+        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
     }
+    var kh1_0 = vec4<f16>();
+    var vh1_0 = vec4<f16>();
+    var kh1_1 = vec4<f16>();
+    var vh1_1 = vec4<f16>();
     if (live1 && lane_live) {
         let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        k1_0 = vec4<f32>(f32(K_hot[row1 + 0u]), f32(K_hot[row1 + 1u]), f32(K_hot[row1 + 2u]), f32(K_hot[row1 + 3u]));
-        k1_1 = vec4<f32>(f32(K_hot[row1 + 4u]), f32(K_hot[row1 + 5u]), f32(K_hot[row1 + 6u]), f32(K_hot[row1 + 7u]));
-        v1_0 = vec4<f32>(f32(V_hot[row1 + 0u]), f32(V_hot[row1 + 1u]), f32(V_hot[row1 + 2u]), f32(V_hot[row1 + 3u]));
-        v1_1 = vec4<f32>(f32(V_hot[row1 + 4u]), f32(V_hot[row1 + 5u]), f32(V_hot[row1 + 6u]), f32(V_hot[row1 + 7u]));
+        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
     }
-    let dots = group_reduce(vec2<f32>(dot(q_0, k0_0) + dot(q_1, k0_1), dot(q_0, k1_0) + dot(q_1, k1_1)), parity, width);
-    let score0 = finish_score(dots[0], u.hot_start + key0);
-    let score1 = finish_score(dots[1], u.hot_start + key1);
-    online_update(score0, live0, 1.0, score1, live1, 1.0, v0_0, v0_1, v1_0, v1_1);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], u.hot_start + key0);
+    let score1 = finish_score(dots0[1], u.hot_start + key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
@@ -276,6 +279,7 @@ fn main(
     kv_head = get_kv_head_idx(head_idx);
     run_max = MASKED_SCORE;
     run_sum = 0.0;
+    exchange_half = 0u;
     let q_base = head_idx * head_dim + dim0;
     acc_0 = vec4<f32>(0.0);
     q_0 = vec4<f32>(0.0);
@@ -295,78 +299,68 @@ fn main(
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
     let groups = WORKGROUP_SIZE / lanes_per_key;
     let keys_per_step = groups * 2u;
-    var parity: u32 = 0u;
     let shuffle_width = 0u;  // 0: reduce through workgroup memory
     for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
-        cold_step(first, parity, shuffle_width);
-        parity = parity ^ 1u;
+        cold_step(first, shuffle_width);
     }
     for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
-        hot_step(first, parity, shuffle_width);
-        parity = parity ^ 1u;
+        hot_step(first, shuffle_width);
     }
 
-    // Merge the groups' (max, sum): a tree over groups in exchange (max, sum) per group
+    let block = lanes_per_key;
+    // One representative group per block of lanes publishes its (max, sum)
+    let reps = WORKGROUP_SIZE / block;
+    let rep = tid / block;
+    let is_rep = rep < reps && tid - rep * block < lanes_per_key;
     workgroupBarrier();
-    if (in_group && group_lane == 0u) {
-        set4(key_group, vec4<f32>(run_max, run_sum, 0.0, 0.0));
+    if (is_rep && group_lane == 0u) {
+        exchange[4u * rep] = run_max;
+        exchange[4u * rep + 1u] = run_sum;
     }
     workgroupBarrier();
-    var n: u32 = groups;
-    while (n > 1u) {
-        let keep = (n + 1u) / 2u;
-        if (tid < n - keep) {
-            let a = get4(tid);
-            let b = get4(tid + keep);
-            let m = max(a.x, b.x);
-            set4(tid, vec4<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m), 0.0, 0.0));
-        }
-        workgroupBarrier();
-        n = keep;
+    var row_max = MASKED_SCORE;
+    var row_sum = 0.0;
+    for (var r: u32 = 0u; r < reps; r++) {
+        let m = max(row_max, exchange[4u * r]);
+        row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+        row_max = m;
     }
-    let row_max = exchange[0];
-    let row_sum = exchange[1];
-    workgroupBarrier();
     var inv_sum = select(0.0, 1.0 / row_sum, row_sum > 0.0);
-    // This group's share of the softmax, relative to the common max
-    let weight = select(0.0, exp(run_max - row_max), in_group);
+    // This block's share of the softmax, relative to the row max
+    let weight = exp(run_max - row_max);
     let out_base = head_idx * head_dim + dim0;
+    let slot = rep * lanes_per_key + group_lane;
 
-    // Accumulator elements 0..3 of every lane: a tree over groups, then store
-    set4(tid, acc_0 * weight);
+    // Accumulator elements 0..3: the representatives', summed by the first group
     workgroupBarrier();
-    n = groups;
-    while (n > 1u) {
-        let keep = (n + 1u) / 2u;
-        if (key_group < n - keep) {
-            set4(tid, get4(tid) + get4(tid + keep * lanes_per_key));
-        }
-        workgroupBarrier();
-        n = keep;
+    if (is_rep) {
+        set4(slot, acc_0 * weight);
     }
+    workgroupBarrier();
     if (key_group == 0u && lane_live) {
-        let total = get4(tid) * inv_sum;
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        total = total * inv_sum;
         if (dim0 + 0u < head_dim) { output[out_base + 0u] = f16(total[0]); }
         if (dim0 + 1u < head_dim) { output[out_base + 1u] = f16(total[1]); }
         if (dim0 + 2u < head_dim) { output[out_base + 2u] = f16(total[2]); }
         if (dim0 + 3u < head_dim) { output[out_base + 3u] = f16(total[3]); }
     }
-    workgroupBarrier();
 
-    // Accumulator elements 4..7 of every lane: a tree over groups, then store
-    set4(tid, acc_1 * weight);
+    // Accumulator elements 4..7: the representatives', summed by the first group
     workgroupBarrier();
-    n = groups;
-    while (n > 1u) {
-        let keep = (n + 1u) / 2u;
-        if (key_group < n - keep) {
-            set4(tid, get4(tid) + get4(tid + keep * lanes_per_key));
-        }
-        workgroupBarrier();
-        n = keep;
+    if (is_rep) {
+        set4(slot, acc_1 * weight);
     }
+    workgroupBarrier();
     if (key_group == 0u && lane_live) {
-        let total = get4(tid) * inv_sum;
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        total = total * inv_sum;
         if (dim0 + 4u < head_dim) { output[out_base + 4u] = f16(total[0]); }
         if (dim0 + 5u < head_dim) { output[out_base + 5u] = f16(total[1]); }
         if (dim0 + 6u < head_dim) { output[out_base + 6u] = f16(total[2]); }
