@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b08c2fe32cdcc22227542db1f1e7c42314fc50488f31f78ff3b658ef872c9836
+// source-hash: sha256:0ecf1b37cc10cfd1b5efff3aa9319edf0f0e64f30e586589ea62578b2ad01fbb
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

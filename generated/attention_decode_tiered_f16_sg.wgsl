@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4f9497271f86df083069a2d7e50838b1022591dd0b05694eb91f95ecfc3a8f37
+// source-hash: sha256:ce8bc52c21b6590b5b308e2319fea078719dd95a50127920e9520c1a337982de
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a0ded9d6c75521a7251ba25af1e23a667ab6398273249c214a703544065a5e35
+// source-hash: sha256:47e0ce8252746e1b00959859916c5761f34479632f7cfefc86f5467826f90d8f
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7c9144a087c5ddcbc4d6ba0e9bd95e940cc9658c4ee5ac66e1ec95b8011b8f4a
+// source-hash: sha256:3f9c516095a34b1619aca54efb50d45a80b319f5690f5a917bb07766a777b4cb
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

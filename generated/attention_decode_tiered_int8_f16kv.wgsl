@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:94485a098f287aaaff8a7f6724f44c0d3cfb42febe3ebf4f68b41bf4308fc15b
+// source-hash: sha256:fea52e3e75dff65497cc24c89e4e46cc2cc1fd0df483af7e11118aa1736d3ef7
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dc78ae6afceebb061b836924a4f9493cacfcedd5484e94022ac64bd6efd8fb95
+// source-hash: sha256:965d8616b7b8399e7e0b8c47824ef25133fc28232e48e76c3dbee580295188e5
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
