@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:47e0ce8252746e1b00959859916c5761f34479632f7cfefc86f5467826f90d8f
+// source-hash: sha256:3ded9a464ba9ea2caaaac05a6c8238c34f9858022eaf19d70a516772262d36b8
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

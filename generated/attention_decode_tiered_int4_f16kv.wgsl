@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8079f5fd0da1f069f44f8067a3c8628f7d5a1d63531d343db1121b736932cbad
+// source-hash: sha256:89ddf6916e42ca5baab496892b521d50d29794372060498f3a9030f7500eb1e5
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fea52e3e75dff65497cc24c89e4e46cc2cc1fd0df483af7e11118aa1736d3ef7
+// source-hash: sha256:04ab33a32e5efd6afe5ba76bdd1029ac3c281a57f140113b74787925cc7bdc80
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:965d8616b7b8399e7e0b8c47824ef25133fc28232e48e76c3dbee580295188e5
+// source-hash: sha256:e4542e9eb076e3bff8ab9dad9085795dc862a34b11f8e8c178585eb517afb130
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -270,6 +270,53 @@ fn hot_step(first: u32, width: u32) {
     run_max = m;
 }
 
+// One step over the hot tier (head_dim a multiple of 8): slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_a8(first: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.hot_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.hot_len;
+    var kh0_0 = vec4<f16>();
+    var vh0_0 = vec4<f16>();
+    var kh0_1 = vec4<f16>();
+    var vh0_1 = vec4<f16>();
+    if (live0 && lane_live) {
+        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / 8u) + dim0 / 8u) * 8u;
+        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+    }
+    var kh1_0 = vec4<f16>();
+    var vh1_0 = vec4<f16>();
+    var kh1_1 = vec4<f16>();
+    var vh1_1 = vec4<f16>();
+    if (live1 && lane_live) {
+        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / 8u) + dim0 / 8u) * 8u;
+        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+    }
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], u.hot_start + key0);
+    let score1 = finish_score(dots0[1], u.hot_start + key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
@@ -323,11 +370,20 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
-    for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
-        cold_step(first, shuffle_width);
-    }
-    for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
-        hot_step(first, shuffle_width);
+    if (head_dim % 8u == 0u) {
+        for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
+            cold_step(first, shuffle_width);
+        }
+        for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
+            hot_step_a8(first, shuffle_width);
+        }
+    } else {
+        for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
+            cold_step(first, shuffle_width);
+        }
+        for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
+            hot_step(first, shuffle_width);
+        }
     }
 
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)

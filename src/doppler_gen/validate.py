@@ -141,13 +141,23 @@ def static_skip(
             "(--storage-overrun)"
         )
         return None, note
-    invocations = 1
-    for size in entry["workgroup_size_default"]:
-        invocations *= size
+    invocations = _invocations(entry)
     limit = device.limits.get("max-compute-invocations-per-workgroup", 256)
     if invocations > limit:
         return f"needs {invocations} invocations per workgroup; limit {limit}", ""
     return None, ""
+
+
+def _invocations(entry: dict[str, Any]) -> int:
+    """Invocations per workgroup with the variant's recorded pipeline constants: a variant that
+    sets WORKGROUP_SIZE = 1024 needs 1024, whatever the WGSL default."""
+    constants = entry.get("pipeline_constants", {})
+    invocations = 1
+    for expression, default in zip(
+        entry["workgroup_size"], entry["workgroup_size_default"], strict=True
+    ):
+        invocations *= int(constants.get(str(expression), default))
+    return invocations
 
 
 def _missing_features(missing: list[str], device: Device) -> str:
