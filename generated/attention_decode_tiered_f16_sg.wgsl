@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:78afedfefdcedbf8de729d1b0cb665ea29cd11cdf118a53a0d2531a2dfda6cf4
+// source-hash: sha256:388744d58a27999feb5775a69c30f479e712359c4eaaa0530869082ab90b2bcf
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -257,8 +257,8 @@ fn hot_step(first: u32, width: u32) {
     run_max = m;
 }
 
-// One step over the cold tier (head_dim a multiple of 8): slot s scores key first + s * num_groups + key_group, s < 2
-fn cold_step_a8(first: u32, width: u32) {
+// One step over the cold tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step_aligned(first: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.cold_len;
     let key1 = first + 1u * num_groups + key_group;
@@ -268,7 +268,7 @@ fn cold_step_a8(first: u32, width: u32) {
     var kh0_1 = vec4<f16>();
     var vh0_1 = vec4<f16>();
     if (live0 && lane_live) {
-        let row0 = ((get_cold_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / 8u) + dim0 / 8u) * 8u;
+        let row0 = ((get_cold_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
         kh0_0 = vec4<f16>(K_cold[row0 + 0u], K_cold[row0 + 1u], K_cold[row0 + 2u], K_cold[row0 + 3u]);
         kh0_1 = vec4<f16>(K_cold[row0 + 4u], K_cold[row0 + 5u], K_cold[row0 + 6u], K_cold[row0 + 7u]);
         vh0_0 = vec4<f16>(V_cold[row0 + 0u], V_cold[row0 + 1u], V_cold[row0 + 2u], V_cold[row0 + 3u]);
@@ -279,7 +279,7 @@ fn cold_step_a8(first: u32, width: u32) {
     var kh1_1 = vec4<f16>();
     var vh1_1 = vec4<f16>();
     if (live1 && lane_live) {
-        let row1 = ((get_cold_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / 8u) + dim0 / 8u) * 8u;
+        let row1 = ((get_cold_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
         kh1_0 = vec4<f16>(K_cold[row1 + 0u], K_cold[row1 + 1u], K_cold[row1 + 2u], K_cold[row1 + 3u]);
         kh1_1 = vec4<f16>(K_cold[row1 + 4u], K_cold[row1 + 5u], K_cold[row1 + 6u], K_cold[row1 + 7u]);
         vh1_0 = vec4<f16>(V_cold[row1 + 0u], V_cold[row1 + 1u], V_cold[row1 + 2u], V_cold[row1 + 3u]);
@@ -304,8 +304,8 @@ fn cold_step_a8(first: u32, width: u32) {
     run_max = m;
 }
 
-// One step over the hot tier (head_dim a multiple of 8): slot s scores key first + s * num_groups + key_group, s < 2
-fn hot_step_a8(first: u32, width: u32) {
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_aligned(first: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.hot_len;
     let key1 = first + 1u * num_groups + key_group;
@@ -315,7 +315,7 @@ fn hot_step_a8(first: u32, width: u32) {
     var kh0_1 = vec4<f16>();
     var vh0_1 = vec4<f16>();
     if (live0 && lane_live) {
-        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / 8u) + dim0 / 8u) * 8u;
+        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
         kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
         kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
         vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
@@ -326,7 +326,7 @@ fn hot_step_a8(first: u32, width: u32) {
     var kh1_1 = vec4<f16>();
     var vh1_1 = vec4<f16>();
     if (live1 && lane_live) {
-        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / 8u) + dim0 / 8u) * 8u;
+        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
         kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
         kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
         vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
@@ -404,12 +404,12 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
-    if (head_dim % 8u == 0u) {
+    if (head_dim % DIMS_PER_LANE == 0u) {
         for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
-            cold_step_a8(first, shuffle_width);
+            cold_step_aligned(first, shuffle_width);
         }
         for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
-            hot_step_a8(first, shuffle_width);
+            hot_step_aligned(first, shuffle_width);
         }
     } else {
         for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3ded9a464ba9ea2caaaac05a6c8238c34f9858022eaf19d70a516772262d36b8
+// source-hash: sha256:eb1860ee45487e636fd293f64624c49e4974bb2edaefcb590c888deba02a5c0b
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

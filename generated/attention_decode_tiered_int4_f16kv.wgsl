@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:89ddf6916e42ca5baab496892b521d50d29794372060498f3a9030f7500eb1e5
+// source-hash: sha256:b1540590e9ca22ffc5619917830809b298289ed2218eeb1cdc665420d736d43e
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:04ab33a32e5efd6afe5ba76bdd1029ac3c281a57f140113b74787925cc7bdc80
+// source-hash: sha256:b877871191a550722dd93c828739602fae8ca9f0a96d17f26341bcae7b085acc
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
