@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:00b4c21722dbc8083495c0837452d65f796feaede73f9188707cac069aa0b248
+// source-hash: sha256:23b8db25465a682621100bd2959cb9cd199928a16e1605da7e480c9aae3cd106
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

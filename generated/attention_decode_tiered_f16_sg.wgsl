@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:388744d58a27999feb5775a69c30f479e712359c4eaaa0530869082ab90b2bcf
+// source-hash: sha256:995f178c42410ceb56003a0b3e276ea7a2192db00af1d577b113de61623d8320
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -48,10 +48,10 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f16>;
-@group(0) @binding(2) var<storage, read> K_hot: array<f16>;
-@group(0) @binding(3) var<storage, read> V_hot: array<f16>;
-@group(0) @binding(4) var<storage, read> K_cold: array<f16>;
-@group(0) @binding(5) var<storage, read> V_cold: array<f16>;
+@group(0) @binding(2) var<storage, read> K_hot: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> V_hot: array<vec4<f16>>;
+@group(0) @binding(4) var<storage, read> K_cold: array<vec4<f16>>;
+@group(0) @binding(5) var<storage, read> V_cold: array<vec4<f16>>;
 @group(0) @binding(6) var<storage, read_write> output: array<f16>;
 @group(0) @binding(7) var<storage, read> cold_page_table: array<u32>;
 
@@ -174,22 +174,22 @@ fn cold_step(first: u32, width: u32) {
     var kh0_1 = vec4<f16>();
     var vh0_1 = vec4<f16>();
     if (live0 && lane_live) {
-        let row0 = (get_cold_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh0_0 = vec4<f16>(K_cold[row0 + 0u], K_cold[row0 + 1u], K_cold[row0 + 2u], K_cold[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_cold[row0 + 4u], K_cold[row0 + 5u], K_cold[row0 + 6u], K_cold[row0 + 7u]);
-        vh0_0 = vec4<f16>(V_cold[row0 + 0u], V_cold[row0 + 1u], V_cold[row0 + 2u], V_cold[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_cold[row0 + 4u], V_cold[row0 + 5u], V_cold[row0 + 6u], V_cold[row0 + 7u]);
+        let row0 = ((get_cold_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
+        kh0_0 = K_cold[row0 + 0u];
+        kh0_1 = K_cold[row0 + 1u];
+        vh0_0 = V_cold[row0 + 0u];
+        vh0_1 = V_cold[row0 + 1u];
     }
     var kh1_0 = vec4<f16>();
     var vh1_0 = vec4<f16>();
     var kh1_1 = vec4<f16>();
     var vh1_1 = vec4<f16>();
     if (live1 && lane_live) {
-        let row1 = (get_cold_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh1_0 = vec4<f16>(K_cold[row1 + 0u], K_cold[row1 + 1u], K_cold[row1 + 2u], K_cold[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_cold[row1 + 4u], K_cold[row1 + 5u], K_cold[row1 + 6u], K_cold[row1 + 7u]);
-        vh1_0 = vec4<f16>(V_cold[row1 + 0u], V_cold[row1 + 1u], V_cold[row1 + 2u], V_cold[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_cold[row1 + 4u], V_cold[row1 + 5u], V_cold[row1 + 6u], V_cold[row1 + 7u]);
+        let row1 = ((get_cold_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
+        kh1_0 = K_cold[row1 + 0u];
+        kh1_1 = K_cold[row1 + 1u];
+        vh1_0 = V_cold[row1 + 0u];
+        vh1_1 = V_cold[row1 + 1u];
     }
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
@@ -221,116 +221,22 @@ fn hot_step(first: u32, width: u32) {
     var kh0_1 = vec4<f16>();
     var vh0_1 = vec4<f16>();
     if (live0 && lane_live) {
-        let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
+        kh0_0 = K_hot[row0 + 0u];
+        kh0_1 = K_hot[row0 + 1u];
+        vh0_0 = V_hot[row0 + 0u];
+        vh0_1 = V_hot[row0 + 1u];
     }
     var kh1_0 = vec4<f16>();
     var vh1_0 = vec4<f16>();
     var kh1_1 = vec4<f16>();
     var vh1_1 = vec4<f16>();
     if (live1 && lane_live) {
-        let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
-    }
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
-    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let score0 = finish_score(dots0[0], u.hot_start + key0);
-    let score1 = finish_score(dots0[1], u.hot_start + key1);
-
-    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    let correction = exp(run_max - m);
-    let w0 = select(0.0, exp(score0 - m), live0);
-    let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    run_max = m;
-}
-
-// One step over the cold tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
-fn cold_step_aligned(first: u32, width: u32) {
-    let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < u.cold_len;
-    let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < u.cold_len;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = ((get_cold_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
-        kh0_0 = vec4<f16>(K_cold[row0 + 0u], K_cold[row0 + 1u], K_cold[row0 + 2u], K_cold[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_cold[row0 + 4u], K_cold[row0 + 5u], K_cold[row0 + 6u], K_cold[row0 + 7u]);
-        vh0_0 = vec4<f16>(V_cold[row0 + 0u], V_cold[row0 + 1u], V_cold[row0 + 2u], V_cold[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_cold[row0 + 4u], V_cold[row0 + 5u], V_cold[row0 + 6u], V_cold[row0 + 7u]);
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = ((get_cold_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
-        kh1_0 = vec4<f16>(K_cold[row1 + 0u], K_cold[row1 + 1u], K_cold[row1 + 2u], K_cold[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_cold[row1 + 4u], K_cold[row1 + 5u], K_cold[row1 + 6u], K_cold[row1 + 7u]);
-        vh1_0 = vec4<f16>(V_cold[row1 + 0u], V_cold[row1 + 1u], V_cold[row1 + 2u], V_cold[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_cold[row1 + 4u], V_cold[row1 + 5u], V_cold[row1 + 6u], V_cold[row1 + 7u]);
-    }
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
-    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let score0 = finish_score(dots0[0], key0);
-    let score1 = finish_score(dots0[1], key1);
-
-    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    let correction = exp(run_max - m);
-    let w0 = select(0.0, exp(score0 - m), live0);
-    let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    run_max = m;
-}
-
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
-fn hot_step_aligned(first: u32, width: u32) {
-    let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < u.hot_len;
-    let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < u.hot_len;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
-        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
-        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
+        kh1_0 = K_hot[row1 + 0u];
+        kh1_1 = K_hot[row1 + 1u];
+        vh1_0 = V_hot[row1 + 0u];
+        vh1_1 = V_hot[row1 + 1u];
     }
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
@@ -367,7 +273,7 @@ fn main(
         lanes_per_key = lanes_per_key * 2u;
     }
     if (WORKGROUP_SIZE > MAX_WORKGROUP_SIZE || head_dim > MAX_HEAD_DIM ||
-        lanes_per_key > WORKGROUP_SIZE || total_len > MAX_KV_LEN) {
+        lanes_per_key > WORKGROUP_SIZE || total_len > MAX_KV_LEN || head_dim % 4u != 0u) {
         return;
     }
 
@@ -404,20 +310,11 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
-    if (head_dim % DIMS_PER_LANE == 0u) {
-        for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
-            cold_step_aligned(first, shuffle_width);
-        }
-        for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
-            hot_step_aligned(first, shuffle_width);
-        }
-    } else {
-        for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
-            cold_step(first, shuffle_width);
-        }
-        for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
-            hot_step(first, shuffle_width);
-        }
+    for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
+        cold_step(first, shuffle_width);
+    }
+    for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
+        hot_step(first, shuffle_width);
     }
 
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:eb1860ee45487e636fd293f64624c49e4974bb2edaefcb590c888deba02a5c0b
+// source-hash: sha256:aa13b13d74a89f4ee8499c88e2cd8c17a99f13c14cb3fa95ad76f9c806f03359
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

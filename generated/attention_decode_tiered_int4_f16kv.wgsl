@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b1540590e9ca22ffc5619917830809b298289ed2218eeb1cdc665420d736d43e
+// source-hash: sha256:8cef6fb97988311f1abed7b96771983056b7a820137154b3fffc3cc5d137c8ae
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b877871191a550722dd93c828739602fae8ca9f0a96d17f26341bcae7b085acc
+// source-hash: sha256:186572972c9b8bb81e626a96729938c0fb4899133dfaffe3ea11906488620d30
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
