@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4fe4457ae4346db9b163a822cf59496e5326fd62b415b968861d2be382f166b3
+// source-hash: sha256:8c9f0c96ea664b151eb689f910f40df3a0d7572505bb4b3908dab98c2754173c
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //
