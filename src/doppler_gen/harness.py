@@ -8,6 +8,7 @@ no per-variant offset, index or size written in Python.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,13 @@ def pack_uniforms(layout: dict[str, Any], values: dict[str, float]) -> bytes:
         value = values[f["name"]]
         struct.pack_into(fmt, data, f["offset"], float(value) if f["type"] == "f32" else int(value))
     return bytes(data)
+
+
+def kv_vector_width(entry: dict[str, Any]) -> int:
+    """Elements per load of the K binding (4 for ``array<vec4<f16>>``): head_dim must divide."""
+    key = next((b for b in entry["bindings"] if b["name"] in ("K", "K_hot")), None)
+    match = re.match(r"array<vec([234])<", key["type"]) if key else None
+    return int(match.group(1)) if match else 1
 
 
 def evaluate_dispatch(rule: str, names: dict[str, float]) -> int:
@@ -138,10 +146,16 @@ class KernelRunner:
         name = self.kernel.variant.name
         head_dim_limit = int(self.meta["max_head_dim"])
         if self.family == "tiered" and self.has_override("WORKGROUP_SIZE"):
-            head_dim_limit = min(head_dim_limit, self.override("WORKGROUP_SIZE"))
+            head_dim_limit = min(head_dim_limit, self._tiered_head_dim_limit(name))
         if spec.head_dim > head_dim_limit:
             raise ShapeError(
                 f"{name}: head_dim {spec.head_dim} exceeds the kernel's maximum {head_dim_limit}"
+            )
+        width = self.kv_vector_width()
+        if spec.head_dim % width:
+            raise ShapeError(
+                f"{name}: head_dim {spec.head_dim} is not a multiple of {width} "
+                f"(the kernel reads K/V as vec{width})"
             )
         if spec.head_dim < 1 or spec.num_heads < 1 or spec.num_kv_heads < 1:
             raise ShapeError(f"{name}: head_dim, num_heads and num_kv_heads must be positive")
@@ -165,6 +179,24 @@ class KernelRunner:
                 f"{name}: a buffer would need about {biggest} B; the device binds at most {largest} B"
             )
 
+    def _tiered_head_dim_limit(self, name: str) -> int:
+        """The largest head_dim the tiered kernel runs at its WORKGROUP_SIZE.
+
+        A kernel declaring DIMS_PER_LANE splits head_dim over a power-of-two lane group of at
+        most WORKGROUP_SIZE lanes, DIMS_PER_LANE elements each; the seed's kernel needs one
+        invocation per element (head_dim <= WORKGROUP_SIZE).
+        """
+        size = self.override("WORKGROUP_SIZE")
+        constants = self.entry.get("constants", {})
+        largest = constants.get("MAX_WORKGROUP_SIZE")
+        if "DIMS_PER_LANE" not in constants:
+            return size
+        if largest is not None and size > largest:
+            raise ShapeError(
+                f"{name}: WORKGROUP_SIZE {size} exceeds the kernel's MAX_WORKGROUP_SIZE {largest}"
+            )
+        return (1 << (size.bit_length() - 1)) * int(constants["DIMS_PER_LANE"])
+
     def check_shape(self, data: CaseData) -> None:
         """Refuse, before any dispatch, a problem the kernel does not support."""
         self.check_spec(data.spec)
@@ -181,6 +213,10 @@ class KernelRunner:
                 raise ShapeError(
                     f"{name}: buffer {binding} needs {array.nbytes} B; the device binds at most {largest} B"
                 )
+
+    def kv_vector_width(self) -> int:
+        """Elements per load of the K binding (4 for ``array<vec4<f16>>``): head_dim must divide."""
+        return kv_vector_width(self.entry)
 
     def has_override(self, name: str) -> bool:
         return name in self.constants or any(o["name"] == name for o in self.entry["overrides"])

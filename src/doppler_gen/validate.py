@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from doppler_gen.backends import Backend, Device, effective_limits, get_backend,
 from doppler_gen.cases import CaseSpec, tiered_specs, tiled_specs
 from doppler_gen.config import Project
 from doppler_gen.errors import DopplerGenError, ShaderCompileError
-from doppler_gen.harness import CaseResult, KernelRunner
+from doppler_gen.harness import CaseResult, KernelRunner, kv_vector_width
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import select
 from doppler_gen.render import RenderedKernel, Renderer
@@ -136,7 +136,20 @@ def case_specs(
             quick=quick,
             seed=seed,
         )
-    return specs + size_specs(entry, tier_name(quick=quick, large=large), seed)
+    specs += size_specs(entry, tier_name(quick=quick, large=large), seed)
+    width = kv_vector_width(entry)
+    if width == 1:
+        return specs
+    return [_fit_head_dim(spec, width, int(meta["max_head_dim"])) for spec in specs]
+
+
+def _fit_head_dim(spec: CaseSpec, width: int, max_head_dim: int) -> CaseSpec:
+    """A case whose head_dim a vec``width`` kernel cannot take (it would be refused, and a
+    refusal fails the case) gets the next multiple of ``width``, named so the report says so."""
+    if spec.head_dim % width == 0:
+        return spec
+    fitted = min(-(-spec.head_dim // width) * width, max_head_dim - max_head_dim % width)
+    return replace(spec, name=f"{spec.name} (head_dim {fitted}: vec{width} K/V)", head_dim=fitted)
 
 
 def static_skip(
@@ -155,13 +168,23 @@ def static_skip(
             "(--storage-overrun)"
         )
         return None, note
-    invocations = 1
-    for size in entry["workgroup_size_default"]:
-        invocations *= size
+    invocations = _invocations(entry)
     limit = device.limits.get("max-compute-invocations-per-workgroup", 256)
     if invocations > limit:
         return f"needs {invocations} invocations per workgroup; limit {limit}", ""
     return None, ""
+
+
+def _invocations(entry: dict[str, Any]) -> int:
+    """Invocations per workgroup with the variant's recorded pipeline constants: a variant that
+    sets WORKGROUP_SIZE = 1024 needs 1024, whatever the WGSL default."""
+    constants = entry.get("pipeline_constants", {})
+    invocations = 1
+    for expression, default in zip(
+        entry["workgroup_size"], entry["workgroup_size_default"], strict=True
+    ):
+        invocations *= int(constants.get(str(expression), default))
+    return invocations
 
 
 def _missing_features(missing: list[str], device: Device) -> str:
