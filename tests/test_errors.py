@@ -228,8 +228,8 @@ def test_show_into_a_closed_pipe_exits_0_quietly(fresh_project: Path) -> None:
     ("words", "expected"),
     [
         (
-            "show attention_decode_tiered_i",
-            {"attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"},
+            "show attention_decode_tiered_int8",
+            {"attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int8_f16kv_sg"},
         ),
         ("validate attention_f16", {"attention_f16", "attention_f16kv"}),
         ("tune attention_sm", {"attention_small_f16kv"}),

@@ -20,7 +20,6 @@ from conftest import (
     REPO_ROOT,
     assert_one_line_error,
     edit,
-    line_of,
     project_snapshot,
     run_cli,
     snapshot,
@@ -140,14 +139,22 @@ def test_metadata_comes_from_the_manifest(exported: dict[str, Any], entries: dic
         entry = by_file[variant["wgsl"]]
         meta = entry["metadata"]
         assert variant["entryPoint"] == entry["entry_point"] == "main"
-        assert variant["workgroup"] == entry["workgroup_size_default"], vid
+        # the default workgroup size, with the variant's pipeline constants applied
+        constants = entry["pipeline_constants"]
+        workgroup = [
+            constants.get(expr, default)
+            for expr, default in zip(
+                entry["workgroup_size"], entry["workgroup_size_default"], strict=True
+            )
+        ]
+        assert variant["workgroup"] == workgroup, vid
         assert variant["requires"] == entry["requires"]
         assert (variant["inputDtype"], variant["kvDtype"], variant["outputDtype"]) == (
             meta["q_dtype"],
             meta["kv_dtype"],
             meta["out_dtype"],
         )
-        assert variant["wgslOverrides"] == entry["pipeline_constants"] == {}
+        assert variant["wgslOverrides"] == entry["pipeline_constants"]
         extra = variant["variantMetadata"]
         assert extra["maxHeadDim"] == meta["max_head_dim"]
         assert extra.get("maxKVLen") == meta["max_kv_len"]
@@ -391,20 +398,24 @@ def test_bad_doppler_declarations(
 ) -> None:
     toml = fresh_project / "variants.toml"
     old, new = change
+    edited_line = None  # the error names the needle's last line up to the edit
     if old == 'doppler_id = "decode_tiered_int4_f16kv"\n':  # the last occurrence: the int4 variant
         text = toml.read_text("utf-8")
         head, _, tail = text.rpartition(old)
         toml.write_text(head + new + tail, encoding="utf-8")
+        edited_line = head.count("\n") + 1
     else:
         edit(toml, old, new)
     text = toml.read_text("utf-8")
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if needle in line]
+    expected = max(n for n in lines if edited_line is None or n <= edited_line)
     before = snapshot(fresh_project / "generated")
     for command in ("generate", "check", "export"):
         result = run_cli(fresh_project, command)
         assert result.exit_code == 2, (command, result.output)
         line = assert_one_line_error(result.stderr)
         assert message in line, line
-        assert line.startswith(f"error: variants.toml:{line_of(text, needle, -1)}: "), line
+        assert line.startswith(f"error: variants.toml:{expected}: "), line
     assert snapshot(fresh_project / "generated") == before
 
 
@@ -499,7 +510,7 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
         ) in lines
     assert (
         "attention_tiered_quant.decode_tiered_int4_f16kv: variantMetadata.maxKVLen: registry "
-        "absent, WGSL 2048"
+        "absent, WGSL 131072"
     ) in lines
     assert any(line.startswith("attention.decode_f16kv: extra: ") for line in lines)
     assert not any("decode_streaming" in line for line in lines)

@@ -64,7 +64,8 @@ def extract(text: str) -> dict[str, Any]:
     code = strip(text)
     bindings = []
     for group, binding, space, access, name, wgsl_type in _BINDING.findall(code):
-        element = re.fullmatch(r"array<\s*(\w+)\s*>", wgsl_type)
+        # the scalar the host fills: array<vec4<f16>> is filled with f16 like array<f16>
+        element = re.fullmatch(r"array<\s*(?:vec[234]<\s*(\w+)\s*>|(\w+))\s*>", wgsl_type)
         bindings.append(
             {
                 "group": int(group),
@@ -73,7 +74,7 @@ def extract(text: str) -> dict[str, Any]:
                 "access": access or "read",
                 "name": name,
                 "type": re.sub(r"\s+", "", wgsl_type),
-                "element_type": element.group(1) if element else None,
+                "element_type": (element.group(1) or element.group(2)) if element else None,
             }
         )
     structs = {name: _FIELD.findall(body) for name, body in _STRUCT.findall(code)}

@@ -213,6 +213,11 @@ def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterato
         yield 'the WGSL enables f16 but the variant does not list requires = ["shader-f16"]'
     if not has_f16 and "shader-f16" in variant.requires:
         yield "the variant requires shader-f16 but the WGSL has no `enable f16;`"
+    has_subgroups = any("subgroups" in m.enables for m in modules)
+    if has_subgroups and "subgroups" not in variant.requires:
+        yield 'the WGSL enables subgroups but the variant does not list requires = ["subgroups"]'
+    if not has_subgroups and "subgroups" in variant.requires:
+        yield "the variant requires subgroups but the WGSL has no `enable subgroups;`"
     yield from _role_problems(variant, modules, entries)
     meta = variant.metadata
     yield from get_family(variant.template.family).interface_problems(

@@ -21,6 +21,7 @@ import numpy as np
 from doppler_gen.families.attention import (
     AttentionFamily,
     CaseSpec,
+    fit_head_dims,
     normal,
     paged_buffer,
     tiled_attention,
@@ -243,7 +244,7 @@ class TiledFamily(AttentionFamily):
         """The feature matrix (its subset for ``quick``), then the tier's size cases."""
         hd = int(entry["metadata"]["max_head_dim"])
         features = tiled_specs(hd, quick=tier == "quick", seed=seed)
-        return features + tiled_sizes(entry, tier, seed)
+        return fit_head_dims(features + tiled_sizes(entry, tier, seed), entry)
 
     def build(self, spec: CaseSpec, entry: Mapping[str, Any]) -> CaseData:
         return build_tiled(spec, element_types(entry))
