@@ -64,7 +64,7 @@ def pack_uniforms(layout: dict[str, Any], values: dict[str, float]) -> bytes:
 
 def kv_vector_width(entry: dict[str, Any]) -> int:
     """Elements per load of the K binding (4 for ``array<vec4<f16>>``): head_dim must divide."""
-    key = next((b for b in entry["bindings"] if b["name"] in ("K", "K_hot")), None)
+    key = next((b for b in entry.get("bindings", ()) if b["name"] in ("K", "K_hot")), None)
     match = re.match(r"array<vec([234])<", key["type"]) if key else None
     return int(match.group(1)) if match else 1
 
