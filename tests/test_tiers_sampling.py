@@ -88,6 +88,7 @@ def test_tiers_reach_the_issue_sizes_from_metadata(name: str, tier: str) -> None
     top = meta["max_head_dim"] - meta["max_head_dim"] % width
     swept = {min(-(-d // width) * width, top) for d in head_dims(meta["max_head_dim"])}
     assert {s.head_dim for s in specs} >= swept
+    assert all(s.head_dim % width == 0 for s in specs)
     assert reach["head_dim"] == meta["max_head_dim"] and reach["offset"] >= 4096
     if entry["family"] == "tiled":
         longest = meta["max_kv_len"] or 1 << 30
