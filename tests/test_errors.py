@@ -325,8 +325,8 @@ def test_a_newline_in_a_name_is_refused(fresh_project: Path, name: str) -> None:
 
 def test_repeat_and_warmup_caps_agree_and_are_enforced() -> None:
     from doppler_gen.backends.base import MAX_PASSES_PER_COMMAND_BUFFER, warmup_batches
-    from doppler_gen.bench import MAX_REPEATS, MAX_WARMUP, Settings
     from doppler_gen.errors import DopplerGenError
+    from doppler_gen.runtime.measure import MAX_REPEATS, MAX_WARMUP, Settings
 
     assert (cli_module.MAX_REPEATS, cli_module.MAX_WARMUP) == (MAX_REPEATS, MAX_WARMUP)
     with pytest.raises(DopplerGenError, match="at most 10000"):

@@ -118,12 +118,15 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
         assert {vid: placed[operation].get(vid) for vid in ids} == ids, operation
     # every id variants.toml declares is placed at its variant's file, and nothing else is
     declared: dict[str, dict[str, str]] = {}
+    not_exported = []
     for variant in load_project(REPO_ROOT).variants:
-        assert variant.doppler is not None, f"{variant.name} declares no doppler_id"
+        if variant.doppler is None:  # the rmsnorm variants: no Doppler registry slot yet
+            not_exported.append(variant.name)
+            continue
         for vid in variant.doppler.ids:
             declared.setdefault(variant.doppler.operation, {})[vid] = Path(variant.output).name
     assert placed == declared
-    assert registry["notExported"] == []
+    assert registry["notExported"] == not_exported == ["rmsnorm", "rmsnorm_f16"]
     tiers = {vid: v["variantMetadata"].get("tier") for _, vid, v, _, _ in resolved(registry)}
     assert tiers["prefill"] == tiers["prefill_f16kv"] == "tiled_large"
     assert tiers["prefill_small_f16kv"] == tiers["decode_small_f16kv"] == "tiled_small"
@@ -328,7 +331,7 @@ def test_a_variant_without_doppler_id_is_generated_but_listed_as_not_exported(
     )
     assert run_cli(fresh_project, "generate").exit_code == 0
     registry = json.loads((fresh_project / "generated/doppler/registry.json").read_text())
-    assert registry["notExported"] == ["attention_f16"]
+    assert registry["notExported"] == ["attention_f16", "rmsnorm", "rmsnorm_f16"]
     assert "prefill_f16" not in registry["operations"]["attention"]["variants"]
     digests = json.loads((fresh_project / "generated/doppler/digests.json").read_text())
     assert "attention_f16.wgsl#main" not in digests["digests"]
@@ -647,6 +650,7 @@ def test_multi_pass_variant_lists_its_passes_and_scratch(entries: dict[str, Any]
 def test_group_other_than_zero_is_refused(entries: dict[str, Any]) -> None:
     entry = _variant(entries, "attention", ["x"])
     entry["bindings"][1]["group"] = 1
+    entry["passes"][0]["bindings"][1]["group"] = 1  # the per-pass record is what is exported
     with pytest.raises(
         InterfaceError, match=re.escape("Doppler's registry describes bind group 0")
     ):

@@ -11,7 +11,7 @@ from conftest import assert_one_line_error, edit, line_of, run_cli, snapshot
 
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.expressions import ExpressionError, parse
-from doppler_gen.harness import evaluate_dispatch
+from doppler_gen.runtime.runner import evaluate_dispatch
 
 # -- the grammar ---------------------------------------------------------------------------------
 

@@ -84,7 +84,9 @@ def extract(text: str) -> dict[str, Any]:
     }
     names = {**constants, **{name: value for name, (_, value) in overrides.items()}}
     storage = 0
-    for _, wgsl_type in _WORKGROUP_VAR.findall(code):
+    for var_name, wgsl_type in _WORKGROUP_VAR.findall(code):
+        if len(re.findall(rf"\b{var_name}\b", code)) < 2:
+            continue  # declared, never used: WebGPU counts only what the entry point uses
         array = re.fullmatch(r"array<\s*(?:vec([24])<\s*(\w+)\s*>|(\w+))\s*,\s*([^>]+)>", wgsl_type)
         if array:
             lanes, vector_scalar, scalar, count = array.groups()
@@ -185,8 +187,17 @@ def test_manifest_lists_every_variant(
 def test_bindings(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
     for name, entry in manifest["variants"].items():
         ours = extracted[name]["bindings"]
-        theirs = [{**b, "type": re.sub(r"\s+", "", b["type"])} for b in entry["bindings"]]
+        theirs = [
+            {k: v for k, v in b.items() if k != "role"} | {"type": re.sub(r"\s+", "", b["type"])}
+            for b in entry["bindings"]
+        ]
         assert theirs == ours, name
+        roles = {b["name"]: b["role"] for b in entry["bindings"]}
+        assert roles["output"] == "output", name
+        if entry["family"] in ("tiled", "tiered"):
+            assert roles["Q"] == "input", name
+        assert {r for n, r in roles.items() if n == "u"} == {"uniform"}, name
+        assert entry["passes"][0]["bindings"] == entry["bindings"], name
         assert len({(b["group"], b["binding"]) for b in ours}) == len(ours), (
             f"{name}: binding reused"
         )
@@ -237,7 +248,15 @@ def test_entry_point_and_features(
 
 def test_dtypes_match_bindings(manifest: dict[str, Any]) -> None:
     roles = {"tiled": ("Q", "K", "output"), "tiered": ("Q", "K_hot", "output")}
+    rmsnorm = [e for e in manifest["variants"].values() if e["family"] == "rmsnorm"]
+    assert len(rmsnorm) == 2
+    for entry in rmsnorm:
+        element = {b["name"]: b["element_type"] for b in entry["bindings"]}
+        assert element["input"] == element["weight"] == element["output"]
+        assert element["output"] == entry["metadata"]["dtype"]
     for entry in manifest["variants"].values():
+        if entry["family"] == "rmsnorm":
+            continue
         q, kv, out = roles[entry["family"]]
         element = {b["name"]: b["element_type"] for b in entry["bindings"]}
         meta = entry["metadata"]

@@ -15,14 +15,14 @@ from conftest import REPO_ROOT, assert_one_line_error, edit, run_process, snapsh
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import get_backend, select_adapter
-from doppler_gen.cases import CaseSpec
 from doppler_gen.config import load_project
 from doppler_gen.errors import DopplerGenError
-from doppler_gen.harness import KernelRunner
+from doppler_gen.families.attention import CaseSpec
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
-from doppler_gen.validate import open_device, validate
+from doppler_gen.runtime.runner import KernelRunner
+from doppler_gen.validate import open_run_device, validate
 from doppler_gen.wgsl import Module, parse_module
 
 PREFILL = "templates/attention_prefill.wgsl.j2"
@@ -251,7 +251,7 @@ def test_head_dims_that_are_not_multiples_of_4() -> None:
     project = load_project(REPO_ROOT)
     names = ["attention_prefill_small_d64_f16kv", "attention_streaming"]
     kernels = [Renderer(project).render(project.variant(n), with_origins=True) for n in names]
-    device = open_device(get_backend("wgpu"), kernels, None, "adapter")
+    device = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
     try:
         for kernel in kernels:
             runner = KernelRunner(device, kernel, variant_entry(kernel, parse_kernel(kernel)))

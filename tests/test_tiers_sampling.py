@@ -15,14 +15,36 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT
 
-from doppler_gen import reference
-from doppler_gen.cases import CaseSpec, _paged_buffer, build_tiered
-from doppler_gen.harness import kv_vector_width
+from doppler_gen.families import attention as reference
+from doppler_gen.families.attention import CaseSpec, kv_vector_width
+from doppler_gen.families.attention import paged_buffer as _paged_buffer
+from doppler_gen.families.tiered import build_tiered
+from doppler_gen.families.tiers import (
+    SIZES,
+    TENSOR_BYTES,
+    head_dims,
+    largest_tensor,
+    tier_name,
+    tiered_sizes,
+    tiled_sizes,
+)
 from doppler_gen.sampling import choose_sample, judge_sampled, spread_indices
-from doppler_gen.tiers import SIZES, TENSOR_BYTES, head_dims, largest_tensor, size_specs, tier_name
 from doppler_gen.validate import case_specs
 
-MANIFEST = json.loads((REPO_ROOT / "generated" / "manifest.json").read_text())["variants"]
+# the attention families' variants (the tiers of this file are theirs)
+MANIFEST = {
+    name: entry
+    for name, entry in json.loads((REPO_ROOT / "generated" / "manifest.json").read_text())[
+        "variants"
+    ].items()
+    if entry["family"] in ("tiled", "tiered")
+}
+
+
+def size_specs(entry: dict, tier: str, seed: int) -> list[CaseSpec]:
+    """The size cases of ``tier`` for an attention variant (its family's tiers)."""
+    sizes = tiled_sizes if entry["family"] == "tiled" else tiered_sizes
+    return sizes(entry, tier, seed)
 
 
 def _synthetic(family: str, max_head_dim: int, max_kv_len: int | None, cold: str = "f16") -> dict:
@@ -55,15 +77,17 @@ def _reach(specs: list) -> dict[str, int]:
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_tiers_reach_the_issue_sizes_from_metadata(name: str, tier: str) -> None:
     entry = ENTRIES[name]
-    specs = case_specs(entry, quick=False, seed=0, large=tier == "large")
+    specs = case_specs(entry, seed=0, tier=tier)
     reach = _reach(specs)
     meta = entry["metadata"]
     sizes = SIZES[tier]
     ratios = {(s.num_heads, s.num_kv_heads) for s in specs}
     assert {(64, 8), (32, 8), (64, 64), (64, 1), (1, 1)} <= ratios
-    width = kv_vector_width(entry)  # a vec4 K/V kernel takes multiples of 4 only
-    swept = {-(-d // width) * width for d in head_dims(meta["max_head_dim"])}
-    assert {s.head_dim for s in specs} >= {min(d, meta["max_head_dim"]) for d in swept}
+    # a kernel reading K/V as vecN runs each swept head_dim at the next multiple of N
+    width = kv_vector_width(entry)
+    top = meta["max_head_dim"] - meta["max_head_dim"] % width
+    swept = {min(-(-d // width) * width, top) for d in head_dims(meta["max_head_dim"])}
+    assert {s.head_dim for s in specs} >= swept
     assert all(s.head_dim % width == 0 for s in specs)
     assert reach["head_dim"] == meta["max_head_dim"] and reach["offset"] >= 4096
     if entry["family"] == "tiled":

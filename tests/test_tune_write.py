@@ -13,15 +13,14 @@ from typing import Any
 import pytest
 from conftest import assert_one_line_error, run_cli
 
-from doppler_gen.bench import BenchRow, Settings, Timing
 from doppler_gen.config import load_project
+from doppler_gen.config_edit import edit_variant_entry, table_header_lines
+from doppler_gen.runtime.measure import BenchRow, Settings, Timing
 from doppler_gen.tune import (
     CandidateRenderer,
     CandidateResult,
     TuneRun,
-    edit_variant_entry,
     enumerate_candidates,
-    table_header_lines,
     write_winner,
 )
 

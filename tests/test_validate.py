@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 from typing import ClassVar
@@ -13,14 +12,16 @@ import pytest
 from conftest import REPO_ROOT, copy_project, run_cli
 from gpu_support import adapter_problem
 
-from doppler_gen.cases import CaseSpec, tiered_specs, tiled_specs
 from doppler_gen.config import load_project
-from doppler_gen.errors import DopplerGenError, ShapeError
-from doppler_gen.harness import KernelRunner, evaluate_dispatch, pack_uniforms
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.families.attention import CaseSpec
+from doppler_gen.families.tiered import tiered_specs
+from doppler_gen.families.tiled import tiled_specs
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
-from doppler_gen.validate import open_device, validate
+from doppler_gen.runtime.runner import KernelRunner, Refusal, evaluate_dispatch, pack_uniforms
+from doppler_gen.validate import case_specs, open_run_device, validate
 
 needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 SMALL = "attention_small_f16kv"
@@ -44,12 +45,17 @@ def test_full_matrix_has_at_least_40_cases_per_variant_and_quick_is_a_subset() -
             full, quick = (
                 tiled_specs(meta["max_head_dim"], quick=q, seed=0) for q in (False, True)
             )
-        else:
+        elif entry["family"] == "tiered":
             cold = entry["params"]["cold"]
             full, quick = (
                 tiered_specs(meta["max_head_dim"], meta["max_kv_len"], cold=cold, quick=q, seed=0)
                 for q in (False, True)
             )
+        else:
+            full, quick = (case_specs(entry, quick=q, seed=0) for q in (False, True))
+        # the default tier starts with the family's feature matrix; quick is its subset alone
+        assert case_specs(entry, seed=0)[: len(full)] == full
+        assert quick == case_specs(entry, quick=True, seed=0)
         assert len(full) >= 40, variant.name
         assert 5 <= len(quick) < len(full)
 
@@ -110,6 +116,12 @@ class _NoDispatch:
     def dispatch(self, *args, **kwargs):
         raise AssertionError("dispatched a shape that should have been refused")
 
+    def run(self, *args, **kwargs):
+        raise AssertionError("ran a shape that should have been refused")
+
+    def storage_buffer(self, *args, **kwargs):
+        raise AssertionError("built buffers for a shape that should have been refused")
+
 
 @needs_adapter
 @pytest.mark.gpu
@@ -149,12 +161,11 @@ def test_unsupported_shapes_are_refused_before_dispatch(
     from doppler_gen.backends import get_backend
 
     kernel, entry = _entry(name)
-    device = open_device(get_backend("wgpu"), [kernel], None, "adapter")
+    device = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
     try:
         runner = KernelRunner(_NoDispatch(device), kernel, entry)
-        data = runner.build(spec)
-        with pytest.raises(ShapeError, match=re.escape(message)):
-            runner.run(data)
+        refusal = runner.prepare(spec)
+        assert isinstance(refusal, Refusal) and message in refusal.reason
         result = runner.run_case(spec)
         assert result.refused and message in result.refused and not result.passed
     finally:
@@ -274,7 +285,7 @@ def test_reference_sees_the_rounded_inputs() -> None:
         limits: ClassVar[dict] = {}
 
     runner = KernelRunner(_Dev(), kernel, entry)  # type: ignore[arg-type]
-    data = runner.build(CaseSpec("x", query_len=3, kv_len=5, head_dim=8))
+    data = runner.family.build(CaseSpec("x", query_len=3, kv_len=5, head_dim=8), entry)
     assert data.buffers["Q"].dtype == np.float16
     assert data.reference_inputs["q"] is data.buffers["Q"]
 
@@ -289,3 +300,17 @@ def test_f32_tolerance_catches_a_relative_bias_of_one_in_4096(tmp_path: Path) ->
     root = _mutated(tmp_path, common, old, new)
     run = validate(load_project(root), (SMALL, "attention_decode_tiered_int8_f16kv"), quick=False)
     assert [v.status for v in run.variants] == ["FAIL", "FAIL"], [v.reason for v in run.variants]
+
+
+def test_static_skip_counts_invocations_with_the_recorded_pipeline_constants() -> None:
+    from doppler_gen.runtime.session import static_skip
+
+    class _Device:
+        features = frozenset({"shader-f16"})
+        limits: ClassVar[dict] = {"max-compute-invocations-per-workgroup": 256}
+
+    _, entry = _entry("attention_decode_tiered_f16kv")
+    assert static_skip(entry, _Device()) == (None, "")  # type: ignore[arg-type]
+    entry["passes"][0]["pipeline_constants"] = {"WORKGROUP_SIZE": 1024}
+    skip, _ = static_skip(entry, _Device())  # type: ignore[arg-type]
+    assert skip == "needs 1024 invocations per workgroup; limit 256"

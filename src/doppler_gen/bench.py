@@ -1,25 +1,28 @@
-"""`doppler-gen bench`: GPU time, bandwidth and throughput of each variant, next to torch SDPA.
+"""`doppler-gen bench`: GPU time, bandwidth and throughput of each variant, next to torch.
 
-People pick variants and tile sizes by speed, so the numbers must be the GPU's own: each dispatch
-is timed with begin/end-of-pass timestamp queries (scaled by the queue's timestamp period), after
-warm-up dispatches, on buffers created once per (variant, shape); the report gives the median and
-the p10–p90 spread of at least 20 runs. Kernels are driven by ``harness.KernelRunner`` with the
-inputs of a ``CaseSpec`` for the shape, so bench measures exactly what ``validate`` checks.
+People pick variants and tile sizes by speed, so the numbers must be the GPU's own: each run of
+a variant (every pass, in one command buffer) is timed with begin/end-of-pass timestamp queries
+(scaled by the queue's timestamp period), after warm-up runs, on buffers created once per
+(variant, shape); the report gives the median and the p10–p90 spread of at least 20 runs, and
+each pass's own time for a multi-pass variant. Kernels are driven by
+``runtime.runner.KernelRunner`` with the inputs their family builds for the shape, so bench
+measures exactly what ``validate`` checks.
 
-Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and the output is
-judged at the bench shape: every element must be finite, and a deterministic sample of (query,
-head) rows spanning the whole output (first and last of each included; ``sampling``) must match
-the float64 reference within the validation tolerance. A wrong output is FAIL and gets no time:
-a fast wrong kernel must never look like a win. The kernels are the committed generated/ files,
-proven fresh first (``shipped``), unless ``--from-templates``.
+Before timing, each (variant, shape) is run once on NaN-poisoned outputs and scratch and the
+output is judged at the bench shape: every element must be finite, and the rows the family
+samples (``sampling``: first and last of each dimension included) must match the float64
+reference within the validation tolerance. A wrong output is FAIL and gets no time: a fast wrong
+kernel must never look like a win. The kernels are the committed generated/ files, proven fresh
+first (``shipped``), unless ``--from-templates``.
 
 Definitions (also in the JSON under ``methodology``):
 
-* bytes: every buffer the dispatch binds, read once at its storage dtype, plus the output written
-  once. The inputs hold exactly the keys attended, so this is the compulsory traffic; a kernel
-  that re-reads K/V from DRAM moves more, and its GB/s here is a lower bound of what it moved.
-* FLOPs: ``4 · pairs · h · d`` (QKᵀ and PV, two per multiply-add) over the unmasked (query, key)
-  pairs; causal prefill counts the triangle only (see ``shapes.Shape.attended_pairs``).
+* bytes: every input buffer read once at its storage dtype, plus the output written once
+  (scratch buffers between passes are not counted). The inputs hold exactly what the kernel
+  needs, so this is the compulsory traffic; GB/s here is a lower bound of what it moved.
+* FLOPs: the useful operations of the shape, as its family counts them (attention:
+  ``4 · pairs · h · d`` over the unmasked (query, key) pairs, causal prefill counting the
+  triangle only; rmsnorm: ``4 · rows · size``).
 * % of peak bandwidth: of the matched device profile's HBM bandwidth, else of a copy bandwidth
   measured here (a WGSL copy kernel, read + write, timed the same way).
 
@@ -30,8 +33,6 @@ so with ``--allow-cpu`` every row is labelled CPU.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,51 +40,54 @@ from typing import Any
 
 import numpy as np
 
-from doppler_gen.backends import (
-    AdapterInfo,
-    Backend,
-    Device,
-    effective_limits,
-    get_backend,
-    select_adapter,
-)
-from doppler_gen.cases import NUMPY_DTYPES
+from doppler_gen.backends import AdapterInfo, Device, get_backend
 from doppler_gen.config import Project
-from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError, ShapeError
-from doppler_gen.harness import KernelRunner
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.families import get_family
+from doppler_gen.families.base import Shape
 from doppler_gen.render import RenderedKernel
-from doppler_gen.shapes import FAMILY_OF_KIND, Shape
+from doppler_gen.runtime.measure import (
+    BenchRow,
+    Settings,
+    Timing,
+    cpu_warning,
+    measure,
+    positive,
+)
+from doppler_gen.runtime.session import (
+    Progress,
+    choose_adapter,
+    open_device,
+    timestamp_period,
+)
+from doppler_gen.shapes import kinds
 from doppler_gen.shipped import load_kernels
-from doppler_gen.tolerance import Verdict
 
-MIN_REPEATS = 20
-# Caps on --repeats / --warmup: every timed pass needs two timestamp slots and every pass is
-# queued GPU work, so unbounded values grow memory and run for days (the CLI's limits mirror
-# these; tests/test_errors.py checks that they agree).
-MAX_REPEATS = 10_000
-MAX_WARMUP = 1_000
-SDPA_UNAVAILABLE = "torch+CUDA not available"
+BASELINE_UNAVAILABLE = "torch+CUDA not available"
 METHODOLOGY = {
     "timing": "GPU timestamps at begin/end of each compute pass, scaled by the queue's timestamp "
-    "period; warm-up dispatches first; median and p10-p90 of the timed runs",
+    "period; a multi-pass variant runs all its passes in one command buffer and is timed from "
+    "its first pass's begin to its last pass's end (pass_timings: each pass's own span); "
+    "warm-up runs first; median and p10-p90 of the timed runs",
     "bytes": "every bound buffer read once at its storage dtype + the output written once "
     "(inputs hold exactly the attended keys): compulsory traffic, so GB/s is a lower bound",
-    "flops": "4 * attended (query, key) pairs * heads * head_dim; causal prefill counts the "
-    "unmasked triangle only; softmax not counted",
+    "flops": "the useful FLOPs of the shape, as its family counts them (families: per family)",
     "l2_resident": "working set <= the profile's L2 size: repeats may be served from L2, so GB/s "
-    "can exceed HBM; torch SDPA is timed the same way (no cache flush)",
-    "correctness": "before timing, one dispatch on NaN-poisoned output: no NaN/Inf anywhere and "
-    "sampled (query, head) rows (first and last of each included) within the validation "
-    "tolerance of float64; a wrong output is FAIL and not timed",
-    "sdpa": "torch.nn.functional.scaled_dot_product_attention in the variant's K/V storage dtype "
-    "(one dtype for Q, K, V; int8/int4 cold tiers compare with f16, torch has no quantized "
-    "SDPA), causal only for prefill (bottom-right mask when q < kv), GQA via enable_gqa, CUDA "
-    "events after a GPU sleep so launches queue back to back, warm-up, median",
+    "can exceed HBM; the torch baseline is timed the same way (no cache flush)",
+    "correctness": "before timing, one run on NaN-poisoned outputs and scratch: no NaN/Inf "
+    "anywhere and the rows the family samples (first and last of each included) within the "
+    "validation tolerance of float64; a wrong output is FAIL and not timed",
+    "baseline": "the family's torch call computing what the kernel computes (families: per "
+    "family), CUDA events after a GPU sleep so launches queue back to back, warm-up, median",
 }
 
 
-class CpuAdapterRefused(DopplerGenError):
-    """The chosen adapter is a CPU rasteriser: timing it would mislead anyone choosing GPU code."""
+def methodology() -> dict[str, Any]:
+    """METHODOLOGY plus what each registered family says about its FLOPs and baseline."""
+    from doppler_gen.families import all_families
+
+    families = {f.name: dict(f.methodology) for f in all_families() if f.methodology}
+    return {**METHODOLOGY, "families": families}
 
 
 # -- device profiles ---------------------------------------------------------------------------
@@ -146,100 +150,6 @@ def profile_named(name: str) -> DeviceProfile:
 # -- timings -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Per-dispatch GPU times in ns; summarised by median and p10–p90 (robust to stragglers)."""
-
-    samples_ns: tuple[float, ...]
-
-    @property
-    def runs(self) -> int:
-        return len(self.samples_ns)
-
-    @property
-    def median_ns(self) -> float:
-        return float(statistics.median(self.samples_ns))
-
-    def percentile_ns(self, q: float) -> float:
-        return float(np.percentile(np.asarray(self.samples_ns, np.float64), q))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "median_us": _us(self.median_ns),
-            "p10_us": _us(self.percentile_ns(10)),
-            "p90_us": _us(self.percentile_ns(90)),
-            "min_us": _us(min(self.samples_ns)),
-            "max_us": _us(max(self.samples_ns)),
-            "runs": self.runs,
-        }
-
-    def spread_text(self) -> str:
-        return f"{self.percentile_ns(10) / 1e3:.1f}–{self.percentile_ns(90) / 1e3:.1f}"
-
-
-def _us(ns: float) -> float:
-    return round(ns / 1e3, 3)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How each measurement is taken; shared by bench and tune so their numbers compare."""
-
-    repeats: int = 30
-    warmup: int = 5
-    seed: int = 0
-    storage_overrun: bool = False
-
-    def __post_init__(self) -> None:
-        if self.repeats < MIN_REPEATS:
-            raise DopplerGenError(
-                f"--repeats {self.repeats}: at least {MIN_REPEATS} runs are needed for a median "
-                "and spread"
-            )
-        if self.repeats > MAX_REPEATS:
-            raise DopplerGenError(f"--repeats {self.repeats}: at most {MAX_REPEATS}")
-        if self.warmup < 0:
-            raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
-        if self.warmup > MAX_WARMUP:
-            raise DopplerGenError(f"--warmup {self.warmup}: at most {MAX_WARMUP}")
-
-    @property
-    def dispatches(self) -> int:
-        """Dispatches per measurement: the finite-output check, the warm-ups, the timed runs."""
-        return 1 + self.warmup + self.repeats
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-@dataclass
-class BenchRow:
-    """One variant on one shape: timed (ok), not runnable (n/a, with why) or broken (FAIL)."""
-
-    variant: str
-    shape: str
-    status: str  # ok | n/a | FAIL
-    reason: str = ""
-    timing: Timing | None = None
-    bytes_moved: int = 0
-    flops: int = 0
-    sdpa_dtype: str | None = None  # the dtype torch SDPA runs in for this row
-
-    @property
-    def gbps(self) -> float | None:
-        """Effective bandwidth: bytes per ns is GB/s."""
-        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else None
-
-    @property
-    def tflops(self) -> float | None:
-        return self.flops / self.timing.median_ns / 1e3 if _positive(self.timing) else None
-
-
-def _positive(timing: Timing | None) -> bool:
-    """A median a rate can be divided by (a coarse timer can report 0 ns for a tiny dispatch)."""
-    return timing is not None and timing.median_ns > 0
-
-
 @dataclass
 class CopyBandwidth:
     """A large device-local copy timed like the kernels: the attainable streaming bandwidth."""
@@ -249,15 +159,15 @@ class CopyBandwidth:
 
     @property
     def gbps(self) -> float:
-        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else 0.0
+        return self.bytes_moved / self.timing.median_ns if positive(self.timing) else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"bytes": self.bytes_moved, "gbps": round(self.gbps, 1), **self.timing.as_dict()}
 
 
 @dataclass
-class SdpaResult:
-    """torch SDPA on one (shape, dtype): the reference speed a variant is compared with."""
+class BaselineResult:
+    """The torch baseline on one (shape, dtype): the reference speed a variant is compared with."""
 
     dtype: str
     timing: Timing | None
@@ -283,8 +193,8 @@ class BenchRun:
     profile: DeviceProfile | None = None
     copy: CopyBandwidth | None = None
     copy_note: str = ""
-    sdpa_status: str = SDPA_UNAVAILABLE
-    sdpa: dict[tuple[str, str], SdpaResult] = field(default_factory=dict)
+    baseline_status: str = BASELINE_UNAVAILABLE
+    baselines: dict[tuple[str, str], BaselineResult] = field(default_factory=dict)
 
     @property
     def peak_gbps(self) -> float | None:
@@ -305,13 +215,13 @@ class BenchRun:
     def ok(self) -> bool:
         return not any(row.status == "FAIL" for row in self.rows)
 
-    def sdpa_for(self, row: BenchRow) -> SdpaResult | None:
-        return self.sdpa.get((row.shape, row.sdpa_dtype or ""))
+    def baseline_for(self, row: BenchRow) -> BaselineResult | None:
+        return self.baselines.get((row.shape, row.baseline_dtype or ""))
 
     def ratio(self, row: BenchRow) -> float | None:
-        """Variant time over SDPA time (2.0: twice as slow as torch)."""
-        ref = self.sdpa_for(row)
-        if row.timing is None or ref is None or not _positive(ref.timing):
+        """Variant time over the torch baseline's time (2.0: twice as slow as torch)."""
+        ref = self.baseline_for(row)
+        if row.timing is None or ref is None or not positive(ref.timing):
             return None
         return row.timing.median_ns / ref.timing.median_ns
 
@@ -357,15 +267,15 @@ class BenchRun:
             "copy_bandwidth": self.copy.as_dict() if self.copy else None,
             "copy_note": self.copy_note,
             "peak_bw_basis": self.peak_basis,
-            "sdpa_status": self.sdpa_status,
+            "baseline_status": self.baseline_status,
             "shapes": self.shapes,
             "ok": self.ok,
-            "methodology": METHODOLOGY,
+            "methodology": methodology(),
             "rows": [self.row_dict(row) for row in self.rows],
         }
 
     def row_dict(self, row: BenchRow) -> dict[str, Any]:
-        ref = self.sdpa_for(row)
+        ref = self.baseline_for(row)
         ratio = self.ratio(row)
         return {
             "variant": row.variant,
@@ -374,63 +284,21 @@ class BenchRun:
             "reason": row.reason,
             "cpu_adapter": self.is_cpu,
             "timing": row.timing.as_dict() if row.timing else None,
+            "pass_timings": {name: t.as_dict() for name, t in row.passes.items()} or None,
             "bytes": row.bytes_moved,
             "flops": row.flops,
             "gbps": _round(row.gbps),
             "tflops": _round(row.tflops),
             **{key: _round(value, 4) for key, value in self.percent(row).items()},
             "l2_resident": self.l2_resident(row),
-            "sdpa": ref.as_dict() if ref else None,
-            "ratio_to_sdpa": _round(ratio, 4),
+            "baseline": ref.as_dict() if ref else None,
+            "ratio_to_baseline": _round(ratio, 4),
         }
 
 
 def _round(value: float | None, digits: int = 6) -> float | None:
     """``digits`` significant digits: enough for any comparison, short enough to read."""
     return None if value is None else float(f"{value:.{digits}g}")
-
-
-def cpu_warning(adapter: str) -> str:
-    return f"CPU ADAPTER ({adapter}): these timings say nothing about GPU performance"
-
-
-# -- device ------------------------------------------------------------------------------------
-
-
-def refuse_cpu(adapter: AdapterInfo, allow_cpu: bool, command: str) -> None:
-    """Refuse a CPU adapter before anything runs, unless the user accepted CPU numbers."""
-    if adapter.is_cpu and not allow_cpu:
-        raise CpuAdapterRefused(
-            f"{command} measures GPUs; {adapter.name} is a CPU adapter — timings would say nothing "
-            f"about GPU performance; pass --allow-cpu to run anyway (results labelled CPU)"
-        )
-
-
-def choose_adapter(
-    backend: Backend, want: str | None, allow_cpu: bool, command: str
-) -> AdapterInfo:
-    adapter = select_adapter(backend.adapters(), want)
-    refuse_cpu(adapter, allow_cpu, command)
-    return adapter
-
-
-def open_timing_device(
-    backend: Backend, adapter: AdapterInfo, kernels: Sequence[RenderedKernel], limits: str
-) -> Device:
-    """A device with timestamp queries and every feature the kernels need that the adapter has."""
-    if "timestamp-query" not in adapter.features:
-        raise BackendUnavailable(
-            f"{adapter.short()} does not offer timestamp-query; bench needs GPU timestamps"
-        )
-    wanted = {f for k in kernels for f in k.variant.requires if f in adapter.features}
-    features = sorted(wanted | {"timestamp-query"})
-    return backend.open_device(adapter, features=features, limits=effective_limits(adapter, limits))
-
-
-def timestamp_period(device: Device) -> float | None:
-    """ns per tick, where the backend can say (already applied by timed_dispatch)."""
-    getter = getattr(device, "timestamp_period", None)
-    return float(getter()) if callable(getter) else None
 
 
 COPY_WGSL = """
@@ -472,110 +340,6 @@ def measure_copy(device: Device, mib: int, settings: Settings) -> CopyBandwidth:
 # -- measuring one variant on one shape ---------------------------------------------------------
 
 
-def measure(
-    device: Device,
-    kernel: RenderedKernel,
-    entry: dict[str, Any],
-    shape: Shape,
-    settings: Settings,
-    constants: dict[str, float] | None = None,
-    on_first: Callable[[float], None] | None = None,
-) -> BenchRow:
-    """Check once (finite output), then time ``settings.repeats`` dispatches on the same buffers."""
-    from doppler_gen.validate import static_skip
-
-    row = BenchRow(kernel.variant.name, shape.label, "n/a", sdpa_dtype=sdpa_dtype(entry))
-    skip, note = static_skip(entry, device, storage_overrun=settings.storage_overrun)
-    if skip:
-        row.reason = skip
-        return row
-    runner = KernelRunner(device, kernel, entry, constants)
-    spec = shape.case_spec(settings.seed)
-    try:
-        runner.check_spec(spec)  # before building (possibly huge) inputs
-        data = runner.build(spec)
-        runner.check_shape(data)
-    except ShapeError as error:
-        row.reason = _without_prefix(error.message, kernel.variant.name)
-        return row
-    row.bytes_moved = bound_bytes(data.buffers, runner.output_shape(data), entry)
-    row.flops = shape.flops()
-    try:
-        _time(device, runner, data, settings, row, on_first)
-    except ShaderCompileError as error:
-        row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
-    except DopplerGenError as error:
-        row.status, row.reason = "FAIL", str(error)
-    if note and row.status == "ok":
-        row.reason = note
-    return row
-
-
-def _time(
-    device: Device,
-    runner: KernelRunner,
-    data: Any,
-    settings: Settings,
-    row: BenchRow,
-    on_first: Callable[[float], None] | None = None,
-) -> None:
-    """``on_first`` receives the wall seconds of the first (checked) dispatch, before timing."""
-    bound = runner.bind(data)
-    started = time.perf_counter()
-    device.dispatch(bound.pipeline, bound.bindings, bound.workgroups)
-    output = runner.read_output(bound)
-    if on_first is not None:
-        on_first(time.perf_counter() - started)
-    verdict = runner.judge_output(data, output)
-    if not verdict.passed:
-        row.status, row.reason = "FAIL", wrong_output_reason(verdict, row.variant)
-        return
-    times = device.timed_dispatch(
-        bound.pipeline,
-        bound.bindings,
-        bound.workgroups,
-        repeats=settings.repeats,
-        warmup=settings.warmup,
-    )
-    row.status, row.timing = "ok", Timing(tuple(times))
-
-
-def wrong_output_reason(verdict: Verdict, variant: str) -> str:
-    """Why a bench output is FAIL: NaN/Inf left, or the worst sampled error over tolerance."""
-    if verdict.non_finite:
-        what = f"{verdict.non_finite} outputs NaN/Inf after one dispatch on NaN-poisoned output"
-    else:
-        what = (
-            f"wrong output: max abs error {verdict.max_abs_error:.3g} > tolerance "
-            f"{verdict.tolerance:.3g} at index {list(verdict.worst_index)} ({verdict.policy})"
-        )
-    return f"{what}; not timed (run `doppler-gen validate {variant}`)"
-
-
-def bound_bytes(
-    buffers: dict[str, np.ndarray], output_shape: tuple[int, ...], entry: dict[str, Any]
-) -> int:
-    """Compulsory traffic: every input buffer read once plus the output written once."""
-    out_type = next(b["element_type"] for b in entry["bindings"] if b["access"] == "read_write")
-    out_bytes = int(np.prod(output_shape)) * np.dtype(NUMPY_DTYPES[out_type]).itemsize
-    return sum(int(array.nbytes) for array in buffers.values()) + out_bytes
-
-
-def sdpa_dtype(entry: dict[str, Any]) -> str:
-    """SDPA takes one dtype for Q, K and V: use the K/V storage dtype, which dominates traffic."""
-    return str(entry["metadata"]["kv_dtype"])
-
-
-def _without_prefix(message: str, name: str) -> str:
-    prefix = f"{name}: "
-    return message[len(prefix) :] if message.startswith(prefix) else message
-
-
-# -- the run -----------------------------------------------------------------------------------
-
-Progress = Callable[[str], None]
-
-
 @dataclass(frozen=True)
 class BenchRequest:
     """What the user asked bench to do (the CLI's options, minus output formatting)."""
@@ -588,7 +352,7 @@ class BenchRequest:
     allow_cpu: bool = False
     copy_mib: int = 256
     profile: str | None = None  # a profile name, "none", or None to match the adapter name
-    sdpa: bool = True
+    baseline: bool = True
     settings: Settings = field(default_factory=Settings)
     from_templates: bool = False  # time a fresh render instead of the committed kernels
 
@@ -596,13 +360,14 @@ class BenchRequest:
 def run_bench(
     project: Project, request: BenchRequest, progress: Progress | None = None
 ) -> BenchRun:
-    """Measure the selected variants on the shapes of their family; SDPA afterwards."""
+    """Measure the selected variants on the shapes of their family; torch baselines afterwards."""
     kernels, entries = load_kernels(
         project, request.patterns, from_templates=request.from_templates
     )
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
-    device = open_timing_device(backend, adapter, kernels, request.limits)
+    requires = {f for k in kernels for f in k.variant.requires}
+    device = open_device(backend, adapter, requires, request.limits, timing=True)
     run = BenchRun(
         request.backend,
         adapter.describe(),
@@ -621,10 +386,10 @@ def run_bench(
             run.rows.extend(_variant_rows(device, kernel, entry, request, progress, estimate))
     finally:
         device.close()
-    if request.sdpa:
-        attach_sdpa(run, request.shapes, progress)
+    if request.baseline:
+        attach_baselines(run, request.shapes, progress)
     else:
-        run.sdpa_status = f"{SDPA_UNAVAILABLE} (--no-sdpa)"
+        run.baseline_status = f"{BASELINE_UNAVAILABLE} (--no-baseline)"
     return run
 
 
@@ -640,7 +405,7 @@ def _copy(
     if request.copy_mib <= 0:
         return None, "not measured (--copy-mib 0)"
     if progress:
-        progress(f"copy bandwidth ({request.copy_mib} MiB)")
+        progress(f"copy bandwidth ({request.copy_mib} MiB)", 0)
     copy = measure_copy(device, request.copy_mib, request.settings)
     return copy, f"WGSL copy kernel, {copy.bytes_moved // 2 >> 20} MiB read + written"
 
@@ -656,13 +421,13 @@ def _variant_rows(
     family = entry["family"]
     shapes = [s for s in request.shapes if s.family == family]
     if not shapes:
-        kinds = ", ".join(k for k, f in FAMILY_OF_KIND.items() if f == family)
-        reason = f"no {family} shape given (--shape {kinds}:...)"
+        kinds_of = ", ".join(k for k, f in kinds().items() if f.name == family)
+        reason = f"no {family} shape given (--shape {kinds_of}:...)"
         return [BenchRow(kernel.variant.name, "-", "n/a", reason)]
     rows = []
     for shape in shapes:
         if progress:
-            progress(f"{kernel.variant.name} on {shape.label}")
+            progress(f"{kernel.variant.name} on {shape.label}", 0)
         on_first = estimate.callback(kernel.variant.name, shape) if estimate else None
         rows.append(measure(device, kernel, entry, shape, request.settings, on_first=on_first))
     return rows
@@ -672,9 +437,9 @@ class CpuEstimate:
     """Duration estimates for a bench run on a CPU adapter, where one prefill dispatch can take
     seconds and the default run minutes or hours: the user should know before waiting.
 
-    The first checked dispatch of the run gives seconds per FLOP; the whole run is estimated
+    The first checked run of the bench gives seconds per FLOP; the whole run is estimated
     from the FLOPs of every (variant, shape) it will time. Each measurement then prints its own
-    estimate from its own first dispatch.
+    estimate from its own first run.
     """
 
     def __init__(
@@ -691,7 +456,8 @@ class CpuEstimate:
         progress(
             f"CPU adapter: {measurements} measurement(s) of {self.settings.dispatches} dispatches "
             f"each (1 check + {self.settings.warmup} warm-up + {self.settings.repeats} timed); "
-            "the duration is estimated after the first dispatch"
+            "the duration is estimated after the first dispatch",
+            0,
         )
 
     def callback(self, variant: str, shape: Shape) -> Callable[[float], None]:
@@ -700,10 +466,11 @@ class CpuEstimate:
             if not self.announced and shape.flops() > 0:
                 self.announced = True
                 total = seconds / shape.flops() * self.total_flops * self.settings.dispatches
-                self.progress(f"estimated duration of this run: about {duration_text(total)}")
+                self.progress(f"estimated duration of this run: about {duration_text(total)}", 0)
             self.progress(
                 f"{variant} on {shape.label}: one dispatch took {duration_text(seconds)}; "
-                f"{self.settings.dispatches - 1} more take about {duration_text(remaining)}"
+                f"{self.settings.dispatches - 1} more take about {duration_text(remaining)}",
+                0,
             )
 
         return report
@@ -720,30 +487,7 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-# -- torch SDPA --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SdpaPlan:
-    """How to run one shape through torch SDPA so that it computes what the kernel computes."""
-
-    shape: Shape
-    dtype: str
-
-    @property
-    def is_causal(self) -> bool:
-        """torch's is_causal is top-left aligned: right only when queries and keys coincide."""
-        return (
-            self.shape.kind == "prefill"
-            and self.shape.causal
-            and self.shape.query_len == self.shape.kv_len
-        )
-
-    @property
-    def lower_right_mask(self) -> bool:
-        """Chunked causal prefill (q < kv) needs an explicit bottom-right mask."""
-        s = self.shape
-        return s.kind == "prefill" and s.causal and s.query_len < s.kv_len
+# -- the torch baseline -----------------------------------------------------------------------
 
 
 def torch_cuda() -> tuple[Any | None, str]:
@@ -751,71 +495,44 @@ def torch_cuda() -> tuple[Any | None, str]:
     try:
         import torch
     except ImportError:
-        return None, f"{SDPA_UNAVAILABLE} (torch is not importable)"
+        return None, f"{BASELINE_UNAVAILABLE} (torch is not importable)"
     if not torch.cuda.is_available():
-        return None, f"{SDPA_UNAVAILABLE} (torch {torch.__version__} sees no CUDA device)"
+        return None, f"{BASELINE_UNAVAILABLE} (torch {torch.__version__} sees no CUDA device)"
     return torch, f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}"
 
 
-def attach_sdpa(run: BenchRun, shapes: Sequence[Shape], progress: Progress | None = None) -> None:
-    """Time SDPA once per (shape, dtype) some timed row needs, and record it on the run."""
-    torch, run.sdpa_status = torch_cuda()
+def attach_baselines(
+    run: BenchRun, shapes: Sequence[Shape], progress: Progress | None = None
+) -> None:
+    """Time each family's torch baseline once per (shape, dtype) some timed row needs."""
+    torch, run.baseline_status = torch_cuda()
     if torch is None:
         return
     by_label = {s.label: s for s in shapes}
     wanted = sorted(
-        {(r.shape, r.sdpa_dtype) for r in run.rows if r.status == "ok" and r.sdpa_dtype}
+        {(r.shape, r.baseline_dtype) for r in run.rows if r.status == "ok" and r.baseline_dtype}
     )
     for label, dtype in wanted:
+        shape = by_label[label]
+        name = get_family(shape.family).baseline_name
         if progress:
-            progress(f"torch SDPA {dtype} on {label}")
-        run.sdpa[(label, dtype)] = time_sdpa(torch, SdpaPlan(by_label[label], dtype), run.settings)
+            progress(f"torch {name} {dtype} on {label}", 0)
+        run.baselines[(label, dtype)] = time_baseline(torch, shape, dtype, run.settings)
 
 
-def time_sdpa(torch: Any, plan: SdpaPlan, settings: Settings) -> SdpaResult:
-    """Median CUDA-event time of SDPA on random inputs of the plan's shape and dtype."""
+def time_baseline(torch: Any, shape: Shape, dtype: str, settings: Settings) -> BaselineResult:
+    """Median CUDA-event time of the shape's family baseline on random inputs of that dtype."""
+    family = get_family(shape.family)
     try:
-        call, note = _sdpa_call(torch, plan)
+        call, note = family.baseline(torch, shape, dtype)
         times = _cuda_event_times(torch, call, settings)
+    except NotImplementedError:
+        return BaselineResult(dtype, None, f"family {family.name} has no torch baseline")
     except (RuntimeError, ValueError) as error:  # OOM, unsupported dtype/shape combination
-        return SdpaResult(plan.dtype, None, f"SDPA failed: {str(error).splitlines()[0]}")
-    return SdpaResult(plan.dtype, Timing(tuple(times)), note)
-
-
-def _sdpa_call(torch: Any, plan: SdpaPlan) -> tuple[Callable[[], Any], str]:
-    """A zero-argument SDPA call, using enable_gqa where torch has it (else repeated K/V)."""
-    s, dtype = plan.shape, {"f16": torch.float16, "f32": torch.float32}[plan.dtype]
-    generator = torch.Generator(device="cuda").manual_seed(0)
-
-    def tensor(heads: int, length: int) -> Any:
-        return torch.randn(
-            1, heads, length, s.head_dim, device="cuda", dtype=dtype, generator=generator
+        return BaselineResult(
+            dtype, None, f"{family.baseline_name} failed: {str(error).splitlines()[0]}"
         )
-
-    q, k, v = (
-        tensor(s.num_heads, s.query_len),
-        tensor(s.num_kv_heads, s.kv_len),
-        tensor(s.num_kv_heads, s.kv_len),
-    )
-    mask, notes = None, []
-    if plan.lower_right_mask:
-        ones = torch.ones(s.query_len, s.kv_len, dtype=torch.bool, device="cuda")
-        mask = ones.tril(diagonal=s.kv_len - s.query_len)
-        notes.append("explicit bottom-right causal mask")
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if s.num_heads == s.num_kv_heads:
-        return (lambda: sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal)), "; ".join(notes)
-    try:
-        sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=True)
-        notes.append("enable_gqa")
-        return (
-            lambda: sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=True)
-        ), "; ".join(notes)
-    except TypeError:  # torch < 2.5: no enable_gqa; repeat K/V outside the timed region
-        group = s.num_heads // s.num_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        notes.append("K/V repeated per query head (torch without enable_gqa)")
-        return (lambda: sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal)), "; ".join(notes)
+    return BaselineResult(dtype, Timing(tuple(times)), note)
 
 
 def _cuda_event_times(torch: Any, call: Callable[[], Any], settings: Settings) -> list[float]:
@@ -844,20 +561,20 @@ def format_report(run: BenchRun) -> str:
     """The human-readable report: context lines, one table row per (variant, shape), notes."""
     from doppler_gen.listing import format_table
 
-    sdpa_ok = not run.sdpa_status.startswith(SDPA_UNAVAILABLE)
+    baseline_ok = not run.baseline_status.startswith(BASELINE_UNAVAILABLE)
     headers = ["variant", "shape", "median µs", "p10–p90 µs", "GB/s", "%BW", "TFLOP/s", "%FP32"]
-    headers += ["SDPA µs", "×SDPA"] if sdpa_ok else ["SDPA"]
+    headers += ["torch µs", "×torch"] if baseline_ok else ["torch"]
     headers.append("note")
     if run.is_cpu:
         headers.insert(0, "adapter")
-    rows = [_table_row(run, row, sdpa_ok) for row in run.rows]
+    rows = [_table_row(run, row, baseline_ok) for row in run.rows]
     lines = [
         *_banner(run),
         *_context(run),
         "",
         format_table(headers, rows),
         "",
-        _summary(run, sdpa_ok),
+        _summary(run, baseline_ok),
     ]
     lines.extend(_banner(run))
     return "\n".join(lines)
@@ -878,11 +595,11 @@ def _context(run: BenchRun) -> list[str]:
         f"{s.warmup} warm-up",
         f"%BW is of: {run.peak_basis}",
         f"copy bandwidth: {copy}",
-        f"SDPA: {run.sdpa_status}",
+        f"torch baseline: {run.baseline_status}",
     ]
 
 
-def _table_row(run: BenchRun, row: BenchRow, sdpa_ok: bool) -> list[str]:
+def _table_row(run: BenchRun, row: BenchRow, baseline_ok: bool) -> list[str]:
     pct = run.percent(row)
     cells = [row.variant, row.shape]
     if row.timing is None:
@@ -896,13 +613,15 @@ def _table_row(run: BenchRun, row: BenchRow, sdpa_ok: bool) -> list[str]:
             number(row.tflops),
             _pct(pct["pct_fp32_peak"]),
         ]
-    cells += _sdpa_cells(run, row) if sdpa_ok else [SDPA_UNAVAILABLE if row.timing else "-"]
+    cells += (
+        _baseline_cells(run, row) if baseline_ok else [BASELINE_UNAVAILABLE if row.timing else "-"]
+    )
     cells.append(_note(run, row))
     return (["CPU"] if run.is_cpu else []) + cells
 
 
-def _sdpa_cells(run: BenchRun, row: BenchRow) -> list[str]:
-    ref, ratio = run.sdpa_for(row), run.ratio(row)
+def _baseline_cells(run: BenchRun, row: BenchRow) -> list[str]:
+    ref, ratio = run.baseline_for(row), run.ratio(row)
     if ref is None or ref.timing is None:
         return ["-", "-"]
     return [f"{ref.timing.median_ns / 1e3:.1f} ({ref.dtype})", f"{ratio:.2f}" if ratio else "-"]
@@ -910,11 +629,15 @@ def _sdpa_cells(run: BenchRun, row: BenchRow) -> list[str]:
 
 def _note(run: BenchRun, row: BenchRow) -> str:
     parts = [f"({row.reason})" if row.status != "ok" and row.reason else row.reason]
+    if row.passes:
+        parts.append(
+            "passes: " + ", ".join(f"{n} {t.median_ns / 1e3:.1f}" for n, t in row.passes.items())
+        )
     if run.l2_resident(row):
         parts.append("L2-resident")
-    ref = run.sdpa_for(row)
+    ref = run.baseline_for(row)
     if ref and ref.note:
-        parts.append(f"SDPA: {ref.note}")
+        parts.append(f"torch: {ref.note}")
     return "; ".join(p for p in parts if p)
 
 
@@ -929,13 +652,13 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
 
-def _summary(run: BenchRun, sdpa_ok: bool) -> str:
+def _summary(run: BenchRun, baseline_ok: bool) -> str:
     counts = {s: sum(r.status == s for r in run.rows) for s in ("ok", "n/a", "FAIL")}
-    ratio = "; ×SDPA > 1 is slower than torch" if sdpa_ok else ""
+    ratio = "; ×torch > 1 is slower than torch" if baseline_ok else ""
     return (
         f"{counts['ok']} timed, {counts['n/a']} n/a, {counts['FAIL']} failed. "
-        "bytes: bound buffers read once + output written once; FLOPs: 4·pairs·h·d over "
-        f"unmasked pairs{ratio}."
+        "bytes: bound buffers read once + output written once; FLOPs: the useful operations "
+        f"of each shape, as its family counts them (JSON methodology){ratio}."
     )
 
 
@@ -957,7 +680,7 @@ def require_matplotlib() -> Any:
 
 
 def plot(run: BenchRun, path: Path) -> None:
-    """Bars of median µs (log scale) per shape and variant; SDPA as a dashed line per group."""
+    """Bars of median µs (log scale) per shape and variant; torch as a dashed line per group."""
     plt = require_matplotlib()
     shapes = list(dict.fromkeys(r.shape for r in run.rows if r.shape != "-"))
     variants = list(dict.fromkeys(r.variant for r in run.rows))
@@ -971,7 +694,7 @@ def plot(run: BenchRun, path: Path) -> None:
             x = index - 0.4 + width * (slot + 0.5)
             _plot_bar(ax, row, x, width, colors[row.variant], row.variant not in labelled)
             labelled.add(row.variant)
-    _plot_sdpa(ax, run, shapes)
+    _plot_baseline(ax, run, shapes)
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels([s.replace(",", ",\n", 1) for s in shapes], fontsize=7)
     ax.set_yscale("log")
@@ -1009,14 +732,14 @@ def _plot_bar(ax: Any, row: BenchRow, x: float, width: float, color: str, label:
     )
 
 
-def _plot_sdpa(ax: Any, run: BenchRun, shapes: list[str]) -> None:
+def _plot_baseline(ax: Any, run: BenchRun, shapes: list[str]) -> None:
     styles = {"f16": "--", "f32": ":"}
     labelled: set[str] = set()
-    for (shape, dtype), ref in sorted(run.sdpa.items()):
+    for (shape, dtype), ref in sorted(run.baselines.items()):
         if ref.timing is None or shape not in shapes:
             continue
         x = shapes.index(shape)
-        label = f"torch SDPA {dtype}" if dtype not in labelled else None
+        label = f"torch {dtype}" if dtype not in labelled else None
         labelled.add(dtype)
         ax.hlines(
             ref.timing.median_ns / 1e3,

@@ -199,7 +199,7 @@ def complete_variants(
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
 @click.pass_context
 def cli(ctx: click.Context, root: Path | None, debug: bool) -> None:
-    """Generate, check and validate Doppler's WGSL attention kernels.
+    """Generate, check and validate Doppler's WGSL kernels.
 
     Templates under templates/ expand into every variant declared in variants.toml; the results
     live in generated/ together with generated/manifest.json (bindings, uniform layout, overrides
@@ -368,7 +368,7 @@ def export(state: State, against: Path | None, as_json: bool) -> None:
         for name in registry["notExported"]:
             click.echo(f"not exported: {name} (no doppler_id in variants.toml)")
         return
-    generated = [kernel.variant.output for kernel in outcome.kernels.values()]
+    generated = [r.output for kernel in outcome.kernels.values() for r in kernel.passes]
     lines = differences(registry, digests, theirs[0], theirs[1], generated)
     if as_json:
         click.echo(json.dumps({"ok": not lines, "differences": lines}, indent=2))
@@ -403,25 +403,50 @@ def list_(state: State, as_json: bool) -> None:
 @click.argument("name", shell_complete=complete_variants)
 @click.option("--raw", is_flag=True, help="Print the WGSL exactly, without line numbers.")
 @click.option("--origins", is_flag=True, help="Show the template line behind each generated line.")
+@click.option(
+    "--pass",
+    "pass_name",
+    default=None,
+    help="Only this pass of a multi-pass variant (--raw of a multi-pass variant needs it).",
+)
 @common_options
 @pass_state
 @handle_errors
-def show(state: State, name: str, raw: bool, origins: bool) -> None:
-    """Print the rendered WGSL of variant NAME (with line numbers unless --raw)."""
+def show(state: State, name: str, raw: bool, origins: bool, pass_name: str | None) -> None:
+    """Print the rendered WGSL of variant NAME (with line numbers unless --raw).
+
+    A multi-pass variant prints each pass after a `// == pass NAME (FILE)` line.
+    """
     from doppler_gen.render import Renderer
 
     variant = state.project.variant(name)
     kernel = Renderer(state.project).render(variant, with_origins=origins)
+    passes = [r for r in kernel.passes if pass_name in (None, r.spec.name)]
+    if not passes:
+        known = ", ".join(r.spec.name for r in kernel.passes)
+        raise DopplerGenError(f"variant {name} has no pass {pass_name!r} (passes: {known})")
     if raw:
-        click.echo(kernel.text, nl=False)
+        if len(passes) > 1:
+            raise DopplerGenError(
+                f"variant {name} has {len(passes)} passes; --raw prints one: add --pass NAME"
+            )
+        click.echo(passes[0].text, nl=False)
         return
-    lines = kernel.text.split("\n")[:-1]
+    for rendered in passes:
+        if len(kernel.passes) > 1:
+            click.echo(f"// == pass {rendered.spec.name} ({rendered.output})")
+        _show_numbered(rendered, origins)
+
+
+def _show_numbered(rendered: Any, origins: bool) -> None:
+    """One pass's text with line numbers (and template origins)."""
+    lines = rendered.text.split("\n")[:-1]
     width = len(str(len(lines)))
     wheres = [""] * len(lines)
     if origins:
-        if kernel.origins is None:
+        if rendered.origins is None:
             click.echo("note: no source map for this variant; showing lines only", err=True)
-        wheres = [_where(kernel.origin(n)) for n in range(1, len(lines) + 1)]
+        wheres = [_where(rendered.origin(n)) for n in range(1, len(lines) + 1)]
     where_width = max(map(len, wheres))
     for number, (line, where) in enumerate(zip(lines, wheres, strict=True), start=1):
         margin = f" {where:<{where_width}}" if where_width else ""
@@ -508,6 +533,13 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
     help="GPU tier: size cases at real model lengths (8k keys, 1k queries; tiered cold tier up to "
     "MAX_KV_LEN). Default: the CI tier (2k keys, 300 queries, offsets past 4096, 64 heads).",
 )
+@click.option(
+    "--tier",
+    type=click.Choice(["quick", "default", "large"]),
+    default=None,
+    help="Case tier by name (each family defines its tiers): --quick is --tier quick, --large "
+    "is --tier large.",
+)
 @seed_option("case generator")
 @storage_overrun_option
 @from_templates_option
@@ -524,6 +556,7 @@ def validate(
     limits: str,
     quick: bool,
     large: bool,
+    tier: str | None,
     seed: int,
     storage_overrun: bool,
     from_templates: bool,
@@ -550,7 +583,7 @@ def validate(
     if show_bar:
         from doppler_gen.validate import case_count
 
-        total = case_count(state.project, names, quick=quick, seed=seed, large=large)
+        total = case_count(state.project, names, quick=quick, tier=tier, seed=seed, large=large)
         total *= len(backends)
         bar = click.progressbar(length=total, label="validating", file=sys.stderr)
         bar.__enter__()
@@ -564,6 +597,7 @@ def validate(
         "adapter": adapter,
         "limits": limits,
         "quick": quick,
+        "tier": tier,
         "seed": seed,
         "storage_overrun": storage_overrun,
         "progress": progress,
@@ -703,33 +737,39 @@ def _emit(result: dict[str, Any], text: str, as_json: bool, output: Path | None)
     click.echo(document if as_json else text)
 
 
-def _progress(command: str) -> Callable[[str], None]:
+def _progress(command: str) -> Callable[[str, int], None]:
     """Progress lines on stderr, so that --json on stdout stays parseable."""
-    return lambda message: click.echo(f"{command}: {message}", err=True)
+    return lambda message, _cases: click.echo(f"{command}: {message}", err=True)
 
 
-SHAPES_EPILOG = """\b
-Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults shown):
-  prefill:q=2048,kv=2048,h=32,kvh=8,d=64,causal=1
-      tiled kernels; q queries at the end of kv keys (q <= kv; causal masking bottom-right
-      aligned); q and kv default to each other
-  decode:kv=8192,h=32,kvh=8,d=64
-      tiled kernels; one query after kv keys
-  tiered:cold=1536,hot=512,h=32,kvh=8,d=64
-      tiered kernels; one query after cold contiguous keys and a hot ring of hot keys
-  h: query heads; kvh: K/V heads (divides h); d: head_dim.
-  Default: the three shapes above. A shape a variant cannot run is reported n/a (reason).
-"""
+class ShapesCommand(click.Command):
+    """A command whose help ends with the --shape syntax of every registered family.
+
+    The kinds come from the family registry when help is shown, so the CLI names none itself.
+    """
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from doppler_gen.shapes import describe_kinds
+
+        formatter.write_paragraph()
+        formatter.write_text(
+            "Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults "
+            "shown):"
+        )
+        with formatter.indentation():
+            for line in describe_kinds():
+                formatter.write_text(line)
+        formatter.write_text("A shape a variant cannot run is reported n/a (reason).")
 
 
-@cli.command(epilog=SHAPES_EPILOG)
+@cli.command(cls=ShapesCommand)
 @click.argument("names", nargs=-1, shell_complete=complete_variants)
 @click.option(
     "--shape",
     "shape_texts",
     multiple=True,
     metavar="KIND:k=v,...",
-    help="Problem shape (repeatable): prefill, decode or tiered; syntax below.",
+    help="Problem shape (repeatable): a kind its family registers; syntax below.",
 )
 @click.option(
     "--copy-mib",
@@ -744,7 +784,13 @@ Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults
     help="Device profile for % of peak: H200, 'H100 PCIe', 'H100 NVL', H100 or none. "
     "Default: matched from the adapter name.",
 )
-@click.option("--no-sdpa", is_flag=True, help="Do not time torch SDPA even if torch+CUDA works.")
+@click.option(
+    "--no-baseline",
+    "--no-sdpa",
+    "no_baseline",
+    is_flag=True,
+    help="Do not time the families' torch baselines (SDPA for attention) even if torch+CUDA works.",
+)
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -761,7 +807,7 @@ def bench(
     shape_texts: tuple[str, ...],
     copy_mib: int,
     profile: str | None,
-    no_sdpa: bool,
+    no_baseline: bool,
     plot: Path | None,
     backend: str,
     adapter: str | None,
@@ -778,10 +824,10 @@ def bench(
     """GPU time per dispatch of every variant (or NAMES / globs) on each shape of its family.
 
     Median and p10-p90 of GPU-timestamped dispatches, effective GB/s and TFLOP/s, % of the
-    device profile's peak bandwidth (or of a measured copy), and the ratio to torch SDPA when
-    torch with CUDA is importable. Refuses a CPU adapter unless --allow-cpu. Each output is
-    judged before timing (NaN/Inf anywhere, sampled rows against float64): a wrong one is FAIL,
-    not timed, and the exit status is 1.
+    device profile's peak bandwidth (or of a measured copy), and the ratio to the family's torch
+    baseline (SDPA for attention) when torch with CUDA is importable. Refuses a CPU adapter
+    unless --allow-cpu. Each output is judged before timing (NaN/Inf anywhere, sampled rows
+    against float64): a wrong one is FAIL, not timed, and the exit status is 1.
     """
     from doppler_gen.bench import (
         BenchRequest,
@@ -804,7 +850,7 @@ def bench(
         allow_cpu=allow_cpu,
         copy_mib=copy_mib,
         profile=profile,
-        sdpa=not no_sdpa,
+        baseline=not no_baseline,
         settings=Settings(repeats, warmup, seed, storage_overrun),
         from_templates=from_templates,
     )
@@ -815,7 +861,7 @@ def bench(
     sys.exit(0 if run.ok else 1)
 
 
-@cli.command(epilog=SHAPES_EPILOG)
+@cli.command(cls=ShapesCommand)
 @click.argument("name", shell_complete=complete_variants)
 @click.option(
     "--shape",
@@ -875,7 +921,7 @@ def tune(
     regenerates generated/. Refuses a CPU
     adapter unless --allow-cpu. Exit 1 if no candidate passed.
     """
-    from doppler_gen.bench import Settings
+    from doppler_gen.runtime.measure import Settings
     from doppler_gen.shapes import parse_shape
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
 

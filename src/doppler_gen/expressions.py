@@ -1,7 +1,7 @@
 """Dispatch and size expressions: a small whitelisted grammar, parsed when variants.toml loads.
 
 A dispatch rule such as ``ceil(query_len / BLOCK_SIZE) * num_heads`` is written into the
-manifest for hosts and evaluated by the harness for every case. It used to be handed to Python's
+manifest for hosts and evaluated by the runtime for every case. It used to be handed to Python's
 ``eval`` at validation time, so ``num_heads // 0``, ``[num_heads] * 3`` or ``9**9**8`` were
 accepted by ``generate`` and crashed or hung ``validate`` later. Here it is parsed once, at load
 time, by a recursive-descent parser that accepts only this grammar::

@@ -113,7 +113,12 @@ def plan(
         check_metadata(variant, module)
         kernels[variant.name] = kernel
         entries[variant.name] = variant_entry(kernel, module)
-    files = {k.variant.output: k.text for name, k in kernels.items() if name in selected}
+    files = {
+        rendered.output: rendered.text
+        for name, kernel in kernels.items()
+        if name in selected
+        for rendered in kernel.passes
+    }
     full = len(selected) == len(project.variants)
     result = Plan(project, kernels, files, full, entries, selected)
     files[MANIFEST_PATH] = build_manifest(entries) if full else partial_manifest(result)
@@ -127,20 +132,22 @@ def plan_exports(plan: Plan) -> dict[str, str]:
     the kernel text on disk (what the host will load), like the partial manifest."""
     if plan.full:
         entries = plan.entries
-        texts = {k.variant.output: k.text for k in plan.kernels.values()}
+        texts = {r.output: r.text for k in plan.kernels.values() for r in k.passes}
     else:
         entries = dict(_recorded_entries(plan.project))
         entries.update({name: plan.entries[name] for name in plan.selected})
         texts = {}
         for name, kernel in plan.kernels.items():
-            on_disk = None if name in plan.selected else _read_text(plan.project.root, kernel)
-            texts[kernel.variant.output] = kernel.text if on_disk is None else on_disk
+            for rendered in kernel.passes:
+                keep = name not in plan.selected
+                on_disk = _read_text(plan.project.root, rendered.output) if keep else None
+                texts[rendered.output] = rendered.text if on_disk is None else on_disk
     return export_files(entries, texts)
 
 
-def _read_text(root: Path, kernel: RenderedKernel) -> str | None:
+def _read_text(root: Path, relative: str) -> str | None:
     try:
-        return (root / kernel.variant.output).read_bytes().decode("utf-8")
+        return (root / relative).read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -310,8 +317,10 @@ def foreign_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
     says ``"generator": "doppler-gen"`` may be a hand-made copy (``registry.backup.json``).
     """
     recorded = {
-        (entry.get("file"), entry.get("sha256"))
+        (record.get("file"), record.get("sha256"))
         for entry in _recorded_entries(plan.project).values()
+        for record in [entry, *(entry.get("passes") or [])]
+        if isinstance(record, dict)
     }
     foreign = []
     for relative in orphaned:

@@ -72,11 +72,14 @@ def load_committed(
     manifest = json.loads(manifest_bytes)["variants"]
     kernels, entries = [], []
     for variant in select(project, patterns):
-        committed = _committed_bytes(project, variant.output)
         mapped = renderer.render(variant, with_origins=True)
-        if committed is None or committed.decode("utf-8") != mapped.text:
-            raise StaleTree(stale_message(Status(stale={variant.output: ""})))
-        kernels.append(replace(mapped, text=committed.decode("utf-8")))
+        passes = []
+        for rendered in mapped.passes:  # one committed file per pass
+            committed = _committed_bytes(project, rendered.output)
+            if committed is None or committed.decode("utf-8") != rendered.text:
+                raise StaleTree(stale_message(Status(stale={rendered.output: ""})))
+            passes.append(replace(rendered, text=committed.decode("utf-8")))
+        kernels.append(replace(mapped, passes=tuple(passes)))
         entries.append(manifest[variant.name])
     return kernels, entries
 

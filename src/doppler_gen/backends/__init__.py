@@ -15,7 +15,9 @@ from doppler_gen.backends.base import (
     Backend,
     Buffer,
     Device,
+    PassTimes,
     Pipeline,
+    Step,
     effective_limits,
     select_adapter,
 )
@@ -24,7 +26,7 @@ from doppler_gen.errors import BackendUnavailable
 # name -> "module:class"; resolved lazily by get_backend.
 BACKENDS: dict[str, str] = {
     "wgpu": "doppler_gen.backends.wgpu_backend:WgpuBackend",
-    "dawn": "doppler_gen.backends.dawn_backend:DawnBackend",
+    "dawn": "doppler_gen.backends.dawn:DawnBackend",
 }
 
 
@@ -49,7 +51,9 @@ __all__ = [
     "Backend",
     "Buffer",
     "Device",
+    "PassTimes",
     "Pipeline",
+    "Step",
     "effective_limits",
     "get_backend",
     "select_adapter",

@@ -1,4 +1,4 @@
-"""Case tiers: how far validation pushes each dimension, derived from a variant's metadata.
+"""Attention case tiers: how far validation pushes each dimension, from a variant's metadata.
 
 ``--quick`` is the CI smoke test (the feature matrix's subset), the default tier is what CI runs,
 ``--large`` is for a GPU at real model sizes. The default and large tiers add *size cases* to the
@@ -31,12 +31,13 @@ MAX_KV_LEN of 131072 affordable on a CPU adapter; ``--large`` goes to the varian
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from doppler_gen.cases import CaseSpec
+from doppler_gen.families.attention import CaseSpec
 
 # Head dims every kernel is swept over (those up to its max_head_dim, plus the max itself):
 # each multiple of 8 to 128, then each multiple of 32 (the head sizes of real models: 64, 80,
@@ -102,23 +103,35 @@ def head_dims(max_head_dim: int) -> list[int]:
     return sorted(d for d in dims if 1 <= d <= max_head_dim)
 
 
-def size_specs(entry: dict[str, Any], tier: str, seed: int) -> list[CaseSpec]:
-    """The size cases of ``tier`` for the variant whose manifest entry is ``entry``."""
+def tiled_sizes(entry: Mapping[str, Any], tier: str, seed: int) -> list[CaseSpec]:
+    """The size cases of ``tier`` for a tiled variant (its manifest entry)."""
+    if tier == "quick":
+        return []
+    meta = entry["metadata"]
+    hd = int(meta["max_head_dim"])
+    rng = np.random.default_rng([seed, 10])
+    sizes = _within_max_kv_len(SIZES[tier], meta.get("max_kv_len"))
+    specs = tiled_size_specs(hd, sizes)
+    specs += [_random_tiled(rng, i, hd, sizes) for i in range(sizes.random_cases)]
+    return _seeded(specs, seed)
+
+
+def tiered_sizes(entry: Mapping[str, Any], tier: str, seed: int) -> list[CaseSpec]:
+    """The size cases of ``tier`` for a tiered variant (its manifest entry)."""
     if tier == "quick":
         return []
     sizes = SIZES[tier]
     meta = entry["metadata"]
     hd = int(meta["max_head_dim"])
     rng = np.random.default_rng([seed, 10])
-    if entry["family"] == "tiled":
-        sizes = _within_max_kv_len(sizes, meta.get("max_kv_len"))
-        specs = tiled_size_specs(hd, sizes)
-        specs += [_random_tiled(rng, i, hd, sizes) for i in range(sizes.random_cases)]
-    else:
-        cold = str(entry["params"].get("cold", "f16"))
-        kv = int(meta["max_kv_len"])
-        specs = tiered_size_specs(hd, kv, cold, sizes)
-        specs += [_random_tiered(rng, i, hd, kv, cold, sizes) for i in range(sizes.random_cases)]
+    cold = str(entry["params"].get("cold", "f16"))
+    kv = int(meta["max_kv_len"])
+    specs = tiered_size_specs(hd, kv, cold, sizes)
+    specs += [_random_tiered(rng, i, hd, kv, cold, sizes) for i in range(sizes.random_cases)]
+    return _seeded(specs, seed)
+
+
+def _seeded(specs: list[CaseSpec], seed: int) -> list[CaseSpec]:
     return [replace(s, seed=seed * 1000 + 700 + i) for i, s in enumerate(specs)]
 
 
