@@ -142,6 +142,12 @@ class KernelRunner:
             raise ShapeError(
                 f"{name}: head_dim {spec.head_dim} exceeds the kernel's maximum {head_dim_limit}"
             )
+        width = self.kv_vector_width()
+        if spec.head_dim % width:
+            raise ShapeError(
+                f"{name}: head_dim {spec.head_dim} is not a multiple of {width} "
+                f"(the kernel reads K/V as vec{width})"
+            )
         if spec.head_dim < 1 or spec.num_heads < 1 or spec.num_kv_heads < 1:
             raise ShapeError(f"{name}: head_dim, num_heads and num_kv_heads must be positive")
         if spec.num_heads % spec.num_kv_heads:
@@ -180,6 +186,12 @@ class KernelRunner:
                 raise ShapeError(
                     f"{name}: buffer {binding} needs {array.nbytes} B; the device binds at most {largest} B"
                 )
+
+    def kv_vector_width(self) -> int:
+        """Elements per load of the K binding (4 for ``array<vec4<f16>>``): head_dim must divide."""
+        key = next((b for b in self.entry["bindings"] if b["name"] in ("K", "K_hot")), None)
+        match = re.match(r"array<vec([234])<", key["type"]) if key else None
+        return int(match.group(1)) if match else 1
 
     def has_override(self, name: str) -> bool:
         return name in self.constants or any(o["name"] == name for o in self.entry["overrides"])

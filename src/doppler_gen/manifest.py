@@ -114,6 +114,11 @@ def _metadata_problems(variant: Variant, module: Module):
         yield 'the WGSL enables f16 but the variant does not list requires = ["shader-f16"]'
     if not has_f16 and "shader-f16" in variant.requires:
         yield "the variant requires shader-f16 but the WGSL has no `enable f16;`"
+    has_subgroups = "subgroups" in module.enables
+    if has_subgroups and "subgroups" not in variant.requires:
+        yield 'the WGSL enables subgroups but the variant does not list requires = ["subgroups"]'
+    if not has_subgroups and "subgroups" in variant.requires:
+        yield "the variant requires subgroups but the WGSL has no `enable subgroups;`"
     roles = ROLE_BINDINGS[variant.template.family]
     for role, key in (("q", "q_dtype"), ("kv", "kv_dtype"), ("out", "out_dtype")):
         binding = module.binding(roles[role])

@@ -55,8 +55,21 @@ class Binding:
 
     @property
     def element_type(self) -> str | None:
-        """The array element type of a storage array binding (what the host fills)."""
-        return str(self.type.element) if self.type.kind == "array" else None
+        """The scalar the host fills a storage array binding with.
+
+        ``array<vec4<f16>>`` (a kernel reading four elements per load) is filled with f16 like
+        ``array<f16>``: the vector only changes how the kernel reads the same bytes.
+        """
+        if self.type.kind != "array" or self.type.element is None:
+            return None
+        element = self.type.element
+        return str(element.element if element.kind == "vec" else element)
+
+    @property
+    def vector_width(self) -> int:
+        """Elements per array element: 4 for ``array<vec4<f16>>``, 1 for ``array<f16>``."""
+        element = self.type.element if self.type.kind == "array" else None
+        return int(element.count or 1) if element is not None and element.kind == "vec" else 1
 
 
 @dataclass(frozen=True)

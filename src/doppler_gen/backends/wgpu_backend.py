@@ -40,6 +40,11 @@ BACKEND_NAME = "wgpu"
 # wgpu-native names the WebGPU "subgroups" feature "subgroup"; we report both so callers can
 # ask with the WebGPU name (wgpu-py translates "subgroups" back when requesting a device).
 _FEATURE_ALIASES = {"subgroup": "subgroups"}
+# naga 0.32 rejects `enable subgroups;` ("not yet supported") yet compiles the subgroup builtins
+# on a device with the native "subgroup" feature; Tint requires the directive. Generated kernels
+# carry what browsers need, and compile() drops the name from enable directives for naga.
+_NAGA_UNSUPPORTED_ENABLES = ("subgroups",)
+_ENABLE = re.compile(r"^(?P<indent>[ \t]*)enable\s+(?P<names>[^;]*);", re.MULTILINE)
 # wgpu-core refuses query sets above 4096 queries; two timestamps per timed pass.
 _MAX_TIMED_PASSES_PER_SUBMIT = 1024
 
@@ -214,6 +219,35 @@ def _override_value(name: str, value: Any) -> bool | int | float:
     )
 
 
+def naga_source(wgsl: str) -> str:
+    """``wgsl`` with the enable-extensions naga rejects removed (same line numbers).
+
+    An enable directive left with no name becomes a comment on the same line, so naga's error
+    locations still point at the generated file's lines.
+    """
+
+    def adapt(match: re.Match[str]) -> str:
+        names = [n.strip() for n in match["names"].split(",") if n.strip()]
+        kept = [n for n in names if n not in _NAGA_UNSUPPORTED_ENABLES]
+        if kept == names:
+            return match.group(0)
+        if not kept:
+            return f"{match['indent']}// {match.group(0).strip()} (removed for naga)"
+        return f"{match['indent']}enable {', '.join(kept)};"
+
+    return _ENABLE.sub(adapt, wgsl)
+
+
+def native_features(features: Iterable[str]) -> list[str]:
+    """Feature names as wgpu-native knows them: WebGPU's "subgroups" is its "subgroup".
+
+    wgpu-py 0.32 maps "subgroups" to the standard enum value, which wgpu-native ignores, so a
+    device requested with it cannot run subgroup builtins ("requires capability SUBGROUP").
+    """
+    native = {alias: name for name, alias in _FEATURE_ALIASES.items()}
+    return sorted({native.get(f, f) for f in features})
+
+
 def _check_request(adapter: AdapterInfo, features: list[str], limits: Mapping[str, int]) -> None:
     """Refuse, with the name, a feature or limit the adapter cannot grant."""
     missing = [f for f in features if f not in adapter.features]
@@ -281,7 +315,9 @@ class WgpuDevice(Device):
             stage["constants"] = {k: _override_value(k, v) for k, v in constants.items()}
         with _watch_wgpu_log() as logged:
             try:
-                stage["module"] = self.native.create_shader_module(code=wgsl, label=label)
+                stage["module"] = self.native.create_shader_module(
+                    code=naga_source(wgsl), label=label
+                )
                 native = self.native.create_compute_pipeline(
                     label=label, layout="auto", compute=stage
                 )
@@ -517,7 +553,9 @@ class WgpuBackend(Backend):
         with _watch_wgpu_log() as logged:
             try:
                 device = native.request_device_sync(
-                    label="doppler-gen", required_features=wanted, required_limits=requested
+                    label="doppler-gen",
+                    required_features=native_features(wanted),
+                    required_limits=requested,
                 )
             except (RuntimeError, self._wgpu.GPUError) as exc:
                 raise BackendUnavailable(
