@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:094875cdbfdf769ebb1252e9297f18de4e18a30bace2e1ba0e52b528ecac84df
+// source-hash: sha256:210f235800091d784e45d32806c757bbea72fc4ac4c1bc4ce5512c777f31621e
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -171,8 +171,8 @@ fn main(
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
-        // Keys [key_begin, key_end); iteration it gives key group kg the keys
-        // key_begin + it * nkg * KEYS_PER_ITER + t * nkg + kg, t < KEYS_PER_ITER
+        // Keys [key_begin, key_end) of this query: key group kg takes keys key_begin + kg,
+        // + nkg, + 2 nkg, ... (KEYS_PER_ITER of them per iteration)
         let keys = key_range(query_pos, kv_len);
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = nkg * KEYS_PER_ITER;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6d998178400389268504f37b05bc02dafedc6ad1a38575e640744d9389726972
+// source-hash: sha256:a47c1982322d6d708713f940172ac3e046848d3b60929746d07eb3e08844f918
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -169,8 +169,8 @@ fn main(
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
-        // Keys [key_begin, key_end); iteration it gives key group kg the keys
-        // key_begin + it * nkg * KEYS_PER_ITER + t * nkg + kg, t < KEYS_PER_ITER
+        // Keys [key_begin, key_end) of this query: key group kg takes keys key_begin + kg,
+        // + nkg, + 2 nkg, ... (KEYS_PER_ITER of them per iteration)
         let keys = key_range(query_pos, kv_len);
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = nkg * KEYS_PER_ITER;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:00877dcd0912bf0da92ac050dfe3bb961c06c4aac097f10c9e1972e3cff7e83b
+// source-hash: sha256:78055dd7fe42ba02470e6fc764db341bacaeaedc53aee691bbcb48118988a66b
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -171,8 +171,8 @@ fn main(
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
-        // Keys [key_begin, key_end); iteration it gives key group kg the keys
-        // key_begin + it * nkg * KEYS_PER_ITER + t * nkg + kg, t < KEYS_PER_ITER
+        // Keys [key_begin, key_end) of this query: key group kg takes keys key_begin + kg,
+        // + nkg, + 2 nkg, ... (KEYS_PER_ITER of them per iteration)
         let keys = key_range(query_pos, kv_len);
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = nkg * KEYS_PER_ITER;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6c8e8e060bb5a49cbb9fef1402d40b025732a7579ff3dafe95f62a261eafbc8b
+// source-hash: sha256:fd8e579dda3688470efc869d82674bd5c536abe90b0e9b79914c47a34e2f17a4
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -153,8 +153,8 @@ fn main(
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
-        // Keys [key_begin, key_end); iteration it gives key group kg the keys
-        // key_begin + it * nkg * KEYS_PER_ITER + t * nkg + kg, t < KEYS_PER_ITER
+        // Keys [key_begin, key_end) of this query: key group kg takes keys key_begin + kg,
+        // + nkg, + 2 nkg, ... (KEYS_PER_ITER of them per iteration)
         let keys = key_range(query_pos, kv_len);
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = nkg * KEYS_PER_ITER;

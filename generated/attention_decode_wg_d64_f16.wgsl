@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ac89277b57c693bc864db14a14f63891396a19785043274abd5857e4d09e3f57
+// source-hash: sha256:ca3926c3244d06e274124ace42e3adb88cb655620b4feb96232db54e307cbb93
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -155,8 +155,8 @@ fn main(
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
-        // Keys [key_begin, key_end); iteration it gives key group kg the keys
-        // key_begin + it * nkg * KEYS_PER_ITER + t * nkg + kg, t < KEYS_PER_ITER
+        // Keys [key_begin, key_end) of this query: key group kg takes keys key_begin + kg,
+        // + nkg, + 2 nkg, ... (KEYS_PER_ITER of them per iteration)
         let keys = key_range(query_pos, kv_len);
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = nkg * KEYS_PER_ITER;
