@@ -80,11 +80,11 @@ class SplitKernel:
         self.dtypes = {b.name: b.element_type for b in partials_module.bindings if b.element_type}
         self.dtypes["output"] = params["out_dtype"]
 
-    def run(self, spec: CaseSpec) -> tuple[np.ndarray, Any]:
-        data = build_tiled(spec, self.dtypes)
+    def bind(self, spec: CaseSpec, data: Any = None) -> dict[str, Any]:
+        """Buffers (output and scratch NaN-poisoned), bindings and workgroups of both passes."""
+        data = data or build_tiled(spec, self.dtypes)
         u = data.uniforms
-        split = int(self.params["kv_split"])
-        splits = math.ceil(int(u["seq_len"]) / split)
+        splits = math.ceil(int(u["seq_len"]) / int(self.params["kv_split"]))
         slots = int(u["query_len"]) * int(u["num_heads"])
         dev = self.device
         uniforms = dev.uniform_buffer(pack_uniforms(self.layout, u))
@@ -102,11 +102,24 @@ class SplitKernel:
         ml = dev.storage_buffer(np.full(splits * slots * 2, np.nan, np.float32), read_write=True)
         first = {0: uniforms, 1: inputs["Q"], 2: inputs["K"], 3: inputs["V"]}
         first.update({5: inputs["kv_len_buffer"], 6: inputs["page_table"], 7: acc, 8: ml})
-        dev.dispatch(self.partials, first, (splits * int(u["num_kv_heads"]), 1, 1))
-        dev.dispatch(self.reduce, {0: uniforms, 4: output, 7: acc, 8: ml}, (slots, 1, 1))
-        raw = np.frombuffer(dev.read_buffer(output), out_type, count=slots * int(u["head_dim"]))
-        shape = (int(u["query_len"]), int(u["num_heads"]), int(u["head_dim"]))
-        return raw.astype(np.float64).reshape(shape), data
+        return {
+            "data": data,
+            "output": output,
+            "out_type": out_type,
+            "shape": (int(u["query_len"]), int(u["num_heads"]), int(u["head_dim"])),
+            "passes": [
+                (self.partials, first, (splits * int(u["num_kv_heads"]), 1, 1)),
+                (self.reduce, {0: uniforms, 4: output, 7: acc, 8: ml}, (slots, 1, 1)),
+            ],
+        }
+
+    def run(self, spec: CaseSpec) -> tuple[np.ndarray, Any]:
+        bound = self.bind(spec)
+        for pipeline, bindings, workgroups in bound["passes"]:
+            self.device.dispatch(pipeline, bindings, workgroups)
+        count = int(np.prod(bound["shape"]))
+        raw = np.frombuffer(self.device.read_buffer(bound["output"]), bound["out_type"], count)
+        return raw.astype(np.float64).reshape(bound["shape"]), bound["data"]
 
 
 def verdict(kernel: SplitKernel, spec: CaseSpec):
