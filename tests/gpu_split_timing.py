@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_decode_split import BASE, F16, SplitKernel
+from split_kernel import BASE, F16, SplitKernel
 
 from doppler_gen.backends import effective_limits, get_backend, select_adapter
 from doppler_gen.cases import build_tiled
