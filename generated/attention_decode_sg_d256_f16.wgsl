@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:78055dd7fe42ba02470e6fc764db341bacaeaedc53aee691bbcb48118988a66b
+// source-hash: sha256:25636ebb336eefa5c8f49b22c6b1aca6f93985129bfe4fa4355355c45bba5e38
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -156,17 +156,14 @@ fn main(
         let out_offset = q_offset;
 
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
-        var q = array<vec4<f32>, VEC_PER_LANE>();
+        var q = array<vec4<f16>, VEC_PER_LANE>();
         var acc = array<vec4<f32>, VEC_PER_LANE>();
         for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
             let v = lane + j * LANES_PER_KEY;
-            var qv: vec4<f32> = vec4<f32>(0.0);
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                qv = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
+                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
             }
-            q[j] = qv;
-            acc[j] = vec4<f32>(0.0);
         }
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
@@ -179,7 +176,7 @@ fn main(
         let iterations = (span + per_iter - 1u) / per_iter;
         for (var it: u32 = 0u; it < iterations; it = it + 1u) {
             let base = keys.x + it * per_iter + kg;
-            // key 0 of this iteration: load K and V rows (zeros when masked or past the end)
+            // key 0 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_0 = base + 0u * nkg;
             let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
@@ -194,11 +191,12 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
                 for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
                 }
             }
-            // key 1 of this iteration: load K and V rows (zeros when masked or past the end)
+            // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * nkg;
             let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
@@ -213,8 +211,9 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
+
                 for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

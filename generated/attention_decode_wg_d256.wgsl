@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:74883379a2375a7e1353dccb16174eee8e5eed2b562361f8c0fe7f007c0f2ee4
+// source-hash: sha256:3419c44dfa80762973bc02fe6e58c722d8dcd7894ec52ee6500fff2ebd01e3ec
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -142,13 +142,10 @@ fn main(
         var acc = array<vec4<f32>, VEC_PER_LANE>();
         for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
             let v = lane + j * LANES_PER_KEY;
-            var qv: vec4<f32> = vec4<f32>(0.0);
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                qv = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
             }
-            q[j] = qv;
-            acc[j] = vec4<f32>(0.0);
         }
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
@@ -161,7 +158,7 @@ fn main(
         let iterations = (span + per_iter - 1u) / per_iter;
         for (var it: u32 = 0u; it < iterations; it = it + 1u) {
             let base = keys.x + it * per_iter + kg;
-            // key 0 of this iteration: load K and V rows (zeros when masked or past the end)
+            // key 0 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_0 = base + 0u * nkg;
             let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f32>, VEC_PER_LANE>();
@@ -176,11 +173,12 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
                 for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
                 }
             }
-            // key 1 of this iteration: load K and V rows (zeros when masked or past the end)
+            // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * nkg;
             let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f32>, VEC_PER_LANE>();
@@ -195,8 +193,9 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
+
                 for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

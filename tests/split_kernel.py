@@ -29,6 +29,8 @@ BASE = {
     "workgroup_size": 256,
     "lanes_per_key": 8,
     "keys_per_iter": 2,
+    "unroll": False,
+    "v_with_k": True,
     "kv_split": 16,
     "reduce_workgroup_size": 64,
 }
