@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:054c0cb8986b75f465d879c4d0910dd40cb064393764ce3f96212ffbffd4a523
+// source-hash: sha256:821b247336ec7aaa0942ee48940941f2bf380a2273bf771c6bfe9a896320f810
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -16,12 +16,14 @@ enable subgroups;
 const MAX_HEAD_DIM: u32 = 128u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
 const LANES_PER_KEY: u32 = 8u;
-const VEC_PER_LANE: u32 = MAX_HEAD_DIM / 4u / LANES_PER_KEY;
+const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const MAX_KEY_GROUPS: u32 = MAX_WORKGROUP_SIZE / LANES_PER_KEY;
+const MAX_KEY_GROUPS: u32 = 128u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 16u;
 const NEG_BIG: f32 = -3.402823e+38;
+// vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
+const MERGE_VECS: u32 = 512u;
 
 override WORKGROUP_SIZE: u32 = 1024u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
 
@@ -54,7 +56,7 @@ struct Uniforms {
 // Merge of the key groups' softmax states
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
-var<workgroup> merge_acc: array<vec4<f32>, MERGE_ROWS * MAX_HEAD_DIM / 4u>;
+var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
 var<workgroup> subgroup_counter: atomic<u32>;
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:199ddb1768eb8210b6bbe4863573533e731d4ab7923aa1ec848e2996a1c5f694
+// source-hash: sha256:b0b9b6688e3eab596ed6256b29b6ef6e6136defaf9d56180ceaac8599d4229ca
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -14,12 +14,14 @@ enable subgroups;
 const MAX_HEAD_DIM: u32 = 64u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
 const LANES_PER_KEY: u32 = 8u;
-const VEC_PER_LANE: u32 = MAX_HEAD_DIM / 4u / LANES_PER_KEY;
+const VEC_PER_LANE: u32 = 2u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const MAX_KEY_GROUPS: u32 = MAX_WORKGROUP_SIZE / LANES_PER_KEY;
+const MAX_KEY_GROUPS: u32 = 128u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 32u;
 const NEG_BIG: f32 = -3.402823e+38;
+// vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
+const MERGE_VECS: u32 = 512u;
 
 override WORKGROUP_SIZE: u32 = 1024u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
 
@@ -52,7 +54,7 @@ struct Uniforms {
 // Merge of the key groups' softmax states
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
-var<workgroup> merge_acc: array<vec4<f32>, MERGE_ROWS * MAX_HEAD_DIM / 4u>;
+var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
 var<workgroup> subgroup_counter: atomic<u32>;
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:399738b4bbde365f28cfd3f94f91240574e71edf80aa01c5450f00f6b50baa7e
+// source-hash: sha256:476f12ec9cad5b902142cf758d824c04e5d169e156e76545c3550406a0bcf3af
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -13,12 +13,14 @@ enable f16;
 const MAX_HEAD_DIM: u32 = 128u;
 const MAX_WORKGROUP_SIZE: u32 = 256u;
 const LANES_PER_KEY: u32 = 4u;
-const VEC_PER_LANE: u32 = MAX_HEAD_DIM / 4u / LANES_PER_KEY;
+const VEC_PER_LANE: u32 = 8u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const MAX_KEY_GROUPS: u32 = MAX_WORKGROUP_SIZE / LANES_PER_KEY;
+const MAX_KEY_GROUPS: u32 = 64u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 16u;
 const NEG_BIG: f32 = -3.402823e+38;
+// vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
+const MERGE_VECS: u32 = 512u;
 
 override WORKGROUP_SIZE: u32 = 256u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
 
@@ -51,7 +53,7 @@ struct Uniforms {
 // Merge of the key groups' softmax states
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
-var<workgroup> merge_acc: array<vec4<f32>, MERGE_ROWS * MAX_HEAD_DIM / 4u>;
+var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Partial dot products, double-buffered by iteration parity: [parity][invocation][key]
 var<workgroup> partial_dots: array<f32, 2u * MAX_WORKGROUP_SIZE * KEYS_PER_ITER>;
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3419c44dfa80762973bc02fe6e58c722d8dcd7894ec52ee6500fff2ebd01e3ec
+// source-hash: sha256:8c708bd8adf6619b0512adc3ca51e9faeedca09fcc5a7f7c616ab5f777ff27bf
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -11,12 +11,14 @@
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 256u;
 const LANES_PER_KEY: u32 = 8u;
-const VEC_PER_LANE: u32 = MAX_HEAD_DIM / 4u / LANES_PER_KEY;
+const VEC_PER_LANE: u32 = 8u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const MAX_KEY_GROUPS: u32 = MAX_WORKGROUP_SIZE / LANES_PER_KEY;
+const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 8u;
 const NEG_BIG: f32 = -3.402823e+38;
+// vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
+const MERGE_VECS: u32 = 512u;
 
 override WORKGROUP_SIZE: u32 = 256u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
 
@@ -49,7 +51,7 @@ struct Uniforms {
 // Merge of the key groups' softmax states
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
-var<workgroup> merge_acc: array<vec4<f32>, MERGE_ROWS * MAX_HEAD_DIM / 4u>;
+var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Partial dot products, double-buffered by iteration parity: [parity][invocation][key]
 var<workgroup> partial_dots: array<f32, 2u * MAX_WORKGROUP_SIZE * KEYS_PER_ITER>;
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e1c64397e908de59c7deb422bf3da61d6fb2e2569e952777195ba87f0784fa8a
+// source-hash: sha256:9e0ae0c8dcb453843296a040791377506fbc2e185a4bfe6b9f6b7f71584993f6
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -13,12 +13,14 @@ enable f16;
 const MAX_HEAD_DIM: u32 = 64u;
 const MAX_WORKGROUP_SIZE: u32 = 256u;
 const LANES_PER_KEY: u32 = 4u;
-const VEC_PER_LANE: u32 = MAX_HEAD_DIM / 4u / LANES_PER_KEY;
+const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const MAX_KEY_GROUPS: u32 = MAX_WORKGROUP_SIZE / LANES_PER_KEY;
+const MAX_KEY_GROUPS: u32 = 64u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 32u;
 const NEG_BIG: f32 = -3.402823e+38;
+// vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
+const MERGE_VECS: u32 = 512u;
 
 override WORKGROUP_SIZE: u32 = 256u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
 
@@ -51,7 +53,7 @@ struct Uniforms {
 // Merge of the key groups' softmax states
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
-var<workgroup> merge_acc: array<vec4<f32>, MERGE_ROWS * MAX_HEAD_DIM / 4u>;
+var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Partial dot products, double-buffered by iteration parity: [parity][invocation][key]
 var<workgroup> partial_dots: array<f32, 2u * MAX_WORKGROUP_SIZE * KEYS_PER_ITER>;
 

@@ -37,10 +37,11 @@ from doppler_gen.backends.dawn_backend import (
     one_line,
     parse_diagnostics,
 )
-from doppler_gen.cases import CaseSpec
 from doppler_gen.config import load_project
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
-from doppler_gen.harness import CaseResult
+from doppler_gen.families.attention import CaseSpec
+from doppler_gen.runtime.runner import CaseResult
+from doppler_gen.runtime.session import static_skip
 from doppler_gen.tolerance import Verdict
 from doppler_gen.validate import (
     CrossRun,
@@ -49,7 +50,6 @@ from doppler_gen.validate import (
     compare_variant,
     format_report,
     output_difference,
-    static_skip,
     validate,
     validate_all,
 )

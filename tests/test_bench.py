@@ -22,23 +22,22 @@ from doppler_gen.bench import (
     SDPA_UNAVAILABLE,
     BenchRow,
     BenchRun,
-    CpuAdapterRefused,
-    SdpaPlan,
     SdpaResult,
     Settings,
     Timing,
     format_report,
     match_profile,
     profile_named,
-    refuse_cpu,
     time_sdpa,
 )
 from doppler_gen.errors import DopplerGenError
+from doppler_gen.runtime.session import CpuAdapterRefused, refuse_cpu
 from doppler_gen.shapes import DEFAULT_SHAPES, ShapeSyntaxError, parse_shape, parse_shapes
 
 PREFILL = "prefill:q=2048,kv=2048,h=32,kvh=8,d=64"
 DECODE = "decode:kv=8192,h=32,kvh=8,d=64"
 TIERED = "tiered:cold=1536,hot=512,h=32,kvh=8,d=64"
+RMSNORM = "rmsnorm:rows=2048,size=4096"
 
 
 def cpu_adapter_problem() -> str | None:
@@ -61,13 +60,19 @@ needs_cpu_adapter = pytest.mark.skipif(
 
 
 def test_default_shapes_are_the_issue_s_shapes() -> None:
-    prefill, decode, tiered = parse_shapes(())
+    prefill, decode, tiered, rmsnorm = parse_shapes(())
+    assert rmsnorm.label == RMSNORM and rmsnorm.family == "rmsnorm"
     assert [s.label for s in (prefill, decode, tiered)] == [PREFILL, DECODE, TIERED]
     assert (prefill.query_len, prefill.kv_len, prefill.causal) == (2048, 2048, True)
     assert (decode.query_len, decode.kv_len) == (1, 8192)
     assert (tiered.cold_len, tiered.hot_len, tiered.kv_len) == (1536, 512, 2048)
     assert {s.family for s in (prefill, decode)} == {"tiled"} and tiered.family == "tiered"
-    assert tuple(s.label for s in parse_shapes(DEFAULT_SHAPES)) == (PREFILL, DECODE, TIERED)
+    assert tuple(s.label for s in parse_shapes(DEFAULT_SHAPES)) == (
+        PREFILL,
+        DECODE,
+        TIERED,
+        RMSNORM,
+    )
 
 
 @pytest.mark.parametrize(
@@ -422,7 +427,8 @@ def test_sdpa_prefill_uses_is_causal_and_enable_gqa() -> None:
     torch = _fake_torch(gqa=True)
     result = time_sdpa(
         torch,
-        SdpaPlan(parse_shape("prefill:q=64,kv=64,h=8,kvh=2,d=16"), "f16"),
+        parse_shape("prefill:q=64,kv=64,h=8,kvh=2,d=16"),
+        "f16",
         Settings(repeats=20, warmup=2),
     )
     assert result.timing is not None and result.timing.runs == 20
@@ -437,7 +443,8 @@ def test_sdpa_chunked_prefill_gets_a_bottom_right_mask_and_old_torch_repeats_kv(
     torch = _fake_torch(gqa=False)
     result = time_sdpa(
         torch,
-        SdpaPlan(parse_shape("prefill:q=16,kv=48,h=8,kvh=2,d=16"), "f32"),
+        parse_shape("prefill:q=16,kv=48,h=8,kvh=2,d=16"),
+        "f32",
         Settings(repeats=20, warmup=1),
     )
     assert result.timing is not None
@@ -450,9 +457,12 @@ def test_sdpa_chunked_prefill_gets_a_bottom_right_mask_and_old_torch_repeats_kv(
 
 
 def test_sdpa_decode_is_not_causal() -> None:
-    plan = SdpaPlan(parse_shape(DECODE), "f16")
-    assert not plan.is_causal and not plan.lower_right_mask
-    assert SdpaPlan(parse_shape(TIERED), "f16").is_causal is False
+    for text in (DECODE, TIERED):
+        torch = _fake_torch(gqa=True)
+        result = time_sdpa(torch, parse_shape(text), "f16", Settings(repeats=20, warmup=0))
+        assert result.timing is not None
+        last = torch.calls[-1]
+        assert last["causal"] is False and last["mask"] is None, text
 
 
 def _torch_cuda_problem() -> str | None:
@@ -469,7 +479,8 @@ def test_real_sdpa_times_a_small_decode() -> None:  # pragma: no cover - needs C
 
     result = time_sdpa(
         torch,
-        SdpaPlan(parse_shape("decode:kv=1024,h=8,kvh=2,d=64"), "f16"),
+        parse_shape("decode:kv=1024,h=8,kvh=2,d=64"),
+        "f16",
         Settings(repeats=20, warmup=3),
     )
     assert result.timing is not None and 0 < result.timing.median_ns < 1e7

@@ -64,7 +64,8 @@ def extract(text: str) -> dict[str, Any]:
     code = strip(text)
     bindings = []
     for group, binding, space, access, name, wgsl_type in _BINDING.findall(code):
-        element = re.fullmatch(r"array<\s*(\w+)\s*>", wgsl_type)
+        # array<f16>, or array<vec4<f16>> (read four at a time; the host fills it with f16)
+        element = re.fullmatch(r"array<\s*(?:vec[234]<\s*)?(\w+)\s*>?\s*>", wgsl_type)
         bindings.append(
             {
                 "group": int(group),
@@ -83,13 +84,17 @@ def extract(text: str) -> dict[str, Any]:
     }
     names = {**constants, **{name: value for name, (_, value) in overrides.items()}}
     storage = 0
-    for _, wgsl_type in _WORKGROUP_VAR.findall(code):
-        array = re.fullmatch(r"array<\s*(\w+)\s*,\s*([^>]+)>", wgsl_type)
-        size = (
-            SCALAR_SIZES[array.group(1)] * product(array.group(2), names)
-            if array
-            else SCALAR_SIZES[wgsl_type]
-        )
+    for var_name, wgsl_type in _WORKGROUP_VAR.findall(code):
+        if len(re.findall(rf"\b{var_name}\b", code)) < 2:
+            continue  # declared, never used: WebGPU counts only what the entry point uses
+        array = re.fullmatch(r"array<\s*(?:vec([24])<(\w+)>|(\w+))\s*,\s*([^>]+)>", wgsl_type)
+        atomic = re.fullmatch(r"atomic<\s*(\w+)\s*>", wgsl_type)
+        if array:
+            lanes = int(array.group(1) or 1)
+            element = SCALAR_SIZES[array.group(2) or array.group(3)] * lanes
+            size = element * product(array.group(4), names)
+        else:
+            size = SCALAR_SIZES[atomic.group(1) if atomic else wgsl_type]
         storage += -(-size // 16) * 16
     entry = _ENTRY.search(code)
     return {
@@ -183,8 +188,17 @@ def test_manifest_lists_every_variant(
 def test_bindings(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
     for name, entry in manifest["variants"].items():
         ours = extracted[name]["bindings"]
-        theirs = [{**b, "type": re.sub(r"\s+", "", b["type"])} for b in entry["bindings"]]
+        theirs = [
+            {k: v for k, v in b.items() if k != "role"} | {"type": re.sub(r"\s+", "", b["type"])}
+            for b in entry["bindings"]
+        ]
         assert theirs == ours, name
+        roles = {b["name"]: b["role"] for b in entry["bindings"]}
+        assert roles["output"] == "output", name
+        if entry["family"] in ("tiled", "tiered"):
+            assert roles["Q"] == "input", name
+        assert {r for n, r in roles.items() if n == "u"} == {"uniform"}, name
+        assert entry["passes"][0]["bindings"] == entry["bindings"], name
         assert len({(b["group"], b["binding"]) for b in ours}) == len(ours), (
             f"{name}: binding reused"
         )
@@ -235,7 +249,15 @@ def test_entry_point_and_features(
 
 def test_dtypes_match_bindings(manifest: dict[str, Any]) -> None:
     roles = {"tiled": ("Q", "K", "output"), "tiered": ("Q", "K_hot", "output")}
+    rmsnorm = [e for e in manifest["variants"].values() if e["family"] == "rmsnorm"]
+    assert len(rmsnorm) == 2
+    for entry in rmsnorm:
+        element = {b["name"]: b["element_type"] for b in entry["bindings"]}
+        assert element["input"] == element["weight"] == element["output"]
+        assert element["output"] == entry["metadata"]["dtype"]
     for entry in manifest["variants"].values():
+        if entry["family"] == "rmsnorm":
+            continue
         q, kv, out = roles[entry["family"]]
         element = {b["name"]: b["element_type"] for b in entry["bindings"]}
         meta = entry["metadata"]
@@ -257,7 +279,7 @@ def test_workgroup_storage(manifest: dict[str, Any], extracted: dict[str, dict[s
     for name, entry in manifest["variants"].items():
         assert entry["workgroup_storage_bytes"] == extracted[name]["workgroup_storage_bytes"], name
         params = entry["params"]
-        if entry["family"] == "tiled":
+        if entry["template_name"] == "attention":
             block, tile = params["block_size"], params["head_tile"]
             # shared_K and shared_V: block x head_tile f32; shared_scores: block x block f32
             assert entry["workgroup_storage_bytes"] == 4 * (2 * block * tile + block * block), name

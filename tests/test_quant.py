@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from doppler_gen import quant
-from doppler_gen.quant import (
+from doppler_gen.families import quant
+from doppler_gen.families.quant import (
     QuantizedKV,
     dequantize_kv,
     pack_signed,

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from doppler_gen.quant import dequantize_kv, quantize_kv
-from doppler_gen.reference import tiered_attention, tiled_attention
+from doppler_gen.families.attention import tiered_attention, tiled_attention
+from doppler_gen.families.quant import dequantize_kv, quantize_kv
 
 MASKED = -3.402823e38
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}

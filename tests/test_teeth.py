@@ -29,6 +29,7 @@ COLD = "templates/lib/cold_tier.wgsl.j2"
 TILED = "templates/attention.wgsl.j2"
 TIERED = "templates/attention_decode_tiered.wgsl.j2"
 DECODE = "templates/lib/attention_decode.wgsl.j2"
+RMSNORM = "templates/rmsnorm.wgsl.j2"
 
 SMALL = "attention_small_f16kv"  # the tiled variant inside lavapipe's limits
 SG = "attention_decode_sg_d64_f16kv"  # one-dispatch decode, subgroup reductions
@@ -176,6 +177,34 @@ MUTATIONS = [
         "        s = MASKED_SCORE;\n",
         "",
         ["attention_decode_tiered_int8_f16kv"],
+    ),
+    (
+        "rmsnorm-eps-dropped",
+        RMSNORM,
+        "partial_sums[0] / f32(u.size) + u.eps",
+        "partial_sums[0] / f32(u.size)",
+        ["rmsnorm", "rmsnorm_f16"],
+    ),
+    (
+        "rmsnorm-mean-over-size-minus-one",
+        RMSNORM,
+        "partial_sums[0] / f32(u.size) + u.eps",
+        "partial_sums[0] / f32(max(u.size, 2u) - 1u) + u.eps",
+        ["rmsnorm", "rmsnorm_f16"],
+    ),
+    (
+        "rmsnorm-weight-ignored",
+        RMSNORM,
+        "* inv_rms * f32(weight[i]);",
+        "* inv_rms;",
+        ["rmsnorm", "rmsnorm_f16"],
+    ),
+    (
+        "rmsnorm-reduction-drops-a-half",
+        RMSNORM,
+        "for (var stride = WORKGROUP_SIZE / 2u;",
+        "for (var stride = WORKGROUP_SIZE / 4u;",
+        ["rmsnorm"],
     ),
 ]
 

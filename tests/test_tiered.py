@@ -19,13 +19,13 @@ from conftest import (
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import get_backend
-from doppler_gen.cases import CaseSpec
 from doppler_gen.config import load_project
-from doppler_gen.harness import KernelRunner
+from doppler_gen.families.attention import CaseSpec
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
-from doppler_gen.validate import open_device, validate
+from doppler_gen.runtime.runner import KernelRunner
+from doppler_gen.validate import open_run_device, validate
 from doppler_gen.wgsl import parse_module
 
 TIERED = (
@@ -231,7 +231,7 @@ def test_the_zero_contract_is_a_template_parameter_the_validator_holds_it_to(
     )
     entry = variant_entry(kernel, parse_kernel(kernel))
     entry["metadata"]["masked_row"] = "zero"
-    device = open_device(get_backend("wgpu"), [kernel], None, "adapter")
+    device = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
     try:
         runner = KernelRunner(device, kernel, entry)
         spec = CaseSpec(

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from conftest import REPO_ROOT, assert_one_line_error, run_cli
 
-from doppler_gen.bench import BenchRow, Settings, Timing, choose_adapter, open_timing_device
+from doppler_gen.bench import BenchRow, Settings, Timing
 from doppler_gen.config import load_project
 from doppler_gen.errors import ConfigError, DopplerGenError, TemplateError
+from doppler_gen.runtime.session import choose_adapter, open_device
 from doppler_gen.shapes import parse_shape
 from doppler_gen.tune import (
     Candidate,
@@ -269,7 +270,7 @@ def test_a_block_size_workgroup_size_mismatch_is_invalid_not_timed() -> None:
         {"BLOCK_SIZE": 32, "HEAD_TILE": 64, "WORKGROUP_SIZE": 16},
         {"BLOCK_SIZE": 32, "HEAD_TILE": 64, "WORKGROUP_SIZE": 32},
     )
-    device = open_timing_device(backend, adapter, [kernel], "adapter")
+    device = open_device(backend, adapter, kernel.variant.requires, "adapter", timing=True)
     try:
         result = evaluate(
             device,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 from typing import ClassVar
@@ -13,14 +12,16 @@ import pytest
 from conftest import REPO_ROOT, copy_project, run_cli
 from gpu_support import adapter_problem
 
-from doppler_gen.cases import CaseSpec, tiered_specs, tiled_specs
 from doppler_gen.config import load_project
-from doppler_gen.errors import DopplerGenError, ShapeError
-from doppler_gen.harness import KernelRunner, evaluate_dispatch, pack_uniforms
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.families.attention import CaseSpec
+from doppler_gen.families.tiered import tiered_specs
+from doppler_gen.families.tiled import tiled_specs
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
-from doppler_gen.validate import open_device, validate
+from doppler_gen.runtime.runner import KernelRunner, Refusal, evaluate_dispatch, pack_uniforms
+from doppler_gen.validate import case_specs, open_run_device, validate
 
 needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 SMALL = "attention_small_f16kv"
@@ -44,12 +45,15 @@ def test_full_matrix_has_at_least_40_cases_per_variant_and_quick_is_a_subset() -
             full, quick = (
                 tiled_specs(meta["max_head_dim"], quick=q, seed=0) for q in (False, True)
             )
-        else:
+        elif entry["family"] == "tiered":
             cold = entry["params"]["cold"]
             full, quick = (
                 tiered_specs(meta["max_head_dim"], meta["max_kv_len"], cold=cold, quick=q, seed=0)
                 for q in (False, True)
             )
+        else:
+            full, quick = (case_specs(entry, quick=q, seed=0) for q in (False, True))
+        assert full == case_specs(entry, seed=0) and quick == case_specs(entry, quick=True, seed=0)
         assert len(full) >= 40, variant.name
         assert 5 <= len(quick) < len(full)
 
@@ -110,6 +114,12 @@ class _NoDispatch:
     def dispatch(self, *args, **kwargs):
         raise AssertionError("dispatched a shape that should have been refused")
 
+    def run(self, *args, **kwargs):
+        raise AssertionError("ran a shape that should have been refused")
+
+    def storage_buffer(self, *args, **kwargs):
+        raise AssertionError("built buffers for a shape that should have been refused")
+
 
 @needs_adapter
 @pytest.mark.gpu
@@ -141,12 +151,11 @@ def test_unsupported_shapes_are_refused_before_dispatch(
     from doppler_gen.backends import get_backend
 
     kernel, entry = _entry(name)
-    device = open_device(get_backend("wgpu"), [kernel], None, "adapter")
+    device = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
     try:
         runner = KernelRunner(_NoDispatch(device), kernel, entry)
-        data = runner.build(spec)
-        with pytest.raises(ShapeError, match=re.escape(message)):
-            runner.run(data)
+        refusal = runner.prepare(spec)
+        assert isinstance(refusal, Refusal) and message in refusal.reason
         result = runner.run_case(spec)
         assert result.refused and message in result.refused and not result.passed
     finally:
@@ -266,7 +275,7 @@ def test_reference_sees_the_rounded_inputs() -> None:
         limits: ClassVar[dict] = {}
 
     runner = KernelRunner(_Dev(), kernel, entry)  # type: ignore[arg-type]
-    data = runner.build(CaseSpec("x", query_len=3, kv_len=5, head_dim=8))
+    data = runner.family.build(CaseSpec("x", query_len=3, kv_len=5, head_dim=8), entry)
     assert data.buffers["Q"].dtype == np.float16
     assert data.reference_inputs["q"] is data.buffers["Q"]
 

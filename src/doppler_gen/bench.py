@@ -3,8 +3,8 @@
 People pick variants and tile sizes by speed, so the numbers must be the GPU's own: each dispatch
 is timed with begin/end-of-pass timestamp queries (scaled by the queue's timestamp period), after
 warm-up dispatches, on buffers created once per (variant, shape); the report gives the median and
-the p10–p90 spread of at least 20 runs. Kernels are driven by ``harness.KernelRunner`` with the
-inputs of a ``CaseSpec`` for the shape, so bench measures exactly what ``validate`` checks.
+the p10–p90 spread of at least 20 runs. Kernels are driven by ``runtime.runner.KernelRunner`` with the
+inputs its family builds for the shape, so bench measures exactly what ``validate`` checks.
 
 Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and every output
 element must be finite: that catches unwritten outputs and blow-ups at shapes far larger than the
@@ -28,7 +28,6 @@ so with ``--allow-cpu`` every row is labelled CPU.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,28 +35,36 @@ from typing import Any
 
 import numpy as np
 
-from doppler_gen.backends import (
-    AdapterInfo,
-    Backend,
-    Device,
-    effective_limits,
-    get_backend,
-    select_adapter,
-)
-from doppler_gen.cases import NUMPY_DTYPES
+from doppler_gen.backends import AdapterInfo, Device, get_backend
 from doppler_gen.config import Project
-from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError, ShapeError
-from doppler_gen.harness import KernelRunner
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.families import get_family
+from doppler_gen.families.base import Shape
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import select
 from doppler_gen.render import RenderedKernel, Renderer
-from doppler_gen.shapes import FAMILY_OF_KIND, Shape
+from doppler_gen.runtime.measure import (
+    BenchRow,
+    Settings,
+    Timing,
+    cpu_warning,
+    measure,
+    positive,
+)
+from doppler_gen.runtime.session import (
+    Progress,
+    choose_adapter,
+    open_device,
+    timestamp_period,
+)
+from doppler_gen.shapes import kinds
 
-MIN_REPEATS = 20
 SDPA_UNAVAILABLE = "torch+CUDA not available"
 METHODOLOGY = {
     "timing": "GPU timestamps at begin/end of each compute pass, scaled by the queue's timestamp "
-    "period; warm-up dispatches first; median and p10-p90 of the timed runs",
+    "period; a multi-pass variant runs all its passes in one command buffer and is timed from "
+    "its first pass's begin to its last pass's end (pass_timings: each pass's own span); "
+    "warm-up runs first; median and p10-p90 of the timed runs",
     "bytes": "every bound buffer read once at its storage dtype + the output written once "
     "(inputs hold exactly the attended keys): compulsory traffic, so GB/s is a lower bound",
     "flops": "4 * attended (query, key) pairs * heads * head_dim; causal prefill counts the "
@@ -69,10 +76,6 @@ METHODOLOGY = {
     "SDPA), causal only for prefill (bottom-right mask when q < kv), GQA via enable_gqa, CUDA "
     "events after a GPU sleep so launches queue back to back, warm-up, median",
 }
-
-
-class CpuAdapterRefused(DopplerGenError):
-    """The chosen adapter is a CPU rasteriser: timing it would mislead anyone choosing GPU code."""
 
 
 # -- device profiles ---------------------------------------------------------------------------
@@ -135,91 +138,6 @@ def profile_named(name: str) -> DeviceProfile:
 # -- timings -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Per-dispatch GPU times in ns; summarised by median and p10–p90 (robust to stragglers)."""
-
-    samples_ns: tuple[float, ...]
-
-    @property
-    def runs(self) -> int:
-        return len(self.samples_ns)
-
-    @property
-    def median_ns(self) -> float:
-        return float(statistics.median(self.samples_ns))
-
-    def percentile_ns(self, q: float) -> float:
-        return float(np.percentile(np.asarray(self.samples_ns, np.float64), q))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "median_us": _us(self.median_ns),
-            "p10_us": _us(self.percentile_ns(10)),
-            "p90_us": _us(self.percentile_ns(90)),
-            "min_us": _us(min(self.samples_ns)),
-            "max_us": _us(max(self.samples_ns)),
-            "runs": self.runs,
-        }
-
-    def spread_text(self) -> str:
-        return f"{self.percentile_ns(10) / 1e3:.1f}–{self.percentile_ns(90) / 1e3:.1f}"
-
-
-def _us(ns: float) -> float:
-    return round(ns / 1e3, 3)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How each measurement is taken; shared by bench and tune so their numbers compare."""
-
-    repeats: int = 30
-    warmup: int = 5
-    seed: int = 0
-    storage_overrun: bool = False
-
-    def __post_init__(self) -> None:
-        if self.repeats < MIN_REPEATS:
-            raise DopplerGenError(
-                f"--repeats {self.repeats}: at least {MIN_REPEATS} runs are needed for a median "
-                "and spread"
-            )
-        if self.warmup < 0:
-            raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-@dataclass
-class BenchRow:
-    """One variant on one shape: timed (ok), not runnable (n/a, with why) or broken (FAIL)."""
-
-    variant: str
-    shape: str
-    status: str  # ok | n/a | FAIL
-    reason: str = ""
-    timing: Timing | None = None
-    bytes_moved: int = 0
-    flops: int = 0
-    sdpa_dtype: str | None = None  # the dtype torch SDPA runs in for this row
-
-    @property
-    def gbps(self) -> float | None:
-        """Effective bandwidth: bytes per ns is GB/s."""
-        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else None
-
-    @property
-    def tflops(self) -> float | None:
-        return self.flops / self.timing.median_ns / 1e3 if _positive(self.timing) else None
-
-
-def _positive(timing: Timing | None) -> bool:
-    """A median a rate can be divided by (a coarse timer can report 0 ns for a tiny dispatch)."""
-    return timing is not None and timing.median_ns > 0
-
-
 @dataclass
 class CopyBandwidth:
     """A large device-local copy timed like the kernels: the attainable streaming bandwidth."""
@@ -229,7 +147,7 @@ class CopyBandwidth:
 
     @property
     def gbps(self) -> float:
-        return self.bytes_moved / self.timing.median_ns if _positive(self.timing) else 0.0
+        return self.bytes_moved / self.timing.median_ns if positive(self.timing) else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"bytes": self.bytes_moved, "gbps": round(self.gbps, 1), **self.timing.as_dict()}
@@ -291,7 +209,7 @@ class BenchRun:
     def ratio(self, row: BenchRow) -> float | None:
         """Variant time over SDPA time (2.0: twice as slow as torch)."""
         ref = self.sdpa_for(row)
-        if row.timing is None or ref is None or not _positive(ref.timing):
+        if row.timing is None or ref is None or not positive(ref.timing):
             return None
         return row.timing.median_ns / ref.timing.median_ns
 
@@ -354,6 +272,7 @@ class BenchRun:
             "reason": row.reason,
             "cpu_adapter": self.is_cpu,
             "timing": row.timing.as_dict() if row.timing else None,
+            "pass_timings": {name: t.as_dict() for name, t in row.passes.items()} or None,
             "bytes": row.bytes_moved,
             "flops": row.flops,
             "gbps": _round(row.gbps),
@@ -368,49 +287,6 @@ class BenchRun:
 def _round(value: float | None, digits: int = 6) -> float | None:
     """``digits`` significant digits: enough for any comparison, short enough to read."""
     return None if value is None else float(f"{value:.{digits}g}")
-
-
-def cpu_warning(adapter: str) -> str:
-    return f"CPU ADAPTER ({adapter}): these timings say nothing about GPU performance"
-
-
-# -- device ------------------------------------------------------------------------------------
-
-
-def refuse_cpu(adapter: AdapterInfo, allow_cpu: bool, command: str) -> None:
-    """Refuse a CPU adapter before anything runs, unless the user accepted CPU numbers."""
-    if adapter.is_cpu and not allow_cpu:
-        raise CpuAdapterRefused(
-            f"{command} measures GPUs; {adapter.name} is a CPU adapter — timings would say nothing "
-            f"about GPU performance; pass --allow-cpu to run anyway (results labelled CPU)"
-        )
-
-
-def choose_adapter(
-    backend: Backend, want: str | None, allow_cpu: bool, command: str
-) -> AdapterInfo:
-    adapter = select_adapter(backend.adapters(), want)
-    refuse_cpu(adapter, allow_cpu, command)
-    return adapter
-
-
-def open_timing_device(
-    backend: Backend, adapter: AdapterInfo, kernels: Sequence[RenderedKernel], limits: str
-) -> Device:
-    """A device with timestamp queries and every feature the kernels need that the adapter has."""
-    if "timestamp-query" not in adapter.features:
-        raise BackendUnavailable(
-            f"{adapter.short()} does not offer timestamp-query; bench needs GPU timestamps"
-        )
-    wanted = {f for k in kernels for f in k.variant.requires if f in adapter.features}
-    features = sorted(wanted | {"timestamp-query"})
-    return backend.open_device(adapter, features=features, limits=effective_limits(adapter, limits))
-
-
-def timestamp_period(device: Device) -> float | None:
-    """ns per tick, where the backend can say (already applied by timed_dispatch)."""
-    getter = getattr(device, "timestamp_period", None)
-    return float(getter()) if callable(getter) else None
 
 
 COPY_WGSL = """
@@ -452,92 +328,6 @@ def measure_copy(device: Device, mib: int, settings: Settings) -> CopyBandwidth:
 # -- measuring one variant on one shape ---------------------------------------------------------
 
 
-def measure(
-    device: Device,
-    kernel: RenderedKernel,
-    entry: dict[str, Any],
-    shape: Shape,
-    settings: Settings,
-    constants: dict[str, float] | None = None,
-) -> BenchRow:
-    """Check once (finite output), then time ``settings.repeats`` dispatches on the same buffers."""
-    from doppler_gen.validate import static_skip
-
-    row = BenchRow(kernel.variant.name, shape.label, "n/a", sdpa_dtype=sdpa_dtype(entry))
-    skip, note = static_skip(entry, device, storage_overrun=settings.storage_overrun)
-    if skip:
-        row.reason = skip
-        return row
-    runner = KernelRunner(device, kernel, entry, constants)
-    spec = shape.case_spec(settings.seed)
-    try:
-        runner.check_spec(spec)  # before building (possibly huge) inputs
-        data = runner.build(spec)
-        runner.check_shape(data)
-    except ShapeError as error:
-        row.reason = _without_prefix(error.message, kernel.variant.name)
-        return row
-    row.bytes_moved = bound_bytes(data.buffers, runner.output_shape(data), entry)
-    row.flops = shape.flops()
-    try:
-        _time(device, runner, data, settings, row)
-    except ShaderCompileError as error:
-        row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
-    except DopplerGenError as error:
-        row.status, row.reason = "FAIL", str(error)
-    if note and row.status == "ok":
-        row.reason = note
-    return row
-
-
-def _time(
-    device: Device, runner: KernelRunner, data: Any, settings: Settings, row: BenchRow
-) -> None:
-    bound = runner.bind(data)
-    device.dispatch(bound.pipeline, bound.bindings, bound.workgroups)
-    output = runner.read_output(bound)
-    bad = int(output.size - np.isfinite(output).sum())
-    if bad:
-        row.status = "FAIL"
-        row.reason = (
-            f"{bad} of {output.size} outputs NaN/Inf after one dispatch on NaN-poisoned "
-            f"output; not timed (run `doppler-gen validate {row.variant}`)"
-        )
-        return
-    times = device.timed_dispatch(
-        bound.pipeline,
-        bound.bindings,
-        bound.workgroups,
-        repeats=settings.repeats,
-        warmup=settings.warmup,
-    )
-    row.status, row.timing = "ok", Timing(tuple(times))
-
-
-def bound_bytes(
-    buffers: dict[str, np.ndarray], output_shape: tuple[int, ...], entry: dict[str, Any]
-) -> int:
-    """Compulsory traffic: every input buffer read once plus the output written once."""
-    out_type = next(b["element_type"] for b in entry["bindings"] if b["access"] == "read_write")
-    out_bytes = int(np.prod(output_shape)) * np.dtype(NUMPY_DTYPES[out_type]).itemsize
-    return sum(int(array.nbytes) for array in buffers.values()) + out_bytes
-
-
-def sdpa_dtype(entry: dict[str, Any]) -> str:
-    """SDPA takes one dtype for Q, K and V: use the K/V storage dtype, which dominates traffic."""
-    return str(entry["metadata"]["kv_dtype"])
-
-
-def _without_prefix(message: str, name: str) -> str:
-    prefix = f"{name}: "
-    return message[len(prefix) :] if message.startswith(prefix) else message
-
-
-# -- the run -----------------------------------------------------------------------------------
-
-Progress = Callable[[str], None]
-
-
 @dataclass(frozen=True)
 class BenchRequest:
     """What the user asked bench to do (the CLI's options, minus output formatting)."""
@@ -562,7 +352,8 @@ def run_bench(
     kernels = [renderer.render(v, with_origins=True) for v in select(project, request.patterns)]
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
-    device = open_timing_device(backend, adapter, kernels, request.limits)
+    requires = {f for k in kernels for f in k.variant.requires}
+    device = open_device(backend, adapter, requires, request.limits, timing=True)
     run = BenchRun(
         request.backend,
         adapter.describe(),
@@ -599,7 +390,7 @@ def _copy(
     if request.copy_mib <= 0:
         return None, "not measured (--copy-mib 0)"
     if progress:
-        progress(f"copy bandwidth ({request.copy_mib} MiB)")
+        progress(f"copy bandwidth ({request.copy_mib} MiB)", 0)
     copy = measure_copy(device, request.copy_mib, request.settings)
     return copy, f"WGSL copy kernel, {copy.bytes_moved // 2 >> 20} MiB read + written"
 
@@ -611,41 +402,18 @@ def _variant_rows(
     family = entry["family"]
     shapes = [s for s in request.shapes if s.family == family]
     if not shapes:
-        kinds = ", ".join(k for k, f in FAMILY_OF_KIND.items() if f == family)
-        reason = f"no {family} shape given (--shape {kinds}:...)"
+        kinds_of = ", ".join(k for k, f in kinds().items() if f.name == family)
+        reason = f"no {family} shape given (--shape {kinds_of}:...)"
         return [BenchRow(kernel.variant.name, "-", "n/a", reason)]
     rows = []
     for shape in shapes:
         if progress:
-            progress(f"{kernel.variant.name} on {shape.label}")
+            progress(f"{kernel.variant.name} on {shape.label}", 0)
         rows.append(measure(device, kernel, entry, shape, request.settings))
     return rows
 
 
-# -- torch SDPA --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SdpaPlan:
-    """How to run one shape through torch SDPA so that it computes what the kernel computes."""
-
-    shape: Shape
-    dtype: str
-
-    @property
-    def is_causal(self) -> bool:
-        """torch's is_causal is top-left aligned: right only when queries and keys coincide."""
-        return (
-            self.shape.kind == "prefill"
-            and self.shape.causal
-            and self.shape.query_len == self.shape.kv_len
-        )
-
-    @property
-    def lower_right_mask(self) -> bool:
-        """Chunked causal prefill (q < kv) needs an explicit bottom-right mask."""
-        s = self.shape
-        return s.kind == "prefill" and s.causal and s.query_len < s.kv_len
+# -- the torch baseline -----------------------------------------------------------------------
 
 
 def torch_cuda() -> tuple[Any | None, str]:
@@ -660,7 +428,7 @@ def torch_cuda() -> tuple[Any | None, str]:
 
 
 def attach_sdpa(run: BenchRun, shapes: Sequence[Shape], progress: Progress | None = None) -> None:
-    """Time SDPA once per (shape, dtype) some timed row needs, and record it on the run."""
+    """Time each family's torch baseline once per (shape, dtype) some timed row needs."""
     torch, run.sdpa_status = torch_cuda()
     if torch is None:
         return
@@ -669,55 +437,26 @@ def attach_sdpa(run: BenchRun, shapes: Sequence[Shape], progress: Progress | Non
         {(r.shape, r.sdpa_dtype) for r in run.rows if r.status == "ok" and r.sdpa_dtype}
     )
     for label, dtype in wanted:
+        shape = by_label[label]
+        name = get_family(shape.family).baseline_name
         if progress:
-            progress(f"torch SDPA {dtype} on {label}")
-        run.sdpa[(label, dtype)] = time_sdpa(torch, SdpaPlan(by_label[label], dtype), run.settings)
+            progress(f"torch {name} {dtype} on {label}", 0)
+        run.sdpa[(label, dtype)] = time_sdpa(torch, shape, dtype, run.settings)
 
 
-def time_sdpa(torch: Any, plan: SdpaPlan, settings: Settings) -> SdpaResult:
-    """Median CUDA-event time of SDPA on random inputs of the plan's shape and dtype."""
+def time_sdpa(torch: Any, shape: Shape, dtype: str, settings: Settings) -> SdpaResult:
+    """Median CUDA-event time of the shape's family baseline on random inputs of that dtype."""
+    family = get_family(shape.family)
     try:
-        call, note = _sdpa_call(torch, plan)
+        call, note = family.baseline(torch, shape, dtype)
         times = _cuda_event_times(torch, call, settings)
+    except NotImplementedError:
+        return SdpaResult(dtype, None, f"family {family.name} has no torch baseline")
     except (RuntimeError, ValueError) as error:  # OOM, unsupported dtype/shape combination
-        return SdpaResult(plan.dtype, None, f"SDPA failed: {str(error).splitlines()[0]}")
-    return SdpaResult(plan.dtype, Timing(tuple(times)), note)
-
-
-def _sdpa_call(torch: Any, plan: SdpaPlan) -> tuple[Callable[[], Any], str]:
-    """A zero-argument SDPA call, using enable_gqa where torch has it (else repeated K/V)."""
-    s, dtype = plan.shape, {"f16": torch.float16, "f32": torch.float32}[plan.dtype]
-    generator = torch.Generator(device="cuda").manual_seed(0)
-
-    def tensor(heads: int, length: int) -> Any:
-        return torch.randn(
-            1, heads, length, s.head_dim, device="cuda", dtype=dtype, generator=generator
+        return SdpaResult(
+            dtype, None, f"{family.baseline_name} failed: {str(error).splitlines()[0]}"
         )
-
-    q, k, v = (
-        tensor(s.num_heads, s.query_len),
-        tensor(s.num_kv_heads, s.kv_len),
-        tensor(s.num_kv_heads, s.kv_len),
-    )
-    mask, notes = None, []
-    if plan.lower_right_mask:
-        ones = torch.ones(s.query_len, s.kv_len, dtype=torch.bool, device="cuda")
-        mask = ones.tril(diagonal=s.kv_len - s.query_len)
-        notes.append("explicit bottom-right causal mask")
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if s.num_heads == s.num_kv_heads:
-        return (lambda: sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal)), "; ".join(notes)
-    try:
-        sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=True)
-        notes.append("enable_gqa")
-        return (
-            lambda: sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=True)
-        ), "; ".join(notes)
-    except TypeError:  # torch < 2.5: no enable_gqa; repeat K/V outside the timed region
-        group = s.num_heads // s.num_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        notes.append("K/V repeated per query head (torch without enable_gqa)")
-        return (lambda: sdpa(q, k, v, attn_mask=mask, is_causal=plan.is_causal)), "; ".join(notes)
+    return SdpaResult(dtype, Timing(tuple(times)), note)
 
 
 def _cuda_event_times(torch: Any, call: Callable[[], Any], settings: Settings) -> list[float]:
@@ -812,6 +551,10 @@ def _sdpa_cells(run: BenchRun, row: BenchRow) -> list[str]:
 
 def _note(run: BenchRun, row: BenchRow) -> str:
     parts = [f"({row.reason})" if row.status != "ok" and row.reason else row.reason]
+    if row.passes:
+        parts.append(
+            "passes: " + ", ".join(f"{n} {t.median_ns / 1e3:.1f}" for n, t in row.passes.items())
+        )
     resident = run.l2_resident(row)
     if resident is not None and run.profile is not None:
         # every shape says which side of L2 it is on: decode at 8k keys is L2-resident, 32k is not

@@ -275,6 +275,13 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 @adapter_option
 @limits_option
 @click.option("--quick", is_flag=True, help="A subset of the cases (for the test suite).")
+@click.option(
+    "--tier",
+    type=click.Choice(["quick", "default", "large"]),
+    default=None,
+    help="Case tier: quick (a subset), default (the full matrix) or large (more and longer "
+    "random cases). --quick is --tier quick.",
+)
 @seed_option("case generator")
 @storage_overrun_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
@@ -287,6 +294,7 @@ def validate(
     adapter: str | None,
     limits: str,
     quick: bool,
+    tier: str | None,
     seed: int,
     storage_overrun: bool,
     as_json: bool,
@@ -306,7 +314,8 @@ def validate(
     if show_bar:
         from doppler_gen.validate import case_count
 
-        total = case_count(state.project, names, quick=quick, seed=seed) * len(backends)
+        total = case_count(state.project, names, quick=quick, tier=tier, seed=seed)
+        total *= len(backends)
         bar = click.progressbar(length=total, label="validating", file=sys.stderr)
         bar.__enter__()
 
@@ -319,6 +328,7 @@ def validate(
         "adapter": adapter,
         "limits": limits,
         "quick": quick,
+        "tier": tier,
         "seed": seed,
         "storage_overrun": storage_overrun,
         "progress": progress,
@@ -441,33 +451,39 @@ def _emit(result: dict[str, Any], text: str, as_json: bool, output: Path | None)
     click.echo(document if as_json else text)
 
 
-def _progress(command: str) -> Callable[[str], None]:
+def _progress(command: str) -> Callable[[str, int], None]:
     """Progress lines on stderr, so that --json on stdout stays parseable."""
-    return lambda message: click.echo(f"{command}: {message}", err=True)
+    return lambda message, _cases: click.echo(f"{command}: {message}", err=True)
 
 
-SHAPES_EPILOG = """\b
-Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults shown):
-  prefill:q=2048,kv=2048,h=32,kvh=8,d=64,causal=1
-      tiled kernels; q queries at the end of kv keys (q <= kv; causal masking bottom-right
-      aligned); q and kv default to each other
-  decode:kv=8192,h=32,kvh=8,d=64
-      tiled kernels; one query after kv keys
-  tiered:cold=1536,hot=512,h=32,kvh=8,d=64
-      tiered kernels; one query after cold contiguous keys and a hot ring of hot keys
-  h: query heads; kvh: K/V heads (divides h); d: head_dim.
-  Default: the three shapes above. A shape a variant cannot run is reported n/a (reason).
-"""
+class ShapesCommand(click.Command):
+    """A command whose help ends with the --shape syntax of every registered family.
+
+    The kinds come from the family registry when help is shown, so the CLI names none itself.
+    """
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from doppler_gen.shapes import describe_kinds
+
+        formatter.write_paragraph()
+        formatter.write_text(
+            "Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults "
+            "shown):"
+        )
+        with formatter.indentation():
+            for line in describe_kinds():
+                formatter.write_text(line)
+        formatter.write_text("A shape a variant cannot run is reported n/a (reason).")
 
 
-@cli.command(epilog=SHAPES_EPILOG)
+@cli.command(cls=ShapesCommand)
 @click.argument("names", nargs=-1)
 @click.option(
     "--shape",
     "shape_texts",
     multiple=True,
     metavar="KIND:k=v,...",
-    help="Problem shape (repeatable): prefill, decode or tiered; syntax below.",
+    help="Problem shape (repeatable): a kind its family registers; syntax below.",
 )
 @click.option(
     "--copy-mib",
@@ -549,7 +565,7 @@ def bench(
     sys.exit(0 if run.ok else 1)
 
 
-@cli.command(epilog=SHAPES_EPILOG)
+@cli.command(cls=ShapesCommand)
 @click.argument("name")
 @click.option(
     "--shape",
@@ -607,7 +623,7 @@ def tune(
     regenerates generated/. Refuses a CPU
     adapter unless --allow-cpu. Exit 1 if no candidate passed.
     """
-    from doppler_gen.bench import Settings
+    from doppler_gen.runtime.measure import Settings
     from doppler_gen.shapes import parse_shape
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
 

@@ -21,33 +21,68 @@ CONFIG_NAME = "variants.toml"
 TEMPLATES_DIR = "templates"
 GENERATED_DIR = "generated"
 
-FAMILIES = ("tiled", "tiered")
 KNOWN_FEATURES = ("shader-f16", "subgroups", "timestamp-query")
-MASKED_ROW_CONTRACTS = ("zero", "mean_v")
-
-# Parameters every template must define: they are the host-facing metadata of each variant,
-# cross-checked against the WGSL the template renders (see manifest.check_metadata).
-METADATA_PARAMS = ("q_dtype", "kv_dtype", "out_dtype", "max_head_dim", "masked_row")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_TEMPLATE_KEYS = {"source", "family", "description", "dispatch", "params", "choices", "tunable"}
+_TEMPLATE_KEYS = {
+    "source",
+    "entry",
+    "family",
+    "description",
+    "dispatch",
+    "params",
+    "choices",
+    "tunable",
+    "pass",
+    "scratch",
+}
+_PASS_KEYS = {"name", "source", "entry", "dispatch"}
 _VARIANT_KEYS = {"name", "template", "output", "description", "requires", "params", "overrides"}
 ParamValue = int | float | str | bool
+SINGLE_PASS = "main"  # the name of the one pass of a short-form template
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """One dispatch of a template: its own source template, entry point and workgroup count."""
+
+    name: str
+    source: str  # path relative to templates/
+    dispatch: str  # workgroup-count expression over uniform fields and override constants
+    entry: str | None = None  # None: the rendered module's only @compute function
+
+    @property
+    def source_path(self) -> str:
+        return f"{TEMPLATES_DIR}/{self.source}"
 
 
 @dataclass(frozen=True)
 class TemplateSpec:
-    """A kernel family: one Jinja template and the parameters it accepts."""
+    """A kernel template: one or more passes and the parameters they accept."""
 
     name: str
-    source: str  # path relative to templates/
     family: str
     description: str
-    dispatch: str  # workgroup-count expression over uniform fields and override constants
     params: Mapping[str, ParamValue]  # defaults; the key set is the accepted parameter set
     choices: Mapping[str, tuple[ParamValue, ...]]
     tunable: Mapping[str, tuple[ParamValue, ...]]
     line: int
+    passes: tuple[PassSpec, ...] = ()
+    # scratch buffer name -> size in elements, an expression over uniforms and constants
+    scratch: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def multi_pass(self) -> bool:
+        return len(self.passes) > 1
+
+    @property
+    def source(self) -> str:
+        """The first pass's template (the only one of a short-form template)."""
+        return self.passes[0].source
+
+    @property
+    def dispatch(self) -> str:
+        return self.passes[0].dispatch
 
     @property
     def source_path(self) -> str:
@@ -71,12 +106,34 @@ class Variant:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """What a host needs to pick, size and dispatch this kernel."""
-        meta: dict[str, Any] = {key: self.params[key] for key in METADATA_PARAMS}
-        meta["max_kv_len"] = self.params.get("max_kv_len")
-        meta["dispatch"] = self.template.dispatch
+        """What a host needs to pick, size and dispatch this kernel.
+
+        The keys are the family's (its required and optional host-metadata parameters), then
+        the dispatch rule (one string, or one per pass) and the required features.
+        """
+        from doppler_gen.families import get_family
+
+        family = get_family(self.template.family)
+        meta: dict[str, Any] = {key: self.params[key] for key in family.metadata}
+        meta.update({key: self.params.get(key) for key in family.optional_metadata})
+        if self.template.multi_pass:
+            meta["dispatch"] = {p.name: p.dispatch for p in self.template.passes}
+        else:
+            meta["dispatch"] = self.template.dispatch
         meta["requires"] = list(self.requires)
         return meta
+
+    def pass_output(self, spec: PassSpec) -> str:
+        """The generated file of one pass: ``output`` itself, or ``NAME.PASS.wgsl`` for each
+        pass of a multi-pass template."""
+        if not self.template.multi_pass:
+            return self.output
+        return f"{self.output[: -len('.wgsl')]}.{spec.name}.wgsl"
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every file this variant generates, in pass order."""
+        return tuple(self.pass_output(p) for p in self.template.passes)
 
 
 @dataclass(frozen=True)
@@ -245,15 +302,10 @@ class _Parser:
                 self.locate.template(name, key),
             )
         table = f"[templates.{name}]"
-        source = self.string(spec, "source", table, self.locate.template(name, "source"))
-        self.check_template_source(name, source)
         family = self.string(spec, "family", table, self.locate.template(name, "family"))
-        if family not in FAMILIES:
-            raise self.fail(
-                f"[templates.{name}] family {family!r} is not one of {', '.join(FAMILIES)}",
-                self.locate.template(name, "family"),
-            )
-        params = self.template_params(name, spec.get("params"))
+        self.check_family(name, family)
+        passes = self.passes(name, spec)
+        params = self.template_params(name, spec.get("params"), family)
         choices = self.value_lists(name, spec.get("choices", {}), params, "choices")
         tunable = self.value_lists(name, spec.get("tunable", {}), params, "tunable")
         for param, allowed in choices.items():
@@ -262,20 +314,107 @@ class _Parser:
             )
         return TemplateSpec(
             name=name,
-            source=source,
             family=family,
             description=self.optional_string(
                 spec, "description", table, self.locate.template(name, "description")
             ),
-            dispatch=self.string(spec, "dispatch", table, self.locate.template(name, "dispatch")),
             params=params,
             choices=choices,
             tunable=tunable,
             line=line or 0,
+            passes=passes,
+            scratch=self.scratch(name, spec.get("scratch", {}), len(passes)),
         )
 
-    def check_template_source(self, name: str, source: str) -> None:
-        line = self.locate.template(name, "source")
+    def check_family(self, name: str, family: str) -> None:
+        from doppler_gen.families import FAMILIES
+
+        if family not in FAMILIES:
+            raise self.fail(
+                f"[templates.{name}] family {family!r} is not registered (registered: "
+                f"{', '.join(FAMILIES)})",
+                self.locate.template(name, "family"),
+            )
+
+    def passes(self, name: str, spec: Mapping[str, Any]) -> tuple[PassSpec, ...]:
+        """The short form (source + dispatch: one pass named "main") or [[templates.X.pass]]."""
+        table = f"[templates.{name}]"
+        listed = spec.get("pass")
+        if listed is None:
+            source = self.string(spec, "source", table, self.locate.template(name, "source"))
+            self.check_template_source(name, source, self.locate.template(name, "source"))
+            dispatch = self.string(spec, "dispatch", table, self.locate.template(name, "dispatch"))
+            entry = self.optional_entry(spec, table, self.locate.template(name, "entry"))
+            return (PassSpec(SINGLE_PASS, source, dispatch, entry),)
+        line = self.locate._table_line(f"[[templates.{name}.pass]]")
+        for key in ("source", "dispatch", "entry"):
+            if key in spec:
+                raise self.fail(
+                    f"{table}: {key} belongs in each [[templates.{name}.pass]] when passes "
+                    "are declared",
+                    self.locate.template(name, key),
+                )
+        if not isinstance(listed, list) or not listed:
+            raise self.fail(f"{table}: pass must be a list of [[templates.{name}.pass]]", line)
+        passes: list[PassSpec] = []
+        for index, entry in enumerate(listed):
+            where = f"[[templates.{name}.pass]] #{index + 1}"
+            at = self.locate._table_line(f"[[templates.{name}.pass]]", index) or line
+            if not isinstance(entry, dict):
+                raise self.fail(f"{where} must be a table", at)
+            for key in sorted(set(entry) - _PASS_KEYS):
+                raise self.fail(
+                    f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(_PASS_KEYS))})",
+                    self.locate._key_line(at, key) or at,
+                )
+            pass_name = self.string(entry, "name", where, self.locate._key_line(at, "name") or at)
+            if not _NAME_RE.match(pass_name) or pass_name in {p.name for p in passes}:
+                raise self.fail(
+                    f"{where}: pass name {pass_name!r} must match [a-z][a-z0-9_]* and be unique",
+                    self.locate._key_line(at, "name") or at,
+                )
+            source_line = self.locate._key_line(at, "source") or at
+            source = self.string(entry, "source", where, source_line)
+            self.check_template_source(name, source, source_line)
+            dispatch = self.string(
+                entry, "dispatch", where, self.locate._key_line(at, "dispatch") or at
+            )
+            entry_point = self.optional_entry(entry, where, self.locate._key_line(at, "entry"))
+            passes.append(PassSpec(pass_name, source, dispatch, entry_point))
+        return tuple(passes)
+
+    def optional_entry(self, table: Mapping[str, Any], where: str, line: int | None) -> str | None:
+        if "entry" not in table:
+            return None
+        entry = table["entry"]
+        if not isinstance(entry, str) or not re.fullmatch(r"[A-Za-z_]\w*", entry):
+            raise self.fail(f"{where}: entry must be a WGSL function name, got {entry!r}", line)
+        return entry
+
+    def scratch(self, name: str, table: Any, pass_count: int) -> dict[str, str]:
+        """Scratch buffers: name -> size in elements (an expression over uniforms/constants)."""
+        line = self.locate.template(name, None, "scratch")
+        if not isinstance(table, dict):
+            raise self.fail(f"[templates.{name}.scratch] must be a table of size expressions", line)
+        if table and pass_count < 2:
+            raise self.fail(
+                f"[templates.{name}.scratch]: scratch buffers need two or more passes (one "
+                "pass's intermediate values belong in workgroup memory)",
+                line,
+            )
+        for buffer, size in table.items():
+            where = self.locate.template(name, buffer, "scratch")
+            if not re.fullmatch(r"[A-Za-z_]\w*", buffer):
+                raise self.fail(f"[templates.{name}.scratch] {buffer!r} is not a WGSL name", where)
+            if not isinstance(size, str) or not size.strip():
+                raise self.fail(
+                    f"[templates.{name}.scratch] {buffer} must be a size expression string "
+                    f"(elements), got {size!r}",
+                    where,
+                )
+        return dict(table)
+
+    def check_template_source(self, name: str, source: str, line: int | None) -> None:
         relative = PurePosixPath(source)
         if relative.is_absolute() or ".." in relative.parts:
             raise self.fail(
@@ -284,7 +423,7 @@ class _Parser:
         if not (self.root / TEMPLATES_DIR / relative).is_file():
             raise self.fail(f"template file templates/{source} not found", line)
 
-    def template_params(self, name: str, params: Any) -> dict[str, ParamValue]:
+    def template_params(self, name: str, params: Any, family: str) -> dict[str, ParamValue]:
         line = self.locate.template(name, None, "params")
         if not isinstance(params, dict):
             raise self.fail(
@@ -297,7 +436,9 @@ class _Parser:
                     f"boolean, not {type(value).__name__}",
                     self.locate.template(name, param, "params"),
                 )
-        missing = [p for p in METADATA_PARAMS if p not in params]
+        from doppler_gen.families import get_family
+
+        missing = [p for p in get_family(family).metadata if p not in params]
         if missing:
             raise self.fail(
                 f"[templates.{name}.params] must define {', '.join(missing)} (host metadata)", line
@@ -467,15 +608,16 @@ class _Parser:
                     f"{names[variant.name].line})",
                     self.locate.variant(index, "name"),
                 )
-            key = variant.output.lower()
-            if key in outputs:
-                raise self.fail(
-                    f"variant {variant.name!r}: output {variant.output!r} is already produced by "
-                    f"variant {outputs[key].name!r}",
-                    self.locate.variant(index, "output"),
-                )
+            for output in variant.outputs:
+                key = output.lower()
+                if key in outputs:
+                    raise self.fail(
+                        f"variant {variant.name!r}: output {output!r} is already produced by "
+                        f"variant {outputs[key].name!r}",
+                        self.locate.variant(index, "output"),
+                    )
+                outputs[key] = variant
             names[variant.name] = variant
-            outputs[key] = variant
 
     def string(self, table: Mapping[str, Any], key: str, where: str, line: int | None) -> str:
         if key not in table:

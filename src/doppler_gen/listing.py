@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from doppler_gen.config import Project
-from doppler_gen.manifest import parse_kernel
+from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer
 
 # WebGPU's default maxComputeWorkgroupStorageSize and maxComputeInvocationsPerWorkgroup
@@ -14,31 +15,30 @@ WEBGPU_DEFAULT_INVOCATIONS = 256
 
 
 def listing_rows(project: Project) -> list[dict[str, Any]]:
+    """One row per variant; storage and invocations are the largest of any of its passes."""
     renderer = Renderer(project)
     rows = []
     for variant in project.variants:
-        module = parse_kernel(renderer.render(variant))
-        storage = module.workgroup_storage_bytes
-        invocations = 1
-        for size in module.workgroup_size_values():
-            invocations *= size
-        meta = variant.metadata
+        kernel = renderer.render(variant)
+        entry = variant_entry(kernel, parse_kernel(kernel))
+        storage = entry["workgroup_storage_bytes"]
+        invocations = max(math.prod(p["workgroup_size_default"]) for p in entry["passes"])
+        meta = {k: v for k, v in variant.metadata.items() if k not in ("dispatch", "requires")}
         rows.append(
             {
                 "name": variant.name,
                 "template": variant.template.source_path,
                 "family": variant.template.family,
                 "output": variant.output,
-                "q_dtype": meta["q_dtype"],
-                "kv_dtype": meta["kv_dtype"],
-                "out_dtype": meta["out_dtype"],
+                "passes": [p["name"] for p in entry["passes"]],
+                "files": list(variant.outputs),
                 "requires": list(variant.requires),
                 "workgroup_storage_bytes": storage,
                 "workgroup_invocations": invocations,
                 "fits_webgpu_defaults": storage <= WEBGPU_DEFAULT_WORKGROUP_STORAGE
                 and invocations <= WEBGPU_DEFAULT_INVOCATIONS,
-                "max_head_dim": meta["max_head_dim"],
-                "max_kv_len": meta["max_kv_len"],
+                **meta,
+                "metadata": meta,
             }
         )
     return rows
@@ -49,7 +49,8 @@ def format_listing(rows: list[dict[str, Any]]) -> str:
         "variant",
         "template",
         "output",
-        "Q/KV/out",
+        "family",
+        "passes",
         "requires",
         "wg storage",
         "WebGPU defaults",
@@ -59,7 +60,8 @@ def format_listing(rows: list[dict[str, Any]]) -> str:
             row["name"],
             row["template"],
             row["output"],
-            f"{row['q_dtype']}/{row['kv_dtype']}/{row['out_dtype']}",
+            row["family"],
+            str(len(row["passes"])),
             ",".join(row["requires"]) or "-",
             f"{row['workgroup_storage_bytes']} B",
             "fits" if row["fits_webgpu_defaults"] else "exceeds",

@@ -78,7 +78,12 @@ def plan(
         check_metadata(variant, module)
         kernels[variant.name] = kernel
         entries[variant.name] = variant_entry(kernel, module)
-    files = {k.variant.output: k.text for name, k in kernels.items() if name in selected}
+    files = {
+        rendered.output: rendered.text
+        for name, kernel in kernels.items()
+        if name in selected
+        for rendered in kernel.passes
+    }
     files[MANIFEST_PATH] = build_manifest(entries)
     return Plan(project, kernels, files, full=len(selected) == len(project.variants))
 

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 import jinja2
 
-from doppler_gen.config import TEMPLATES_DIR, Project, Variant
+from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant
 from doppler_gen.errors import TemplateError
 from doppler_gen.formats import QUANT_BITS
 
@@ -53,13 +53,14 @@ Origin = tuple[str, int]  # (template path relative to the project root, 1-based
 
 
 @dataclass(frozen=True)
-class RenderedKernel:
-    """The generated text of one variant and where each of its lines came from."""
+class RenderedPass:
+    """The generated text of one pass of a variant and where each of its lines came from."""
 
-    variant: Variant
+    spec: PassSpec
+    output: str  # the generated file, relative to the project root
     text: str
     source_hash: str
-    sources: tuple[str, ...]  # every template file the variant's rendering read
+    sources: tuple[str, ...]  # every template file the pass's rendering read
     origins: (
         tuple[Origin | None, ...] | None
     )  # per generated line (1-based index - 1); None: unknown
@@ -71,10 +72,52 @@ class RenderedKernel:
         return self.origins[line - 1]
 
 
-def header(template_path: str, variant_name: str, source_hash: str) -> list[str]:
+@dataclass(frozen=True)
+class RenderedKernel:
+    """The generated text of one variant: one rendered pass per dispatch, in order.
+
+    ``text``, ``source_hash``, ``sources``, ``origins`` and ``origin`` are the single pass's,
+    for the (usual) single-pass variant; a multi-pass variant is read through ``passes``.
+    """
+
+    variant: Variant
+    passes: tuple[RenderedPass, ...]
+
+    @property
+    def only(self) -> RenderedPass:
+        if len(self.passes) != 1:
+            raise ValueError(
+                f"variant {self.variant.name} has {len(self.passes)} passes; read kernel.passes"
+            )
+        return self.passes[0]
+
+    @property
+    def text(self) -> str:
+        return self.only.text
+
+    @property
+    def source_hash(self) -> str:
+        return self.only.source_hash
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.only.sources
+
+    @property
+    def origins(self) -> tuple[Origin | None, ...] | None:
+        return self.only.origins
+
+    def origin(self, line: int) -> Origin | None:
+        return self.only.origin(line)
+
+
+def header(
+    template_path: str, variant_name: str, source_hash: str, pass_name: str | None = None
+) -> list[str]:
     """The banner every generated file starts with; ``HEADER_MARK`` identifies ours."""
+    of = f"variant {variant_name}" + (f" pass {pass_name}" if pass_name else "")
     return [
-        f"// {HEADER_MARK} {template_path} for variant {variant_name} by {GENERATOR} - do not edit.",
+        f"// {HEADER_MARK} {template_path} for {of} by {GENERATOR} - do not edit.",
         f"// Edit the template and variants.toml, then run `{GENERATOR} generate`.",
         f"// source-hash: sha256:{source_hash}",
     ]
@@ -117,32 +160,45 @@ class Renderer:
     # -- public -----------------------------------------------------------------------------
 
     def render(self, variant: Variant, *, with_origins: bool = False) -> RenderedKernel:
-        """Render one variant; raises TemplateError pointing at the template line."""
-        context = self.context(variant)
-        body = self._render(self.env, variant, context)
+        """Render every pass of one variant; raises TemplateError pointing at the template line."""
+        passes = tuple(
+            self.render_pass(variant, spec, with_origins=with_origins)
+            for spec in variant.template.passes
+        )
+        return RenderedKernel(variant=variant, passes=passes)
+
+    def render_pass(
+        self, variant: Variant, spec: PassSpec, *, with_origins: bool = False
+    ) -> RenderedPass:
+        """One pass's file: the generated header, then its template's normalized output."""
+        context = self.context(variant, spec)
+        body = self._render(self.env, variant, spec, context)
         lines = normalize([(line, None) for line in body.split("\n")])
-        sources = self.sources(variant.template.source)
-        source_hash = self.source_hash(variant, sources)
-        head = header(variant.template.source_path, variant.name, source_hash)
+        sources = self.sources(spec.source)
+        source_hash = self.source_hash(variant, sources, spec)
+        multi = variant.template.multi_pass
+        head = header(spec.source_path, variant.name, source_hash, spec.name if multi else None)
         text = "\n".join([*head, "", *(line for line, _ in lines)]) + "\n"
         origins = None
         if with_origins:
-            body_origins = self._origins(variant, context, [line for line, _ in lines])
+            body_origins = self._origins(variant, spec, context, [line for line, _ in lines])
             if body_origins is not None:
                 origins = tuple([None] * (len(head) + 1) + body_origins)
-        return RenderedKernel(
-            variant=variant,
+        return RenderedPass(
+            spec=spec,
+            output=variant.pass_output(spec),
             text=text,
             source_hash=source_hash,
             sources=tuple(f"{TEMPLATES_DIR}/{s}" for s in sources),
             origins=origins,
         )
 
-    def context(self, variant: Variant) -> dict[str, Any]:
-        """The names a template sees: its parameters, plus the variant's identity."""
+    def context(self, variant: Variant, spec: PassSpec | None = None) -> dict[str, Any]:
+        """The names a template sees: its parameters, plus the variant's (and pass's) identity."""
         return {
             **variant.params,
             "variant_name": variant.name,
+            "pass_name": spec.name if spec else variant.template.passes[0].name,
             "requires": list(variant.requires),
         }
 
@@ -166,11 +222,14 @@ class Renderer:
             pending.extend(_REFERENCE_RE.findall(text))
         return tuple(sorted(seen))
 
-    def source_hash(self, variant: Variant, sources: Iterable[str]) -> str:
+    def source_hash(
+        self, variant: Variant, sources: Iterable[str], spec: PassSpec | None = None
+    ) -> str:
         """sha256 over the template sources and the parameters: changes iff the output may."""
         digest = hashlib.sha256()
-        payload = {
-            "template": variant.template.source,
+        spec = spec or variant.template.passes[0]
+        payload: dict[str, Any] = {
+            "template": spec.source,
             "params": dict(sorted(variant.params.items())),
             "requires": list(variant.requires),
             "overrides": dict(variant.overrides),
@@ -179,14 +238,18 @@ class Renderer:
                 name: hashlib.sha256(self._read(name).encode()).hexdigest() for name in sources
             },
         }
+        if variant.template.multi_pass:
+            payload["pass"] = spec.name
         digest.update(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
         return digest.hexdigest()
 
     # -- rendering ----------------------------------------------------------------------------
 
-    def _render(self, env: jinja2.Environment, variant: Variant, context: dict[str, Any]) -> str:
+    def _render(
+        self, env: jinja2.Environment, variant: Variant, spec: PassSpec, context: dict[str, Any]
+    ) -> str:
         try:
-            template = env.get_template(variant.template.source)
+            template = env.get_template(spec.source)
             return template.render(context)
         except jinja2.TemplateSyntaxError as exc:
             raise _syntax_error(exc, variant.name) from None
@@ -225,7 +288,7 @@ class Renderer:
     # -- source map ---------------------------------------------------------------------------
 
     def _origins(
-        self, variant: Variant, context: dict[str, Any], expected: list[str]
+        self, variant: Variant, spec: PassSpec, context: dict[str, Any], expected: list[str]
     ) -> list[Origin | None] | None:
         """Per normalized body line, the template line it came from; None if unavailable."""
         if self._marked_env is None:
@@ -233,7 +296,7 @@ class Renderer:
                 jinja2.FunctionLoader(self._marked_source), cache=False
             )
         try:
-            marked = self._marked_env.get_template(variant.template.source).render(context)
+            marked = self._marked_env.get_template(spec.source).render(context)
         except Exception:  # the real render succeeded; a map is a convenience, never a blocker
             return None
         names = {index: name for name, index in self._file_ids.items()}

@@ -20,27 +20,22 @@ regenerated so ``doppler-gen check`` stays clean.
 from __future__ import annotations
 
 import itertools
-import json
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from doppler_gen.bench import (
-    BenchRow,
-    Progress,
-    Settings,
-    choose_adapter,
-    cpu_warning,
-    measure,
-    open_timing_device,
-)
 from doppler_gen.config import CONFIG_NAME, ParamValue, Project, Variant, load_project
+from doppler_gen.config_edit import edit_variant_entry
 from doppler_gen.errors import ConfigError, DopplerGenError
+from doppler_gen.families import get_family
+from doppler_gen.families.base import Shape
 from doppler_gen.manifest import check_metadata, parse_kernel, variant_entry
 from doppler_gen.render import RenderedKernel, Renderer
-from doppler_gen.shapes import DEFAULT_SHAPES, Shape, parse_shape
+from doppler_gen.runtime.measure import BenchRow, Settings, cpu_warning, measure
+from doppler_gen.runtime.session import Progress, choose_adapter, open_device
+from doppler_gen.runtime.verify import validate_variant
+from doppler_gen.shapes import parse_shape
 
 MIN_SWEEP_VALUE = 16
 INTEGER_TYPES = ("u32", "i32")
@@ -82,7 +77,7 @@ class Candidate:
 def override_sweep(entry: Mapping[str, Any]) -> dict[str, list[int]]:
     """Per integer override constant of ``entry``: powers of two 16..default, plus the default."""
     sweep: dict[str, list[int]] = {}
-    for override in entry["overrides"]:
+    for override in all_overrides(entry):
         default = override["default"]
         if (
             override["type"] not in INTEGER_TYPES
@@ -156,7 +151,17 @@ def _candidates_for(params: dict[str, ParamValue], entry_for: EntryFor) -> list[
 def _defaults(entry: Mapping[str, Any]) -> dict[str, int]:
     """The default of every swept override constant of ``entry``."""
     sweep = override_sweep(entry)
-    return {o["name"]: int(o["default"]) for o in entry["overrides"] if o["name"] in sweep}
+    return {o["name"]: int(o["default"]) for o in all_overrides(entry) if o["name"] in sweep}
+
+
+def all_overrides(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The override declarations of every pass (a name declared twice counted once)."""
+    passes = entry.get("passes") or [entry]
+    found: dict[str, Mapping[str, Any]] = {}
+    for record in passes:
+        for override in record["overrides"]:
+            found.setdefault(override["name"], override)
+    return [found[name] for name in sorted(found)]
 
 
 def _rank(candidate: Candidate, current: Candidate) -> tuple[int, int, int]:
@@ -325,8 +330,11 @@ class CandidateRenderer:
 
 
 def default_shape(family: str) -> Shape:
-    """The family's default bench shape (tiled: the Llama-like prefill)."""
-    return next(s for s in map(parse_shape, DEFAULT_SHAPES) if s.family == family)
+    """The family's first default bench shape (tiled: the Llama-like prefill)."""
+    defaults = get_family(family).default_shapes
+    if not defaults:
+        raise DopplerGenError(f"family {family} has no bench shape; tune needs one (--shape)")
+    return parse_shape(defaults[0])
 
 
 def run_tune(project: Project, request: TuneRequest, progress: Progress | None = None) -> TuneRun:
@@ -349,13 +357,15 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "tune")
     current_kernel, current_entry = renderer.render(kept[0].params)
     baseline = current_entry["metadata"]
-    device = open_timing_device(backend, adapter, [current_kernel], request.limits)
+    device = open_device(
+        backend, adapter, current_kernel.variant.requires, request.limits, timing=True
+    )
     results: list[CandidateResult] = []
     try:
         for index, candidate in enumerate(kept, start=1):
             label = candidate.label(kept[0])
             if progress:
-                progress(f"[{index}/{len(kept)}] {label}")
+                progress(f"[{index}/{len(kept)}] {label}", 0)
             results.append(
                 evaluate(device, renderer, candidate, label, shape, request.settings, baseline)
             )
@@ -379,7 +389,6 @@ def _full_validation(
     device: Any, renderer: CandidateRenderer, run: TuneRun, settings: Settings
 ) -> str:
     """Candidates were screened with the quick matrix; the winner must pass the full one."""
-    from doppler_gen.validate import validate_variant
 
     winner = run.winner
     if winner is None or winner is run.current:
@@ -413,12 +422,14 @@ def evaluate(
     ``baseline`` is the current configuration's host metadata: a candidate that changes it (a
     smaller max_head_dim, say) is still a candidate, but the report must say so.
     """
-    from doppler_gen.validate import validate_variant
 
     if candidate.error:
         return CandidateResult(candidate, label, "invalid", f"template: {candidate.error}")
     kernel, entry = renderer.render(candidate.params)
     contract = contract_changes(baseline, entry["metadata"])
+    unmet = get_family(entry["family"]).constraints(entry, candidate.constants)
+    if unmet:
+        return CandidateResult(candidate, label, "invalid", f"constraint: {unmet}", None, contract)
     constants = {k: float(v) for k, v in candidate.constants.items()}
     report = validate_variant(
         device,
@@ -603,138 +614,3 @@ def _verify(
             location=CONFIG_NAME,
         )
     return project
-
-
-def edit_variant_entry(
-    text: str, name: str, params: Mapping[str, ParamValue], overrides: Mapping[str, int]
-) -> str:
-    """variants.toml text with variant ``name``'s params updated and its overrides replaced.
-
-    Only the two inline-table lines change (or are inserted after the entry's last key, or, for an
-    emptied overrides table, removed); every other line, comment and blank stays as it was.
-    """
-    lines = text.splitlines(keepends=True)
-    start, end = _variant_block(lines, name)
-    if params:
-        existing = _inline_table(lines, start, end, "params")
-        merged = {**(existing[1] if existing else {}), **params}
-        lines, end = _set_line(lines, start, end, existing, "params", merged)
-    existing = _inline_table(lines, start, end, "overrides")
-    if overrides:
-        lines, end = _set_line(lines, start, end, existing, "overrides", dict(overrides))
-    elif existing:
-        del lines[existing[0]]
-    return "".join(lines)
-
-
-def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
-    """[start, end) line indices of the [[variant]] entry named ``name`` (header included)."""
-    headers = [i for i, line in enumerate(lines) if line.lstrip().startswith("[")]
-    for position, index in enumerate(headers):
-        if lines[index].strip().split("#")[0].strip() != "[[variant]]":
-            continue
-        end = headers[position + 1] if position + 1 < len(headers) else len(lines)
-        body = "".join(lines[index + 1 : end])
-        try:
-            entry = tomllib.loads(body)
-        except tomllib.TOMLDecodeError:
-            continue
-        if entry.get("name") != name:
-            continue
-        if end < len(lines) and lines[end].strip().startswith("[variant."):
-            raise ConfigError(
-                f"--write: variant {name} uses a {lines[end].strip()} sub-table; "
-                "set the tuned values there by hand",
-                location=f"{CONFIG_NAME}:{end + 1}",
-            )
-        return index, end
-    raise ConfigError(f"--write: no [[variant]] entry named {name!r} found", location=CONFIG_NAME)
-
-
-def _inline_table(
-    lines: list[str], start: int, end: int, key: str
-) -> tuple[int, dict[str, Any]] | None:
-    """(line index, table) of ``key = { ... }`` within the entry, if present."""
-    for index in range(start + 1, end):
-        stripped = lines[index].lstrip()
-        if not stripped.startswith(key) or stripped[len(key) :].lstrip()[:1] not in ("=", "."):
-            continue
-        table = _parse_inline(lines[index], key)
-        if table is None:
-            raise ConfigError(
-                f"--write: cannot edit `{stripped.strip()}`; write {key} as one inline table line",
-                location=f"{CONFIG_NAME}:{index + 1}",
-            )
-        return index, table
-    return None
-
-
-def _parse_inline(line: str, key: str) -> dict[str, Any] | None:
-    """The table of a one-line ``key = { ... }  # comment``; None for any other form."""
-    for position, char in enumerate(line):
-        if char != "}":
-            continue
-        try:
-            value = tomllib.loads(line[: position + 1]).get(key)
-        except tomllib.TOMLDecodeError:
-            continue
-        return value if isinstance(value, dict) else None
-    return None
-
-
-def _set_line(
-    lines: list[str],
-    start: int,
-    end: int,
-    existing: tuple[int, dict[str, Any]] | None,
-    key: str,
-    table: dict[str, Any],
-) -> tuple[list[str], int]:
-    """Replace (keeping indentation and a trailing comment) or insert ``key = { ... }``."""
-    if existing:
-        index = existing[0]
-        old = lines[index]
-        indent = old[: len(old) - len(old.lstrip())]
-        comment = _trailing_comment(old, key)
-        newline = "\n" if old.endswith("\n") else ""
-        lines[index] = f"{indent}{key} = {inline_table(table)}{comment}{newline}"
-        return lines, end
-    last = max(
-        (
-            i
-            for i in range(start + 1, end)
-            if lines[i].strip() and not lines[i].lstrip().startswith("#")
-        ),
-        default=start,
-    )
-    indent = lines[last][: len(lines[last]) - len(lines[last].lstrip())] if last > start else ""
-    if not lines[last].endswith("\n"):
-        lines[last] += "\n"
-    lines.insert(last + 1, f"{indent}{key} = {inline_table(table)}\n")
-    return lines, end + 1
-
-
-def _trailing_comment(line: str, key: str) -> str:
-    body = line.rstrip("\n")
-    for position, char in enumerate(body):
-        if char == "}" and _parse_inline(body[: position + 1], key) is not None:
-            rest = body[position + 1 :]
-            return rest if rest.strip().startswith("#") else ""
-    return ""
-
-
-def inline_table(table: Mapping[str, Any]) -> str:
-    """``{ a = 1, b = "x" }`` in the file's style."""
-    return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in table.items()) + " }"
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    raise ConfigError(f"--write: cannot write {value!r} into {CONFIG_NAME}")

@@ -17,71 +17,30 @@ when both stay near the reference.
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from doppler_gen.backends import Backend, Device, effective_limits, get_backend, select_adapter
-from doppler_gen.cases import CaseSpec, tiered_specs, tiled_specs
+from doppler_gen.backends import Backend, Device, get_backend
 from doppler_gen.config import Project
-from doppler_gen.errors import DopplerGenError, ShaderCompileError
-from doppler_gen.harness import CaseResult, KernelRunner
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import select
 from doppler_gen.render import RenderedKernel, Renderer
-
-
-@dataclass
-class VariantReport:
-    name: str
-    status: str  # PASS | FAIL | SKIP
-    reason: str = ""
-    cases: list[CaseResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def failures(self) -> list[CaseResult]:
-        return [c for c in self.cases if c.verdict is not None and not c.passed]
-
-    @property
-    def worst(self) -> CaseResult | None:
-        judged = [c for c in self.cases if c.verdict is not None]
-        return max(judged, key=lambda c: c.verdict.ratio) if judged else None  # type: ignore[union-attr]
-
-    def as_dict(self) -> dict[str, Any]:
-        worst = self.worst
-        return {
-            "variant": self.name,
-            "status": self.status,
-            "reason": self.reason,
-            "cases": len(self.cases),
-            "passed": sum(c.passed for c in self.cases),
-            "failed": len(self.failures),
-            "refused": sum(c.refused is not None for c in self.cases),
-            "seconds": round(self.seconds, 3),
-            "worst": _case_dict(worst) if worst else None,
-            "failures": [_case_dict(c) for c in self.failures[:10]],
-        }
-
-
-def _case_dict(case: CaseResult) -> dict[str, Any]:
-    v = case.verdict
-    assert v is not None
-    return {
-        "case": case.spec.name,
-        "seed": case.spec.seed,
-        "max_abs_error": v.max_abs_error,
-        "max_rel_error": v.max_rel_error,
-        "tolerance": v.tolerance,
-        "error_over_tolerance": v.ratio,
-        "worst_index": list(v.worst_index),
-        "non_finite": v.non_finite,
-        "policy": v.policy,
-    }
+from doppler_gen.runtime.session import (
+    Progress,
+    choose_adapter,
+    open_device,
+)
+from doppler_gen.runtime.verify import (
+    CaseSpec,
+    VariantReport,
+    case_specs,
+    tier_of,
+    validate_variant,
+)
 
 
 @dataclass
@@ -90,9 +49,13 @@ class ValidationRun:
     adapter: str
     limits_profile: str
     seed: int
-    quick: bool
+    tier: str
     variants: list[VariantReport]
     seconds: float
+
+    @property
+    def quick(self) -> bool:
+        return self.tier == "quick"
 
     @property
     def ok(self) -> bool:
@@ -106,106 +69,20 @@ class ValidationRun:
             "limits": self.limits_profile,
             "seed": self.seed,
             "quick": self.quick,
+            "tier": self.tier,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "variants": [v.as_dict() for v in self.variants],
         }
 
 
-def case_specs(entry: dict[str, Any], *, quick: bool, seed: int) -> list[CaseSpec]:
-    meta = entry["metadata"]
-    if entry["family"] == "tiled":
-        return tiled_specs(meta["max_head_dim"], quick=quick, seed=seed)
-    return tiered_specs(
-        meta["max_head_dim"],
-        meta["max_kv_len"],
-        cold=str(entry["params"]["cold"]),
-        quick=quick,
-        seed=seed,
-    )
-
-
-def static_skip(
-    entry: dict[str, Any], device: Device, *, storage_overrun: bool = False
-) -> tuple[str | None, str]:
-    """(why the device cannot run this variant, or None; a note to show when it runs anyway)."""
-    missing = [f for f in entry["requires"] if f not in device.features]
-    if missing:
-        return _missing_features(missing, device), ""
-    storage, limit = _storage_need(entry, device)
-    if storage > limit:
-        if not storage_overrun:
-            return f"needs {storage} B workgroup storage; limit {limit}", ""
-        note = (
-            f"ran beyond the device limit: {storage} B workgroup storage > {limit} B "
-            "(--storage-overrun)"
-        )
-        return None, note
-    invocations = 1
-    for size in entry["workgroup_size_default"]:
-        invocations *= size
-    limit = device.limits.get("max-compute-invocations-per-workgroup", 256)
-    if invocations > limit:
-        return f"needs {invocations} invocations per workgroup; limit {limit}", ""
-    return None, ""
-
-
-def _missing_features(missing: list[str], device: Device) -> str:
-    """Why the device lacks features: opened without them, or the adapter never offered them.
-
-    A backend may explain an absence (``feature_notes``): pydawn 0.3 offers no shader-f16 on
-    the H200 where wgpu does, and "the device was opened without it" would hide that.
-    """
-    needs = f"needs {', '.join(missing)}"
-    adapter = getattr(device, "adapter", None)
-    absent = [f for f in missing if adapter is not None and f not in adapter.features]
-    if not absent:
-        return f"{needs}; the device was opened without it"
-    notes: dict[str, str] = getattr(device, "feature_notes", {})
-    explained = [notes[f] for f in absent if f in notes]
-    if explained:
-        return f"{needs}: {'; '.join(dict.fromkeys(explained))}"
-    return f"{needs}; adapter {adapter.name} does not offer {', '.join(absent)}"
-
-
-def _storage_need(entry: dict[str, Any], device: Device) -> tuple[int, int]:
-    """(workgroup storage the variant declares, the device's limit) in bytes."""
-    limit = device.limits.get("max-compute-workgroup-storage-size", 16384)
-    return entry["workgroup_storage_bytes"], limit
-
-
-# The part of a compile error after "<backend> rejected kernel 'name' (stage): ".
-_REJECTION = re.compile(r"rejected kernel[^:]*:\s*(?P<why>.*)$", re.DOTALL)
-
-
-def _limit_refusal(error: ShaderCompileError) -> str | None:
-    """The implementation's own message when it refused a kernel for its workgroup storage.
-
-    Only a refusal without source locations counts: that is a limit check at pipeline
-    creation (Dawn enforces its limits; wgpu-native does not), whereas a WGSL error the
-    compiler places at a line stays a failure even in a variant run past the limit.
-    """
-    if error.diagnostics or "workgroup storage" not in error.message:
-        return None
-    match = _REJECTION.search(error.message)
-    return (match["why"] if match else error.message).strip()
-
-
-def open_device(
-    backend: Backend,
-    kernels: Sequence[RenderedKernel],
-    adapter_want: str | None,
-    limits_profile: str,
+def open_run_device(
+    backend: Backend, kernels: Sequence[RenderedKernel], adapter_want: str | None, limits: str
 ) -> Device:
-    """Open one device able to run as many of the kernels as the adapter allows."""
-    adapter = select_adapter(backend.adapters(), adapter_want)
-    wanted = {f for k in kernels for f in k.variant.requires}
-    features = sorted(f for f in wanted if f in adapter.features)
-    limits = effective_limits(adapter, limits_profile)
-    return backend.open_device(adapter, features=features, limits=limits)
-
-
-Progress = Callable[[str, int], None]
+    """One device able to run as many of the kernels as the adapter allows."""
+    adapter = choose_adapter(backend, adapter_want)
+    requires = {f for k in kernels for f in k.variant.requires}
+    return open_device(backend, adapter, requires, limits)
 
 
 # The implementations `--backend all` runs (then compared case by case), in report order.
@@ -236,11 +113,13 @@ def validate(
     adapter: str | None = None,
     limits: str = "adapter",
     quick: bool = False,
+    tier: str | None = None,
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
 ) -> ValidationRun:
     """Validate the selected variants; never raises for a kernel failure (that is a report)."""
+    tier = tier_of(quick, tier)
     kernels, entries = _render(project, patterns)
     return _run_backend(
         get_backend(backend_name),
@@ -248,7 +127,7 @@ def validate(
         entries,
         adapter=adapter,
         limits=limits,
-        quick=quick,
+        tier=tier,
         seed=seed,
         storage_overrun=storage_overrun,
         progress=progress,
@@ -262,7 +141,7 @@ def _run_backend(
     *,
     adapter: str | None,
     limits: str,
-    quick: bool,
+    tier: str,
     seed: int,
     storage_overrun: bool,
     progress: Progress | None,
@@ -270,7 +149,7 @@ def _run_backend(
 ) -> ValidationRun:
     """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
     started = time.perf_counter()
-    device = open_device(backend, kernels, adapter, limits)
+    device = open_run_device(backend, kernels, adapter, limits)
     reports = []
     try:
         for kernel, entry in zip(kernels, entries, strict=True):
@@ -280,7 +159,7 @@ def _run_backend(
                     device,
                     kernel,
                     entry,
-                    quick=quick,
+                    tier=tier,
                     seed=seed,
                     progress=progress,
                     storage_overrun=storage_overrun,
@@ -294,7 +173,7 @@ def _run_backend(
         device.adapter.describe(),
         limits,
         seed,
-        quick,
+        tier,
         reports,
         time.perf_counter() - started,
     )
@@ -353,6 +232,7 @@ class CrossRun:
             "limits": first.limits_profile,
             "seed": first.seed,
             "quick": first.quick,
+            "tier": first.tier,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "runs": {r.backend: r.as_dict() for r in self.runs},
@@ -368,6 +248,7 @@ def validate_all(
     adapter: str | None = None,
     limits: str = "adapter",
     quick: bool = False,
+    tier: str | None = None,
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
@@ -378,6 +259,7 @@ def validate_all(
     fails at once with its one-line install hint instead of after a long first run.
     """
     started = time.perf_counter()
+    tier = tier_of(quick, tier)
     implementations = [get_backend(name) for name in backends]
     kernels, entries = _render(project, patterns)
     runs, outputs = [], []
@@ -390,7 +272,7 @@ def validate_all(
                 entries,
                 adapter=adapter,
                 limits=limits,
-                quick=quick,
+                tier=tier,
                 seed=seed,
                 storage_overrun=storage_overrun,
                 progress=progress,
@@ -464,93 +346,6 @@ def output_difference(a: np.ndarray, b: np.ndarray) -> float:
     same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
     diff = np.where(finite, np.abs(a64 - b64), np.where(same, 0.0, np.inf))
     return float(diff.max())
-
-
-class _RecordingRunner(KernelRunner):
-    """A KernelRunner that keeps every case's output, so implementations can be compared."""
-
-    def __init__(self, *args: Any, outputs: dict[CaseSpec, np.ndarray], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.outputs = outputs
-        self._spec: CaseSpec | None = None
-
-    def run_case(self, spec: CaseSpec) -> CaseResult:
-        self._spec = spec
-        return super().run_case(spec)
-
-    def run(self, data: Any) -> np.ndarray:
-        output = super().run(data)
-        if self._spec is not None:
-            self.outputs[self._spec] = output
-        return output
-
-
-def validate_variant(
-    device: Device,
-    kernel: RenderedKernel,
-    entry: dict[str, Any],
-    *,
-    quick: bool,
-    seed: int,
-    progress: Progress | None = None,
-    storage_overrun: bool = False,
-    constants: dict[str, float] | None = None,
-    outputs: dict[CaseSpec, np.ndarray] | None = None,
-) -> VariantReport:
-    """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
-    name = kernel.variant.name
-    started = time.perf_counter()
-    specs = case_specs(entry, quick=quick, seed=seed)
-    skip, note = static_skip(entry, device, storage_overrun=storage_overrun)
-    if skip:
-        if progress:
-            progress(name, len(specs))
-        return VariantReport(name, "SKIP", skip)
-    if outputs is None:
-        runner = KernelRunner(device, kernel, entry, constants)
-    else:
-        runner = _RecordingRunner(device, kernel, entry, constants, outputs=outputs)
-    report = VariantReport(name, "PASS", note)
-    try:
-        runner.compile()
-        for spec in specs:
-            report.cases.append(runner.run_case(spec))
-            if progress:
-                progress(name, 1)
-    except ShaderCompileError as error:
-        refusal = _limit_refusal(error) if note else None
-        if refusal:
-            storage, limit = _storage_need(entry, device)
-            report.status = "SKIP"
-            report.reason = (
-                f"needs {storage} B workgroup storage; limit {limit}, enforced by the "
-                f"implementation (--storage-overrun cannot apply): {refusal}"
-            )
-            if progress:
-                progress(name, len(specs))
-        else:
-            report.status, report.reason = "FAIL", f"compile error: {error.message}"
-    except DopplerGenError as error:
-        report.status, report.reason = "FAIL", str(error)
-    else:
-        refused = [c for c in report.cases if c.refused]
-        if refused:
-            report.status = "FAIL"
-            report.reason = f"case {refused[0].spec.name!r} was refused: {refused[0].refused}"
-        elif report.failures:
-            first = report.failures[0]
-            v = first.verdict
-            assert v is not None
-            report.status = "FAIL"
-            nan = f", {v.non_finite} NaN/Inf left" if v.non_finite else ""
-            report.reason = (
-                f"{len(report.failures)} case(s) failed; first: {first.spec.name!r} "
-                f"(seed {first.spec.seed}): "
-                f"max abs error {v.max_abs_error:.3g} > tolerance {v.tolerance:.3g} "
-                f"(rel {v.max_rel_error:.3g}) at index {list(v.worst_index)}{nan}"
-            )
-    report.seconds = time.perf_counter() - started
-    return report
 
 
 def _cells(v: VariantReport) -> list[str]:
@@ -645,12 +440,19 @@ def _agreement_summary(cross: CrossRun) -> str:
     )
 
 
-def case_count(project: Project, patterns: tuple[str, ...], *, quick: bool, seed: int) -> int:
+def case_count(
+    project: Project,
+    patterns: tuple[str, ...],
+    *,
+    quick: bool = False,
+    seed: int,
+    tier: str | None = None,
+) -> int:
     """How many cases a run will go through (for the progress bar)."""
     renderer = Renderer(project)
     total = 0
     for variant in select(project, patterns):
         kernel = renderer.render(variant)
         entry = variant_entry(kernel, parse_kernel(kernel))
-        total += len(case_specs(entry, quick=quick, seed=seed))
+        total += len(case_specs(entry, quick=quick, tier=tier, seed=seed))
     return total

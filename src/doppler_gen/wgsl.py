@@ -97,6 +97,20 @@ class Override:
     id: int | None = None
 
 
+@dataclass(frozen=True)
+class EntryPoint:
+    """One ``@compute`` function: its workgroup size and the module-scope names it reaches.
+
+    ``uses`` holds every identifier the function or any function it calls (transitively)
+    mentions; a binding or workgroup variable is *used by* the entry point when its name is in
+    it. That is what WebGPU's ``layout: "auto"`` and its workgroup-storage limit count.
+    """
+
+    name: str
+    workgroup_size: tuple[str, ...]
+    uses: frozenset[str] = frozenset()
+
+
 @dataclass
 class Module:
     """The module-scope declarations of one WGSL source."""
@@ -107,11 +121,43 @@ class Module:
     structs: dict[str, Struct] = field(default_factory=dict)
     bindings: list[Binding] = field(default_factory=list)
     workgroup_vars: dict[str, WgslType] = field(default_factory=dict)
-    entry_point: str | None = None
-    workgroup_size: tuple[str, ...] = ()
+    entry_points: dict[str, EntryPoint] = field(default_factory=dict)
+    # identifiers each function body mentions, by function name (for reachability)
+    function_uses: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def entry_point(self) -> str | None:
+        """The module's only compute entry point; None when it has none or several."""
+        return next(iter(self.entry_points)) if len(self.entry_points) == 1 else None
+
+    @property
+    def workgroup_size(self) -> tuple[str, ...]:
+        """The workgroup size of the only entry point (``()`` when there is not exactly one)."""
+        entry = self.entry(self.entry_point)
+        return entry.workgroup_size if entry else ()
+
+    def entry(self, name: str | None) -> EntryPoint | None:
+        return self.entry_points.get(name) if name else None
 
     def binding(self, name: str) -> Binding | None:
         return next((b for b in self.bindings if b.name == name), None)
+
+    def bindings_of(self, entry: str) -> list[Binding]:
+        """The bindings ``entry`` uses: exactly what its ``layout: "auto"`` bind group holds."""
+        uses = self.entry_points[entry].uses
+        return [b for b in self.bindings if b.name in uses]
+
+    def entry_storage_bytes(self, entry: str) -> int:
+        """Static workgroup storage of the variables ``entry`` reaches (WebGPU's count)."""
+        uses = self.entry_points[entry].uses
+        return sum(
+            _round_up(16, self.size_of(t)) for n, t in self.workgroup_vars.items() if n in uses
+        )
+
+    def entry_workgroup_size(self, entry: str, overrides: dict[str, Any] | None = None):
+        """``entry``'s workgroup size with override defaults (or the given values) applied."""
+        names = self._names(overrides)
+        return tuple(int(evaluate(e, names)) for e in self.entry_points[entry].workgroup_size)
 
     def size_of(self, wgsl_type: WgslType) -> int:
         return layout(wgsl_type, self.structs)[0]
@@ -228,7 +274,25 @@ def parse_module(source: str) -> Module:
         statement = " ".join(text[start:end].split())
         _parse_statement(module, attrs, keyword, statement, _line_of(text, start))
         position = end + 1
+    _resolve_uses(module)
     return module
+
+
+def _resolve_uses(module: Module) -> None:
+    """Close each entry point's identifiers over the functions it calls."""
+    for name, entry in list(module.entry_points.items()):
+        seen: set[str] = set()
+        pending = [name]
+        uses: set[str] = set()
+        while pending:
+            function = pending.pop()
+            if function in seen:
+                continue
+            seen.add(function)
+            mentioned = module.function_uses.get(function, frozenset())
+            uses |= mentioned
+            pending.extend(m for m in mentioned if m in module.function_uses)
+        module.entry_points[name] = EntryPoint(name, entry.workgroup_size, frozenset(uses))
 
 
 def _line_of(text: str, offset: int) -> int:
@@ -325,18 +389,21 @@ def _parse_struct(module: Module, text: str) -> None:
 
 
 def _parse_fn(module: Module, attrs: str, text: str) -> None:
+    match = re.match(rf"fn\s+(?P<name>{_IDENT})", text)
+    if match:
+        body = text[match.end() :]
+        module.function_uses[match.group("name")] = frozenset(re.findall(_IDENT, body))
     if "@compute" not in attrs:
         return
-    match = re.match(rf"fn\s+(?P<name>{_IDENT})", text)
     size = _attr(attrs, "workgroup_size")
     if not match or size is None:
         raise InterfaceError("compute entry point without a name or @workgroup_size")
-    if module.entry_point is not None:
-        raise InterfaceError(
-            f"more than one compute entry point ({module.entry_point}, {match.group('name')})"
-        )
-    module.entry_point = match.group("name")
-    module.workgroup_size = tuple(" ".join(p.split()) for p in _split_top_level(size))
+    name = match.group("name")
+    if name in module.entry_points:
+        raise InterfaceError(f"compute entry point {name} is declared twice")
+    workgroup = tuple(" ".join(p.split()) for p in _split_top_level(size))
+    workgroup += ("1",) * (3 - len(workgroup))  # omitted y and z are 1, as WGSL says
+    module.entry_points[name] = EntryPoint(name, workgroup)
 
 
 def _split_top_level(text: str) -> list[str]:

@@ -252,6 +252,36 @@ class Pipeline:
         return f"<{type(self).__name__} {self.label!r} entry {self.entry_point!r}>"
 
 
+@dataclass(frozen=True)
+class Step:
+    """One compute pass of a run: a pipeline, its bind group 0 and its workgroup count."""
+
+    pipeline: Pipeline
+    bindings: Mapping[int, Buffer]
+    workgroups: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """One timed run of a pass sequence: the whole (first pass's begin to last pass's end
+    timestamp, so gaps between passes count) and each pass's own begin/end span, in ns."""
+
+    total_ns: float
+    passes_ns: tuple[float, ...]
+
+
+def pass_times(ticks: np.ndarray, passes: int, period: float = 1.0) -> list[PassTimes]:
+    """Resolved begin/end timestamps (2 per pass, runs back to back) as PassTimes per run."""
+    spans = ticks.astype(np.int64).reshape(-1, passes, 2)
+    return [
+        PassTimes(
+            float(run[-1, 1] - run[0, 0]) * period,
+            tuple(float(end - begin) * period for begin, end in run),
+        )
+        for run in spans
+    ]
+
+
 class Device(ABC):
     """An open WebGPU device: compile, move bytes, dispatch, time.
 
@@ -309,6 +339,13 @@ class Device(ABC):
         """The buffer's ``size`` bytes, after all submitted work finished."""
 
     @abstractmethod
+    def run(self, steps: Sequence[Step]) -> None:
+        """Encode every step as its own compute pass, in order, in one command buffer; submit."""
+
+    @abstractmethod
+    def timed_run(self, steps: Sequence[Step], *, repeats: int, warmup: int) -> list[PassTimes]:
+        """``repeats`` timed runs of the whole sequence after ``warmup`` untimed ones."""
+
     def dispatch(
         self,
         pipeline: Pipeline,
@@ -316,8 +353,8 @@ class Device(ABC):
         workgroups: tuple[int, int, int],
     ) -> None:
         """Run ``pipeline`` once with ``bindings`` as bind group 0."""
+        self.run([Step(pipeline, bindings, workgroups)])
 
-    @abstractmethod
     def timed_dispatch(
         self,
         pipeline: Pipeline,
@@ -328,6 +365,17 @@ class Device(ABC):
         warmup: int,
     ) -> list[float]:
         """GPU nanoseconds of each of ``repeats`` dispatches, after ``warmup`` untimed ones."""
+        runs = self.timed_run(
+            [Step(pipeline, bindings, workgroups)], repeats=repeats, warmup=warmup
+        )
+        return [r.total_ns for r in runs]
+
+    @staticmethod
+    def _check_timing_request(steps: Sequence[Step], repeats: int, warmup: int) -> None:
+        if repeats < 1 or warmup < 0:
+            raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+        if not steps:
+            raise ValueError("nothing to time: no passes")
 
     @abstractmethod
     def close(self) -> None:

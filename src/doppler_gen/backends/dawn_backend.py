@@ -25,8 +25,8 @@ import ctypes
 import numbers
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -39,11 +39,14 @@ from doppler_gen.backends.base import (
     Backend,
     Buffer,
     Device,
+    PassTimes,
     Pipeline,
+    Step,
     as_bytes,
     effective_limits,
     owned,
     pad_bytes,
+    pass_times,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -716,81 +719,80 @@ class DawnDevice(Device):
 
     # -- dispatch
 
-    def dispatch(
-        self,
-        pipeline: Pipeline,
-        bindings: Mapping[int, Buffer],
-        workgroups: tuple[int, int, int],
-    ) -> None:
-        """Encode one compute pass and submit it; validation errors are raised here."""
-        compiled = self._own_pipeline(pipeline)
-        scope = self._scoped(f"dispatching {compiled.label!r}")
-        with scope, self._bind_group(compiled, bindings) as group:
+    def run(self, steps: Sequence[Step]) -> None:
+        """Encode every step as a compute pass of one command buffer and submit it."""
+        label = " + ".join(s.pipeline.label for s in steps)
+        with self._scoped(f"dispatching {label!r}"), self._bind_groups(steps) as encoded:
             encoder = self._w.wgpuDeviceCreateCommandEncoder(self.native, None)
-            self._encode_pass(encoder, compiled, group, workgroups)
+            for pipeline, group, workgroups in encoded:
+                self._encode_pass(encoder, pipeline, group, workgroups)
             self._submit(encoder)
 
-    def timed_dispatch(
-        self,
-        pipeline: Pipeline,
-        bindings: Mapping[int, Buffer],
-        workgroups: tuple[int, int, int],
-        *,
-        repeats: int,
-        warmup: int,
-    ) -> list[float]:
-        """GPU ns per dispatch from begin/end-of-pass timestamps, one pass per repeat.
+    def timed_run(self, steps: Sequence[Step], *, repeats: int, warmup: int) -> list[PassTimes]:
+        """Begin/end-of-pass timestamps around every pass of every run, runs back to back.
 
         Dawn resolves timestamps to nanoseconds itself; the device is opened with
         timestamp quantization off (Chrome rounds to 100 µs by default), so values are exact.
         """
-        if repeats < 1 or warmup < 0:
-            raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+        self._check_timing_request(steps, repeats, warmup)
         self._require_timestamps()
-        compiled = self._own_pipeline(pipeline)
-        times: list[float] = []
-        scope = self._scoped(f"timing {compiled.label!r}")
-        with scope, self._bind_group(compiled, bindings) as group:
+        label = " + ".join(s.pipeline.label for s in steps)
+        runs: list[PassTimes] = []
+        with self._scoped(f"timing {label!r}"), self._bind_groups(steps) as encoded:
             if warmup:
                 encoder = self._w.wgpuDeviceCreateCommandEncoder(self.native, None)
                 for _ in range(warmup):
-                    self._encode_pass(encoder, compiled, group, workgroups)
+                    for pipeline, group, workgroups in encoded:
+                        self._encode_pass(encoder, pipeline, group, workgroups)
                 self._submit(encoder)
-            while len(times) < repeats:
-                count = min(repeats - len(times), _MAX_TIMED_PASSES_PER_SUBMIT)
-                times.extend(self._timed_batch(compiled, group, workgroups, count))
-        return times
+            per_submit = max(1, _MAX_TIMED_PASSES_PER_SUBMIT // len(encoded))
+            while len(runs) < repeats:
+                count = min(repeats - len(runs), per_submit)
+                runs.extend(self._timed_batch(encoded, count))
+        return runs
 
-    def _timed_batch(
-        self, pipeline: DawnPipeline, group: Any, workgroups: tuple[int, int, int], count: int
-    ) -> list[float]:
-        """``count`` timestamped passes in one submit; returns their durations in ns."""
+    @contextmanager
+    def _bind_groups(self, steps: Sequence[Step]) -> Iterator[list[tuple[Any, Any, tuple]]]:
+        """(pipeline, bind group, workgroups) per step, the bind groups released after use."""
+        with ExitStack() as stack:
+            encoded = []
+            for step in steps:
+                pipeline = self._own_pipeline(step.pipeline)
+                group = stack.enter_context(self._bind_group(pipeline, step.bindings))
+                encoded.append((pipeline, group, step.workgroups))
+            yield encoded
+
+    def _timed_batch(self, encoded: list[tuple[Any, Any, tuple]], count: int) -> list[PassTimes]:
+        """``count`` timestamped runs in one submit."""
         w = self._w
+        queries = 2 * count * len(encoded)
         descriptor = w.WGPUQuerySetDescriptor()
         descriptor.type = w.WGPUQueryType_Timestamp
-        descriptor.count = 2 * count
+        descriptor.count = queries
         query_set = w.wgpuDeviceCreateQuerySet(self.native, ctypes.byref(descriptor))
         resolved = self._create_buffer(
-            16 * count, w.WGPUBufferUsage_QueryResolve | w.WGPUBufferUsage_CopySrc, "timestamps"
+            8 * queries, w.WGPUBufferUsage_QueryResolve | w.WGPUBufferUsage_CopySrc, "timestamps"
         )
         try:
             encoder = w.wgpuDeviceCreateCommandEncoder(self.native, None)
-            for i in range(count):
-                writes = w.WGPUComputePassTimestampWrites()
-                writes.querySet = query_set
-                writes.beginningOfPassWriteIndex = 2 * i
-                writes.endOfPassWriteIndex = 2 * i + 1
-                self._encode_pass(encoder, pipeline, group, workgroups, writes)
-            w.wgpuCommandEncoderResolveQuerySet(encoder, query_set, 0, 2 * count, resolved, 0)
+            index = 0
+            for _ in range(count):
+                for pipeline, group, workgroups in encoded:
+                    writes = w.WGPUComputePassTimestampWrites()
+                    writes.querySet = query_set
+                    writes.beginningOfPassWriteIndex = index
+                    writes.endOfPassWriteIndex = index + 1
+                    self._encode_pass(encoder, pipeline, group, workgroups, writes)
+                    index += 2
+            w.wgpuCommandEncoderResolveQuerySet(encoder, query_set, 0, queries, resolved, 0)
             self._submit(encoder)
-            ticks = np.frombuffer(self._read(resolved, 16 * count, "timestamps"), np.uint64)
+            ticks = np.frombuffer(self._read(resolved, 8 * queries, "timestamps"), np.uint64)
         finally:
             w.wgpuQuerySetDestroy(query_set)
             w.wgpuQuerySetRelease(query_set)
             w.wgpuBufferDestroy(resolved)
             w.wgpuBufferRelease(resolved)
-        spans = ticks.astype(np.int64)
-        return [float(d) for d in spans[1::2] - spans[0::2]]
+        return pass_times(ticks, len(encoded))
 
     @contextmanager
     def _bind_group(self, pipeline: DawnPipeline, bindings: Mapping[int, Buffer]) -> Iterator[Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import numbers
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,11 +28,14 @@ from doppler_gen.backends.base import (
     Backend,
     Buffer,
     Device,
+    PassTimes,
     Pipeline,
+    Step,
     as_bytes,
     effective_limits,
     owned,
     pad_bytes,
+    pass_times,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -369,71 +372,75 @@ class WgpuDevice(Device):
 
     # -- dispatch
 
-    def dispatch(
-        self,
-        pipeline: Pipeline,
-        bindings: Mapping[int, Buffer],
-        workgroups: tuple[int, int, int],
-    ) -> None:
-        """Encode one compute pass and submit it; validation errors are raised here."""
-        compiled = self._own_pipeline(pipeline)
-        with self._gpu_errors(f"dispatching {compiled.label!r}"):
-            bind_group = self._bind_group(compiled, bindings)
+    def run(self, steps: Sequence[Step]) -> None:
+        """Encode every step as a compute pass of one command buffer and submit it."""
+        label = self._label(steps)
+        with self._gpu_errors(f"dispatching {label!r}"):
+            encoded = self._encoded(steps)
             encoder = self.native.create_command_encoder()
-            self._encode_pass(encoder, compiled, bind_group, workgroups)
+            for pipeline, bind_group, workgroups in encoded:
+                self._encode_pass(encoder, pipeline, bind_group, workgroups)
             self.native.queue.submit([encoder.finish()])
 
-    def timed_dispatch(
-        self,
-        pipeline: Pipeline,
-        bindings: Mapping[int, Buffer],
-        workgroups: tuple[int, int, int],
-        *,
-        repeats: int,
-        warmup: int,
-    ) -> list[float]:
-        """GPU ns per dispatch from begin/end-of-pass timestamps, one pass per repeat."""
-        if repeats < 1 or warmup < 0:
-            raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    def timed_run(self, steps: Sequence[Step], *, repeats: int, warmup: int) -> list[PassTimes]:
+        """Begin/end-of-pass timestamps around every pass of every run, runs back to back."""
+        self._check_timing_request(steps, repeats, warmup)
         self._require_timestamps()
-        compiled = self._own_pipeline(pipeline)
-        with self._gpu_errors(f"timing {compiled.label!r}"):
-            bind_group = self._bind_group(compiled, bindings)
+        label = self._label(steps)
+        with self._gpu_errors(f"timing {label!r}"):
+            encoded = self._encoded(steps)
             if warmup:
                 encoder = self.native.create_command_encoder()
                 for _ in range(warmup):
-                    self._encode_pass(encoder, compiled, bind_group, workgroups)
+                    for pipeline, bind_group, workgroups in encoded:
+                        self._encode_pass(encoder, pipeline, bind_group, workgroups)
                 self.native.queue.submit([encoder.finish()])
-            times: list[float] = []
-            while len(times) < repeats:
-                count = min(repeats - len(times), _MAX_TIMED_PASSES_PER_SUBMIT)
-                times.extend(self._timed_batch(compiled, bind_group, workgroups, count))
-        return times
+            runs: list[PassTimes] = []
+            per_submit = max(1, _MAX_TIMED_PASSES_PER_SUBMIT // len(encoded))
+            while len(runs) < repeats:
+                count = min(repeats - len(runs), per_submit)
+                runs.extend(self._timed_batch(encoded, count))
+        return runs
+
+    def _encoded(self, steps: Sequence[Step]) -> list[tuple[WgpuPipeline, Any, tuple]]:
+        """(pipeline, bind group, workgroups) of each step; bind groups are made once."""
+        encoded = []
+        for step in steps:
+            pipeline = self._own_pipeline(step.pipeline)
+            encoded.append((pipeline, self._bind_group(pipeline, step.bindings), step.workgroups))
+        return encoded
+
+    @staticmethod
+    def _label(steps: Sequence[Step]) -> str:
+        return " + ".join(s.pipeline.label for s in steps)
 
     def _timed_batch(
-        self, pipeline: WgpuPipeline, bind_group: Any, workgroups: tuple[int, int, int], count: int
-    ) -> list[float]:
-        """``count`` timestamped passes in one submit; returns their durations in ns."""
+        self, encoded: list[tuple[WgpuPipeline, Any, tuple]], count: int
+    ) -> list[PassTimes]:
+        """``count`` timestamped runs in one submit."""
         usage = self._wgpu.BufferUsage
-        query_set = self.native.create_query_set(type="timestamp", count=2 * count)
+        queries = 2 * count * len(encoded)
+        query_set = self.native.create_query_set(type="timestamp", count=queries)
         resolved = self.native.create_buffer(
-            size=16 * count, usage=usage.QUERY_RESOLVE | usage.COPY_SRC
+            size=8 * queries, usage=usage.QUERY_RESOLVE | usage.COPY_SRC
         )
         encoder = self.native.create_command_encoder()
-        for i in range(count):
-            writes = {
-                "query_set": query_set,
-                "beginning_of_pass_write_index": 2 * i,
-                "end_of_pass_write_index": 2 * i + 1,
-            }
-            self._encode_pass(encoder, pipeline, bind_group, workgroups, writes)
-        encoder.resolve_query_set(query_set, 0, 2 * count, resolved, 0)
+        index = 0
+        for _ in range(count):
+            for pipeline, bind_group, workgroups in encoded:
+                writes = {
+                    "query_set": query_set,
+                    "beginning_of_pass_write_index": index,
+                    "end_of_pass_write_index": index + 1,
+                }
+                self._encode_pass(encoder, pipeline, bind_group, workgroups, writes)
+                index += 2
+        encoder.resolve_query_set(query_set, 0, queries, resolved, 0)
         self.native.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(self.native.queue.read_buffer(resolved), np.uint64).astype(np.int64)
+        ticks = np.frombuffer(self.native.queue.read_buffer(resolved), np.uint64)
         query_set.destroy()
         resolved.destroy()
-        period = self.timestamp_period()
-        return [float(d) * period for d in ticks[1::2] - ticks[0::2]]
+        return pass_times(ticks, len(encoded), self.timestamp_period())
 
     def timestamp_period(self) -> float:
         """Nanoseconds per timestamp tick.

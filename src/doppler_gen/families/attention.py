@@ -1,4 +1,5 @@
-"""Numpy reference attention for the tiled and tiered kernel families (DESIGN-NOTES §1.1, §1.2).
+"""Attention math shared by the tiled and tiered families: the numpy reference, case specs,
+benchmark shapes, the f32 tolerance, the torch SDPA baseline and the shape refusals.
 
 The validator holds every generated kernel to these functions, so they model the *seed kernels'*
 semantics, including their odd corners, not an idealised attention:
@@ -22,10 +23,17 @@ modelled: a kernel refuses those shapes without writing, and the validator refus
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
+
+from doppler_gen.families.base import CaseData, Family
+from doppler_gen.shapes import ShapeSyntaxError
+from doppler_gen.tolerance import f32_tolerance
 
 MASKED_SCORE = -3.402823e38
 """The finite score the tiered kernels give a masked key (not -inf); see ``masked_row``."""
@@ -379,7 +387,7 @@ def tiered_attention(
 
     One query at absolute position ``start_pos``; cold keys first (absolute positions
     ``0..cold_len-1``), then hot keys (``hot_start + i``). For ``quantized=True`` pass the cold
-    tier already dequantized (:func:`doppler_gen.quant.dequantize_kv`), ``[cold rows,
+    tier already dequantized (:func:`doppler_gen.families.quant.dequantize_kv`), ``[cold rows,
     num_kv_heads, head_dim]``. ``q`` is ``[num_heads, head_dim]`` or ``[1, num_heads,
     head_dim]``; the result has ``q``'s rank and is in ``compute_dtype``. ``seq_len`` and
     ``packed_stride`` are not read: neither changes the math.
@@ -439,3 +447,333 @@ def _tiered_softmax(
     )
     probs = _softmax_excluding(scores, masked[None])
     return np.matmul(probs, values)[:, 0, :].astype(dtype)
+
+
+# --- cases ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One attention problem. Fields not used by a family keep their defaults."""
+
+    name: str
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: int = 32
+    is_causal: int = 1
+    start_pos: int = 0
+    sliding_window: int = 0
+    softcap: float = 0.0
+    logit_gain: float = 1.0  # multiplies Q: large values make large logits
+    # tiled family
+    query_len: int = 1
+    kv_len: int = 1
+    kv_start: int = 0
+    kv_layout: str = "contiguous"  # contiguous | ring | paged
+    page_size: int = 0
+    kv_len_source: int = 0
+    # tiered family
+    cold_len: int = 0
+    hot_len: int = 1
+    hot_start: int = 0
+    hot_window: int = 0
+    hot_layout: int = 1
+    cold_layout: int = 0  # 0 contiguous, 2 paged (f16 cold only)
+    cold_page_size: int = 0
+    extra_stride: int = 0  # quantized cold: packed_stride beyond the minimum
+    seed: int = 0
+
+
+def normal(rng: np.random.Generator, shape: tuple[int, ...], gain: float = 1.0) -> np.ndarray:
+    return rng.standard_normal(shape) * gain
+
+
+def paged_buffer(rng: np.random.Generator, logical: int, page_size: int) -> tuple[np.ndarray, int]:
+    """A shuffled page table covering ``logical`` rows, with one spare physical page."""
+    pages = max(1, math.ceil(logical / page_size))
+    physical = pages + 1
+    table = rng.permutation(physical)[:pages].astype(np.uint32)
+    return table, physical * page_size
+
+
+# --- benchmark shapes -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One benchmark problem, in the terms both the WebGPU kernels and torch SDPA understand."""
+
+    kind: str  # prefill | decode | tiered
+    query_len: int
+    kv_len: int  # keys attended in all (tiered: cold + hot)
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    causal: bool = True
+    cold_len: int = 0
+    hot_len: int = 0
+    family: str = "tiled"
+
+    @property
+    def label(self) -> str:
+        """Canonical text: parses back to the same shape, so reports can be re-run verbatim."""
+        heads = f"h={self.num_heads},kvh={self.num_kv_heads},d={self.head_dim}"
+        if self.kind == "prefill":
+            causal = "" if self.causal else ",causal=0"
+            return f"prefill:q={self.query_len},kv={self.kv_len},{heads}{causal}"
+        if self.kind == "decode":
+            return f"decode:kv={self.kv_len},{heads}"
+        return f"tiered:cold={self.cold_len},hot={self.hot_len},{heads}"
+
+    def attended_pairs(self) -> int:
+        """(query, key) pairs that contribute to the output, per head.
+
+        Causal prefill counts only the unmasked triangle (bottom-right aligned), the convention
+        of FlashAttention's benchmarks: a kernel that computes masked scores anyway shows it as
+        lower TFLOP/s, which is the truth about that kernel.
+        """
+        if self.kind != "prefill" or not self.causal:
+            return self.query_len * self.kv_len
+        history = self.kv_len - self.query_len
+        return self.query_len * history + self.query_len * (self.query_len + 1) // 2
+
+    def flops(self) -> int:
+        """Useful FLOPs: QKᵀ and PV at two per multiply-add, 4·pairs·h·d (softmax not counted)."""
+        return 4 * self.attended_pairs() * self.num_heads * self.head_dim
+
+    def case_spec(self, seed: int = 0) -> CaseSpec:
+        """The validation case with this shape, so bench feeds kernels exactly as validate does."""
+        common = {
+            "name": self.label,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "seed": seed,
+        }
+        if self.kind == "tiered":
+            return CaseSpec(
+                **common,
+                cold_len=self.cold_len,
+                hot_len=self.hot_len,
+                hot_start=self.cold_len,
+                hot_window=self.hot_len,
+                hot_layout=1 if self.hot_len else 0,
+                start_pos=self.kv_len - 1,
+                is_causal=1,
+            )
+        return CaseSpec(
+            **common,
+            query_len=self.query_len,
+            kv_len=self.kv_len,
+            start_pos=self.kv_len - self.query_len,
+            is_causal=int(self.causal),
+        )
+
+
+DEFAULT_PREFILL_LEN = 2048
+# No WebGPU device binds a buffer this large; refusing early avoids building it in numpy first.
+MAX_TENSOR_ELEMENTS = 1 << 30
+
+
+def make_attention_shape(
+    family: str, kind: str, text: str, given: dict[str, int]
+) -> AttentionShape:
+    """Resolve defaults and cross-key rules of an attention shape; errors name the token."""
+    values = dict(given)
+    heads, kv_heads, head_dim = values["h"], values["kvh"], values["d"]
+    if heads % kv_heads:
+        raise _shape_error(text, f"h={heads} is not a multiple of kvh={kv_heads}")
+    if kind == "prefill":
+        query = values.get("q", values.get("kv", DEFAULT_PREFILL_LEN))
+        keys = values.get("kv", query)
+        if query > keys:
+            raise _shape_error(
+                text, f"q={query} exceeds kv={keys} (the queries are the last q of kv positions)"
+            )
+        shape = AttentionShape(
+            kind, query, keys, heads, kv_heads, head_dim, bool(values["causal"]), family=family
+        )
+    elif kind == "decode":
+        shape = AttentionShape(kind, 1, values["kv"], heads, kv_heads, head_dim, family=family)
+    else:
+        cold, hot = values["cold"], values["hot"]
+        if cold + hot < 1:
+            raise _shape_error(text, "cold + hot must be at least 1 key")
+        shape = AttentionShape(
+            kind,
+            1,
+            cold + hot,
+            heads,
+            kv_heads,
+            head_dim,
+            cold_len=cold,
+            hot_len=hot,
+            family=family,
+        )
+    largest = max(shape.query_len * heads, shape.kv_len * kv_heads) * head_dim
+    if largest > MAX_TENSOR_ELEMENTS:
+        raise _shape_error(
+            text, f"a tensor of {largest} elements is larger than any WebGPU binding"
+        )
+    return shape
+
+
+def _shape_error(text: str, message: str) -> ShapeSyntaxError:
+    return ShapeSyntaxError(f"--shape {text!r}: {message}")
+
+
+# --- the shared family behaviour ----------------------------------------------------------------
+
+
+class AttentionFamily(Family):
+    """What the tiled and tiered families share: roles of Q/K/V/output, dtype metadata checks,
+    head and length refusals, the f32 tolerance and the torch SDPA baseline."""
+
+    metadata = ("q_dtype", "kv_dtype", "out_dtype", "max_head_dim", "masked_row")
+    optional_metadata = ("max_kv_len",)
+    # the binding that carries each dtype metadata key
+    dtype_bindings: ClassVar[Mapping[str, Any]] = {}
+    baseline_name = "SDPA"
+
+    def interface_problems(
+        self, variant: Any, meta: Mapping[str, Any], passes: list[tuple[Any, Any]]
+    ) -> Iterator[str]:
+        modules = [module for _, module in passes]
+        for key, name in self.dtype_bindings.items():
+            binding = next((m.binding(name) for m in modules if m.binding(name)), None)
+            if binding is None:
+                yield f"the WGSL has no binding named {name}"
+            elif binding.element_type != meta[key]:
+                yield f"{key} = {meta[key]!r} but the WGSL binds {binding.name} as {binding.type}"
+        last = modules[-1]
+        max_head_dim = next(
+            (m.constants["MAX_HEAD_DIM"] for m in modules if "MAX_HEAD_DIM" in m.constants), None
+        )
+        if max_head_dim is None and "WORKGROUP_SIZE" in last.overrides:
+            max_head_dim = last.overrides["WORKGROUP_SIZE"].default
+        if max_head_dim != meta["max_head_dim"]:
+            yield (
+                f"max_head_dim = {meta['max_head_dim']} but the WGSL allows head_dim up to "
+                f"{max_head_dim}"
+            )
+        if meta.get("max_kv_len") is not None:
+            found = next(
+                (m.constants["MAX_KV_LEN"] for m in modules if "MAX_KV_LEN" in m.constants), None
+            )
+            if found != meta["max_kv_len"]:
+                yield f"max_kv_len = {meta['max_kv_len']} but the WGSL's MAX_KV_LEN is {found}"
+
+    def head_dim_limit(self, entry: Mapping[str, Any], constants: Mapping[str, Any]) -> int:
+        return int(entry["metadata"]["max_head_dim"])
+
+    def kv_total(self, spec: CaseSpec) -> tuple[int, str]:
+        """(keys the case holds, how to describe them)."""
+        return spec.kv_len, ""
+
+    def refuse(
+        self,
+        spec: CaseSpec,
+        entry: Mapping[str, Any],
+        limits: Mapping[str, int],
+        constants: Mapping,
+    ) -> str | None:
+        limit = self.head_dim_limit(entry, constants)
+        if spec.head_dim > limit:
+            return f"head_dim {spec.head_dim} exceeds the kernel's maximum {limit}"
+        width = kv_vector_width(entry)
+        if spec.head_dim % width:
+            return (
+                f"head_dim {spec.head_dim} is not a multiple of {width} "
+                f"(the kernel reads K/V as vec{width})"
+            )
+        if spec.head_dim < 1 or spec.num_heads < 1 or spec.num_kv_heads < 1:
+            return "head_dim, num_heads and num_kv_heads must be positive"
+        if spec.num_heads % spec.num_kv_heads:
+            return (
+                f"num_heads {spec.num_heads} is not a multiple of num_kv_heads {spec.num_kv_heads}"
+            )
+        max_kv = entry["metadata"].get("max_kv_len")
+        total, detail = self.kv_total(spec)
+        if max_kv is not None and total > max_kv:
+            return f"KV length {total}{detail} exceeds MAX_KV_LEN {max_kv}"
+        largest = limits.get("max-storage-buffer-binding-size", 1 << 27)
+        rows = max(spec.kv_start + spec.kv_len, spec.cold_len, spec.hot_len, spec.hot_window)
+        biggest = 4 * spec.head_dim * max(spec.query_len * spec.num_heads, rows * spec.num_kv_heads)
+        if biggest > largest:
+            return f"a buffer would need about {biggest} B; the device binds at most {largest} B"
+        return None
+
+    def f32_tolerance(self, data: CaseData, ref: np.ndarray, stats: Mapping[str, float]) -> float:
+        return f32_tolerance(
+            stats.get("value_bound", 0.0),
+            int(data.uniforms["head_dim"]),
+            stats.get("logit_bound", 0.0),
+            int(stats.get("keys", 0)),
+        )
+
+    def make_shape(self, kind: str, text: str, values: dict[str, int]) -> AttentionShape:
+        return make_attention_shape(self.name, kind, text, values)
+
+    def baseline_dtype(self, entry: Mapping[str, Any]) -> str | None:
+        """SDPA takes one dtype for Q, K and V: the K/V storage dtype, which dominates traffic."""
+        return str(entry["metadata"]["kv_dtype"])
+
+    def baseline(self, torch: Any, shape: Any, dtype: str) -> tuple[Any, str]:
+        return sdpa_call(torch, shape, dtype)
+
+
+def kv_vector_width(entry: Mapping[str, Any]) -> int:
+    """Elements per load of the K binding in any pass (4 for ``array<vec4<f16>>``).
+
+    A kernel that reads K/V as vec4 needs head_dim to be a multiple of 4; the manifest's
+    ``element_type`` stays the scalar (the host fills the buffer the same way).
+    """
+    for pass_entry in entry.get("passes") or [entry]:
+        for binding in pass_entry.get("bindings", []):
+            if binding["name"] in ("K", "K_hot"):
+                match = re.match(r"array<vec([234])<", binding["type"])
+                if match:
+                    return int(match.group(1))
+    return 1
+
+
+def sdpa_call(torch: Any, s: AttentionShape, dtype_name: str) -> tuple[Any, str]:
+    """A zero-argument SDPA call, using enable_gqa where torch has it (else repeated K/V).
+
+    torch's is_causal is top-left aligned: right only when queries and keys coincide; chunked
+    causal prefill (q < kv) gets an explicit bottom-right mask.
+    """
+    dtype = {"f16": torch.float16, "f32": torch.float32}[dtype_name]
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    is_causal = s.kind == "prefill" and s.causal and s.query_len == s.kv_len
+    lower_right = s.kind == "prefill" and s.causal and s.query_len < s.kv_len
+
+    def tensor(heads: int, length: int) -> Any:
+        return torch.randn(
+            1, heads, length, s.head_dim, device="cuda", dtype=dtype, generator=generator
+        )
+
+    q, k, v = (
+        tensor(s.num_heads, s.query_len),
+        tensor(s.num_kv_heads, s.kv_len),
+        tensor(s.num_kv_heads, s.kv_len),
+    )
+    mask, notes = None, []
+    if lower_right:
+        ones = torch.ones(s.query_len, s.kv_len, dtype=torch.bool, device="cuda")
+        mask = ones.tril(diagonal=s.kv_len - s.query_len)
+        notes.append("explicit bottom-right causal mask")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if s.num_heads == s.num_kv_heads:
+        return (lambda: sdpa(q, k, v, attn_mask=mask, is_causal=is_causal)), "; ".join(notes)
+    try:
+        sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+        notes.append("enable_gqa")
+        return (
+            lambda: sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+        ), "; ".join(notes)
+    except TypeError:  # torch < 2.5: no enable_gqa; repeat K/V outside the timed region
+        group = s.num_heads // s.num_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        notes.append("K/V repeated per query head (torch without enable_gqa)")
+        return (lambda: sdpa(q, k, v, attn_mask=mask, is_causal=is_causal)), "; ".join(notes)

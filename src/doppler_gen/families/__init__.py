@@ -1,0 +1,47 @@
+"""Kernel families: a registry of plug-ins, imported only when asked for (like ``backends``).
+
+``FAMILIES`` maps a family name (what variants.toml's ``family`` says) to ``"module:attribute"``
+naming a ``Family`` instance, or to the instance itself once registered at run time. A family
+that is not listed here is a configuration error at its variants.toml line.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from doppler_gen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from doppler_gen.families.base import Family
+
+FAMILIES: dict[str, object] = {
+    "tiled": "doppler_gen.families.tiled:FAMILY",
+    "tiered": "doppler_gen.families.tiered:FAMILY",
+    "rmsnorm": "doppler_gen.families.rmsnorm:FAMILY",
+}
+
+
+def get_family(name: str) -> Family:
+    """The family called ``name``, imported on first use."""
+    try:
+        target = FAMILIES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown kernel family {name!r} (registered: {', '.join(FAMILIES)})"
+        ) from None
+    if isinstance(target, str):
+        module_name, attribute = target.split(":")
+        target = getattr(import_module(module_name), attribute)
+        FAMILIES[name] = target
+    return target  # type: ignore[return-value]
+
+
+def register_family(family: Family) -> None:
+    """Add (or replace) a family at run time, e.g. a project's own or a test's."""
+    FAMILIES[family.name] = family
+
+
+def all_families() -> list[Family]:
+    """Every registered family, in registration order."""
+    return [get_family(name) for name in FAMILIES]

@@ -1,0 +1,173 @@
+"""The Family protocol: everything a kernel family knows that the generic core must not.
+
+A family is the host-side contract shared by some templates: which binding plays which role,
+which template parameters are host metadata (and how to check them against the WGSL), which
+problems (cases) validate a kernel, how to build their inputs, the float64 reference and its
+tolerance, the benchmark shapes with their torch baseline, and the knob constraints ``tune``
+respects. The core (config, render, manifest, outputs, runtime, validate, bench, tune, list,
+cli) asks the family through this interface and never branches on a family's name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from doppler_gen.tolerance import f16_tolerance
+
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "u32": np.uint32, "i32": np.int32}
+
+# binding roles: what the runtime does with a binding
+INPUT = "input"  # filled from the case
+OUTPUT = "output"  # NaN-poisoned, read back and judged
+SCRATCH = "scratch"  # intermediate between passes: sized by the template, NaN-poisoned
+UNIFORM = "uniform"  # packed from the case's uniform values by field name
+AUXILIARY = "auxiliary"  # a small input (lengths, page tables) that is not tensor traffic
+ROLES = (INPUT, OUTPUT, SCRATCH, UNIFORM, AUXILIARY)
+
+TIERS = ("quick", "default", "large")
+
+
+class Spec(Protocol):
+    """A case's plain-number description; the core only reads its name and seed (and hashes it)."""
+
+    name: str
+    seed: int
+
+
+@dataclass
+class CaseData:
+    """Everything one run needs, plus the reference's view of the same data."""
+
+    spec: Any
+    uniforms: dict[str, float]  # by uniform struct field name
+    buffers: dict[str, np.ndarray]  # by binding name, in the binding's element dtype
+    reference_inputs: dict[str, Any] = field(default_factory=dict)
+
+
+class Shape(Protocol):
+    """A benchmark problem of some family; ``label`` parses back to an equal shape."""
+
+    kind: str
+    family: str
+
+    @property
+    def label(self) -> str: ...
+
+    def case_spec(self, seed: int = 0) -> Any: ...
+
+    def flops(self) -> int: ...
+
+
+Baseline = tuple[Callable[[], Any], str]  # a zero-argument torch call and a note
+
+
+class Family(ABC):
+    """One kernel family. Subclasses set the class attributes and implement the methods."""
+
+    name: str
+    # binding name -> role (uniform and scratch bindings need none: the WGSL and the template
+    # say what they are)
+    roles: ClassVar[Mapping[str, str]] = {}
+    metadata: tuple[str, ...] = ()  # template parameters every template of the family defines
+    optional_metadata: tuple[str, ...] = ()  # recorded (None when absent)
+    shape_keys: ClassVar[Mapping[str, Any]] = {}  # kind -> key -> default (None: derived)
+    shape_help: ClassVar[Mapping[str, str]] = {}  # kind -> one line for --help
+    default_shapes: tuple[str, ...] = ()
+    baseline_name = "torch"
+
+    # -- generate ------------------------------------------------------------------------------
+
+    def interface_problems(
+        self, variant: Any, meta: Mapping[str, Any], passes: list[tuple[Any, Any]]
+    ) -> Iterator[str]:
+        """What the WGSL of ``passes`` ([(PassSpec, wgsl.Module)]) contradicts in ``meta``.
+
+        The generic checks (entry points, features, overrides, dispatch names, roles) are the
+        manifest's; a family adds the dtype and size claims of its host metadata.
+        """
+        return iter(())
+
+    # -- cases ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def specs(self, entry: Mapping[str, Any], tier: str, seed: int) -> list[Any]:
+        """The case matrix of a variant (sizes follow its metadata); deterministic in ``seed``."""
+
+    def refuse(
+        self, spec: Any, entry: Mapping[str, Any], limits: Mapping[str, int], constants: Mapping
+    ) -> str | None:
+        """Why the kernel cannot run ``spec``, from its dimensions alone (before any tensor)."""
+        return None
+
+    @abstractmethod
+    def build(self, spec: Any, entry: Mapping[str, Any]) -> CaseData:
+        """Inputs in the bindings' element types, uniforms, and the reference's view of them."""
+
+    @abstractmethod
+    def output_shape(self, data: CaseData) -> tuple[int, ...]:
+        """The logical shape of the output binding for this case."""
+
+    @abstractmethod
+    def reference(
+        self,
+        data: CaseData,
+        entry: Mapping[str, Any],
+        compute_dtype: Any = np.float64,
+        stats: dict[str, float] | None = None,
+    ) -> np.ndarray:
+        """The expected output; float64 is the reference, float32 the f16 error baseline."""
+
+    def f32_tolerance(self, data: CaseData, ref: np.ndarray, stats: Mapping[str, float]) -> float:
+        """The absolute tolerance of an f32 output (a rounding-error bound vs float64)."""
+        raise NotImplementedError
+
+    def tolerance(
+        self,
+        data: CaseData,
+        entry: Mapping[str, Any],
+        out_dtype: str,
+        ref: np.ndarray,
+        stats: Mapping[str, float],
+    ) -> tuple[float, str]:
+        """(tolerance, policy); f16 outputs: twice a numpy-f32 implementation's error + floor."""
+        if out_dtype == "f16":
+            baseline = self.reference(data, entry, np.float32).astype(np.float16)
+            error = float(np.max(np.abs(baseline.astype(np.float64) - ref))) if ref.size else 0.0
+            ref_max = float(np.max(np.abs(ref))) if ref.size else 0.0
+            return f16_tolerance(error, ref_max), "f16: 2x numpy-f32 baseline + floor"
+        return self.f32_tolerance(data, ref, stats), "f32: rounding bound vs fp64"
+
+    # -- bench ---------------------------------------------------------------------------------
+
+    def make_shape(self, kind: str, text: str, values: dict[str, int]) -> Shape:
+        """The shape of ``kind`` from its parsed key=value pairs (raise ShapeSyntaxError)."""
+        raise NotImplementedError
+
+    def baseline_dtype(self, entry: Mapping[str, Any]) -> str | None:
+        """The dtype the torch baseline runs in for this variant (None: no baseline)."""
+        return None
+
+    def baseline(self, torch: Any, shape: Shape, dtype: str) -> Baseline:
+        """A zero-argument torch call computing what the kernel computes on ``shape``."""
+        raise NotImplementedError
+
+    # -- tune ----------------------------------------------------------------------------------
+
+    def constraints(self, entry: Mapping[str, Any], constants: Mapping[str, int]) -> str | None:
+        """Why a tune candidate (rendered entry + override constants) cannot work, if known."""
+        return None
+
+
+def seeded(seed: int) -> np.random.Generator:
+    """The generator every family draws its case tensors from (same seed, same tensors)."""
+    return np.random.default_rng(seed)
+
+
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """``values`` in a WGSL element type's numpy dtype: the reference sees the rounded values."""
+    return values.astype(NUMPY_DTYPES[dtype])

@@ -1,0 +1,176 @@
+"""Measuring one variant on one shape: the timing statistics and the measured row.
+
+Shared by ``bench`` (every variant on every shape of its family) and ``tune`` (every candidate
+on one shape), so both report the same numbers the same way. A variant runs through the runner
+exactly as ``validate`` drives it: once on NaN-poisoned outputs and scratch (every output
+element must be finite), then ``repeats`` timed runs of all its passes on the same buffers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from doppler_gen.backends import Device, PassTimes
+from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.families import get_family
+from doppler_gen.families.base import Shape
+from doppler_gen.render import RenderedKernel
+from doppler_gen.runtime.runner import KernelRunner, Refusal
+from doppler_gen.runtime.session import static_skip
+
+MIN_REPEATS = 20
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-dispatch GPU times in ns; summarised by median and p10–p90 (robust to stragglers)."""
+
+    samples_ns: tuple[float, ...]
+
+    @property
+    def runs(self) -> int:
+        return len(self.samples_ns)
+
+    @property
+    def median_ns(self) -> float:
+        return float(statistics.median(self.samples_ns))
+
+    def percentile_ns(self, q: float) -> float:
+        return float(np.percentile(np.asarray(self.samples_ns, np.float64), q))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "median_us": _us(self.median_ns),
+            "p10_us": _us(self.percentile_ns(10)),
+            "p90_us": _us(self.percentile_ns(90)),
+            "min_us": _us(min(self.samples_ns)),
+            "max_us": _us(max(self.samples_ns)),
+            "runs": self.runs,
+        }
+
+    def spread_text(self) -> str:
+        return f"{self.percentile_ns(10) / 1e3:.1f}–{self.percentile_ns(90) / 1e3:.1f}"
+
+
+def _us(ns: float) -> float:
+    return round(ns / 1e3, 3)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How each measurement is taken; shared by bench and tune so their numbers compare."""
+
+    repeats: int = 30
+    warmup: int = 5
+    seed: int = 0
+    storage_overrun: bool = False
+
+    def __post_init__(self) -> None:
+        if self.repeats < MIN_REPEATS:
+            raise DopplerGenError(
+                f"--repeats {self.repeats}: at least {MIN_REPEATS} runs are needed for a median "
+                "and spread"
+            )
+        if self.warmup < 0:
+            raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchRow:
+    """One variant on one shape: timed (ok), not runnable (n/a, with why) or broken (FAIL)."""
+
+    variant: str
+    shape: str
+    status: str  # ok | n/a | FAIL
+    reason: str = ""
+    timing: Timing | None = None
+    bytes_moved: int = 0
+    flops: int = 0
+    sdpa_dtype: str | None = None  # the dtype torch SDPA runs in for this row
+    passes: dict[str, Timing] = field(default_factory=dict)  # per pass, multi-pass variants
+
+    @property
+    def gbps(self) -> float | None:
+        """Effective bandwidth: bytes per ns is GB/s."""
+        return self.bytes_moved / self.timing.median_ns if positive(self.timing) else None
+
+    @property
+    def tflops(self) -> float | None:
+        return self.flops / self.timing.median_ns / 1e3 if positive(self.timing) else None
+
+
+def positive(timing: Timing | None) -> bool:
+    """A median a rate can be divided by (a coarse timer can report 0 ns for a tiny dispatch)."""
+    return timing is not None and timing.median_ns > 0
+
+
+def cpu_warning(adapter: str) -> str:
+    return f"CPU ADAPTER ({adapter}): these timings say nothing about GPU performance"
+
+
+def measure(
+    device: Device,
+    kernel: RenderedKernel,
+    entry: dict[str, Any],
+    shape: Shape,
+    settings: Settings,
+    constants: dict[str, float] | None = None,
+) -> BenchRow:
+    """Check once (finite output), then time ``settings.repeats`` runs on the same buffers."""
+    family = get_family(entry["family"])
+    row = BenchRow(kernel.variant.name, shape.label, "n/a", sdpa_dtype=family.baseline_dtype(entry))
+    skip, note = static_skip(entry, device, storage_overrun=settings.storage_overrun)
+    if skip:
+        row.reason = skip
+        return row
+    runner = KernelRunner(device, kernel, entry, constants)
+    try:
+        prepared = runner.prepare(shape.case_spec(settings.seed))
+        if isinstance(prepared, Refusal):
+            row.reason = prepared.reason
+            return row
+        row.bytes_moved = prepared.bytes_moved
+        row.flops = shape.flops()
+        _time(runner, prepared, settings, row)
+    except ShaderCompileError as error:
+        row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
+    except DopplerGenError as error:
+        row.status, row.reason = "FAIL", str(error)
+    if note and row.status == "ok":
+        row.reason = note
+    return row
+
+
+def _time(runner: KernelRunner, prepared: Any, settings: Settings, row: BenchRow) -> None:
+    output = runner.run(prepared)
+    bad = int(output.size - np.isfinite(output).sum())
+    if bad:
+        row.status = "FAIL"
+        row.reason = (
+            f"{bad} of {output.size} outputs NaN/Inf after one run on NaN-poisoned "
+            f"output; not timed (run `doppler-gen validate {row.variant}`)"
+        )
+        return
+    runs = runner.timed(prepared, repeats=settings.repeats, warmup=settings.warmup)
+    row.status, row.timing = "ok", Timing(tuple(r.total_ns for r in runs))
+    names = [p["name"] for p in runner.entry["passes"]]
+    if len(names) > 1:
+        row.passes = per_pass(names, runs)
+
+
+def per_pass(names: Sequence[str], runs: Sequence[PassTimes]) -> dict[str, Timing]:
+    """Each pass's own timing over the runs (the total spans them all, gaps included)."""
+    return {
+        name: Timing(tuple(r.passes_ns[index] for r in runs)) for index, name in enumerate(names)
+    }
+
+
+# -- the run -----------------------------------------------------------------------------------

@@ -1,0 +1,385 @@
+"""Run one generated variant (all its passes) on a device and judge its output.
+
+Everything host-side comes from the variant's manifest entry and its family: uniform fields are
+packed by name at the offsets the WGSL layout gives, buffers are bound by binding name and role
+and checked against the binding's element type, scratch buffers are sized by the template's
+expressions, and each pass's workgroup count comes from its dispatch rule. There is no
+per-variant offset, index or size written in Python.
+
+``prepare(spec)`` returns a ``Prepared`` case (buffers created, outputs and scratch poisoned)
+or a ``Refusal`` saying why the kernel cannot run it, decided before any dispatch. ``run``
+re-poisons outputs and scratch with NaN, records every pass into one command buffer, submits it
+and reads the output; ``timed`` times the same prepared buffers; ``judge`` holds the output to
+the family's float64 reference and tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from doppler_gen.backends import Buffer, Device, PassTimes, Pipeline, Step
+from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.families import get_family
+from doppler_gen.families.base import (
+    NUMPY_DTYPES,
+    OUTPUT,
+    SCRATCH,
+    UNIFORM,
+    CaseData,
+    Family,
+)
+from doppler_gen.render import RenderedKernel, RenderedPass
+from doppler_gen.tolerance import Verdict, judge
+
+_PACK = {"u32": "<I", "i32": "<i", "f32": "<f"}
+
+
+@dataclass
+class CaseResult:
+    spec: Any
+    verdict: Verdict | None  # None when the case was refused
+    refused: str | None = None
+    output: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is not None and self.verdict.passed
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a kernel cannot run a case, decided before any buffer or dispatch."""
+
+    reason: str
+
+
+@dataclass
+class Prepared:
+    """One case's passes and GPU buffers, ready to run (outputs and scratch NaN-poisoned)."""
+
+    data: CaseData
+    steps: list[Step]
+    output: Buffer
+    output_shape: tuple[int, ...]
+    out_dtype: Any
+    poison: list[tuple[Buffer, bytes]]  # outputs and scratch with their NaN bytes
+    bytes_moved: int  # inputs read once + output written once (scratch is not compulsory)
+    scratch_bytes: dict[str, int]
+
+
+def pack_uniforms(layout: Mapping[str, Any], values: Mapping[str, float]) -> bytes:
+    """The uniform buffer bytes: every struct field by name, at its manifest offset.
+
+    A field the case does not provide is an error (never a silent 0), and so is a value the
+    struct has no field for: the host and the kernel must agree on the whole struct.
+    """
+    data = bytearray(layout["buffer_size"])
+    names = {f["name"] for f in layout["fields"]}
+    extra = sorted(set(values) - names)
+    if extra:
+        raise DopplerGenError(
+            f"uniform values {', '.join(extra)} have no field in struct {layout['struct']}"
+        )
+    for f in layout["fields"]:
+        if f["name"] not in values:
+            raise DopplerGenError(f"no value for uniform field {layout['struct']}.{f['name']}")
+        fmt = _PACK.get(f["type"])
+        if fmt is None:
+            raise DopplerGenError(f"cannot pack uniform field {f['name']} of type {f['type']}")
+        value = values[f["name"]]
+        struct.pack_into(fmt, data, f["offset"], float(value) if f["type"] == "f32" else int(value))
+    return bytes(data)
+
+
+def evaluate_dispatch(rule: str, names: Mapping[str, float]) -> int:
+    """Evaluate a dispatch or size rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``."""
+    unknown = set(re.findall(r"[A-Za-z_]\w*", rule)) - set(names) - {"ceil"}
+    if unknown:
+        raise DopplerGenError(
+            f"dispatch rule {rule!r} uses unknown names {', '.join(sorted(unknown))}"
+        )
+    value = eval(rule, {"__builtins__": {}}, {"ceil": math.ceil, **names})
+    return int(value)
+
+
+def poison_bytes(element_type: str, count: int) -> bytes:
+    """NaN for float elements, all ones for integers: a value no kernel writes by accident."""
+    dtype = NUMPY_DTYPES[element_type]
+    if np.issubdtype(dtype, np.floating):
+        return np.full(count, np.nan, dtype=dtype).tobytes()
+    return np.full(count, np.iinfo(dtype).max, dtype=dtype).tobytes()
+
+
+class KernelRunner:
+    """One compiled variant (every pass) on one device: prepares, runs, times and judges cases."""
+
+    def __init__(
+        self,
+        device: Device,
+        kernel: RenderedKernel,
+        entry: Mapping[str, Any],
+        constants: Mapping[str, float] | None = None,
+    ) -> None:
+        self.device = device
+        self.kernel = kernel
+        self.entry = entry
+        self.family: Family = get_family(entry["family"])
+        self.name = kernel.variant.name
+        # the variant's recorded pipeline constants, then any the caller sweeps (tune, bench)
+        self.constants = {**entry.get("pipeline_constants", {}), **(constants or {})}
+        self.pipelines: list[Pipeline] | None = None
+
+    # -- compile ------------------------------------------------------------------------------
+
+    def compile(self) -> list[Pipeline]:
+        """One pipeline per pass (each with the pipeline constants its module declares)."""
+        if self.pipelines is None:
+            pipelines = []
+            for rendered, record in zip(self.kernel.passes, self.entry["passes"], strict=True):
+                declared = {o["name"] for o in record["overrides"]}
+                constants = {k: v for k, v in self.constants.items() if k in declared}
+                label = (
+                    self.name
+                    if len(self.kernel.passes) == 1
+                    else f"{self.name}.{rendered.spec.name}"
+                )
+                try:
+                    pipelines.append(
+                        self.device.compile(
+                            rendered.text,
+                            entry_point=record["entry_point"],
+                            constants=constants or None,
+                            label=label,
+                        )
+                    )
+                except ShaderCompileError as error:
+                    raise ShaderCompileError(
+                        describe_compile_error(self.kernel, rendered, error),
+                        error.diagnostics,
+                        error.backend,
+                    ) from None
+            self.pipelines = pipelines
+        return self.pipelines
+
+    def constant_values(self) -> dict[str, float]:
+        """Override defaults of every pass, then the pipeline constants set on them."""
+        values: dict[str, float] = {}
+        for record in self.entry["passes"]:
+            values.update(record["constants"])
+            values.update({o["name"]: o["default"] for o in record["overrides"]})
+        values.update(self.constants)
+        return values
+
+    # -- prepare ------------------------------------------------------------------------------
+
+    def refuse(self, spec: Any) -> str | None:
+        """The family's refusal of ``spec`` from its dimensions alone (cheap, before inputs)."""
+        return self.family.refuse(spec, self.entry, self.device.limits, self.constant_values())
+
+    def prepare(self, spec: Any) -> Prepared | Refusal:
+        """Refuse, or build inputs and create every buffer of every pass (outputs poisoned)."""
+        reason = self.refuse(spec)
+        if reason:
+            return Refusal(reason)
+        data = self.family.build(spec, self.entry)
+        names = {**self.constant_values(), **data.uniforms}
+        workgroups = [evaluate_dispatch(p["dispatch"], names) for p in self.entry["passes"]]
+        reason = self._limits_refusal(data, workgroups, names)
+        if reason:
+            return Refusal(reason)
+        pipelines = self.compile()
+        return self._bind(data, pipelines, workgroups, names)
+
+    def _limits_refusal(
+        self, data: CaseData, workgroups: list[int], names: Mapping[str, float]
+    ) -> str | None:
+        limit = self.device.limits.get("max-compute-workgroups-per-dimension", 65535)
+        for count, record in zip(workgroups, self.entry["passes"], strict=True):
+            if count > limit:
+                of = f" (pass {record['name']})" if len(workgroups) > 1 else ""
+                return f"{count} workgroups{of} exceed the device limit {limit} per dimension"
+        largest = self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)
+        sizes = {name: array.nbytes for name, array in data.buffers.items()}
+        sizes.update(self.scratch_sizes(names))
+        for binding, size in sizes.items():
+            if size > largest:
+                return f"buffer {binding} needs {size} B; the device binds at most {largest} B"
+        return None
+
+    def scratch_sizes(self, names: Mapping[str, float]) -> dict[str, int]:
+        """Bytes of each scratch buffer for one case (its size expression times the element)."""
+        sizes = {}
+        for scratch in self.entry["scratch"]:
+            count = evaluate_dispatch(scratch["size"], names)
+            itemsize = np.dtype(NUMPY_DTYPES[scratch["element_type"]]).itemsize
+            sizes[scratch["name"]] = max(count, 1) * itemsize
+        return sizes
+
+    def _bind(
+        self,
+        data: CaseData,
+        pipelines: list[Pipeline],
+        workgroups: list[int],
+        names: Mapping[str, float],
+    ) -> Prepared:
+        output_shape = self.family.output_shape(data)
+        out_binding = self.output_binding()
+        out_type = out_binding["element_type"]
+        buffers: dict[str, Buffer] = {}
+        poison: list[tuple[Buffer, bytes]] = []
+        scratch_bytes = self.scratch_sizes(names)
+        self._check_uniform_values(data)
+        steps = []
+        for record, pipeline, count in zip(
+            self.entry["passes"], pipelines, workgroups, strict=True
+        ):
+            slots: dict[int, Buffer] = {}
+            for b in record["bindings"]:
+                key = b["name"] if b["role"] != UNIFORM else f"{b['name']}@{record['name']}"
+                if key not in buffers:
+                    buffers[key] = self._buffer(
+                        b, record, data, output_shape, scratch_bytes, poison
+                    )
+                slots[b["binding"]] = buffers[key]
+            steps.append(Step(pipeline, slots, (count, 1, 1)))
+        out_bytes = int(np.prod(output_shape)) * np.dtype(NUMPY_DTYPES[out_type]).itemsize
+        moved = sum(int(a.nbytes) for a in data.buffers.values()) + out_bytes
+        return Prepared(
+            data,
+            steps,
+            buffers[out_binding["name"]],
+            output_shape,
+            NUMPY_DTYPES[out_type],
+            poison,
+            moved,
+            scratch_bytes,
+        )
+
+    def _buffer(
+        self,
+        binding: Mapping[str, Any],
+        record: Mapping[str, Any],
+        data: CaseData,
+        output_shape: tuple[int, ...],
+        scratch_bytes: Mapping[str, int],
+        poison: list[tuple[Buffer, bytes]],
+    ) -> Buffer:
+        name, role = binding["name"], binding["role"]
+        if role == UNIFORM:
+            fields = {f["name"] for f in record["uniforms"]["fields"]}
+            values = {k: v for k, v in data.uniforms.items() if k in fields}
+            return self.device.uniform_buffer(pack_uniforms(record["uniforms"], values), label=name)
+        if role in (OUTPUT, SCRATCH):
+            itemsize = np.dtype(NUMPY_DTYPES[binding["element_type"]]).itemsize
+            count = (
+                int(np.prod(output_shape)) if role == OUTPUT else scratch_bytes[name] // itemsize
+            )
+            nan = poison_bytes(binding["element_type"], count)
+            buffer = self.device.storage_buffer(nan, read_write=True, label=name)
+            poison.append((buffer, nan))
+            return buffer
+        return self.device.storage_buffer(self.input_array(binding, data), label=name)
+
+    def _check_uniform_values(self, data: CaseData) -> None:
+        """Every uniform value must land in some pass's struct (see ``pack_uniforms``)."""
+        fields = {
+            f["name"]
+            for record in self.entry["passes"]
+            if record["uniforms"]
+            for f in record["uniforms"]["fields"]
+        }
+        extra = sorted(set(data.uniforms) - fields)
+        if extra:
+            raise DopplerGenError(
+                f"uniform values {', '.join(extra)} have no field in any pass's uniform struct"
+            )
+        for record in self.entry["passes"]:
+            if record["uniforms"]:
+                struct_fields = {f["name"] for f in record["uniforms"]["fields"]}
+                values = {k: v for k, v in data.uniforms.items() if k in struct_fields}
+                pack_uniforms(record["uniforms"], values)
+
+    def output_binding(self) -> dict[str, Any]:
+        found = {
+            b["name"]: b for p in self.entry["passes"] for b in p["bindings"] if b["role"] == OUTPUT
+        }
+        if len(found) != 1:
+            raise DopplerGenError(f"{self.name}: expected exactly one output binding")
+        return next(iter(found.values()))
+
+    def input_array(self, binding: Mapping[str, Any], data: CaseData) -> np.ndarray:
+        name = binding["name"]
+        if name not in data.buffers:
+            raise DopplerGenError(f"{self.name}: the case provides no data for binding {name}")
+        array = np.ascontiguousarray(data.buffers[name]).reshape(-1)
+        expected = NUMPY_DTYPES[binding["element_type"]]
+        if array.dtype != expected:
+            raise DopplerGenError(
+                f"binding {name} is array<{binding['element_type']}> but the case built {array.dtype}"
+            )
+        return array
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def run(self, prepared: Prepared) -> np.ndarray:
+        """Poison outputs and scratch, run every pass in one command buffer; the output as f64."""
+        for buffer, nan in prepared.poison:
+            self.device.write_buffer(buffer, nan)
+        self.device.run(prepared.steps)
+        return self.read_output(prepared)
+
+    def read_output(self, prepared: Prepared) -> np.ndarray:
+        """The output buffer as float64 in the output's logical shape."""
+        raw = self.device.read_buffer(prepared.output)
+        count = int(np.prod(prepared.output_shape))
+        values = np.frombuffer(raw, dtype=prepared.out_dtype, count=count)
+        return values.astype(np.float64).reshape(prepared.output_shape)
+
+    def timed(self, prepared: Prepared, *, repeats: int, warmup: int) -> list[PassTimes]:
+        """Timestamps around the whole pass sequence and each pass, on the prepared buffers."""
+        return self.device.timed_run(prepared.steps, repeats=repeats, warmup=warmup)
+
+    # -- judge --------------------------------------------------------------------------------
+
+    def judge(self, prepared: Prepared, output: np.ndarray) -> Verdict:
+        """The output against the family's float64 reference, within its tolerance."""
+        stats: dict[str, float] = {}
+        ref = self.family.reference(prepared.data, self.entry, stats=stats)
+        out_type = self.output_binding()["element_type"]
+        tol, policy = self.family.tolerance(prepared.data, self.entry, out_type, ref, stats)
+        return judge(output, ref, tol, policy)
+
+    def run_case(self, spec: Any, *, keep_output: bool = False) -> CaseResult:
+        """Prepare (or refuse), run and judge one case; ``keep_output`` keeps the output array."""
+        prepared = self.prepare(spec)
+        if isinstance(prepared, Refusal):
+            return CaseResult(spec, None, refused=f"{self.name}: {prepared.reason}")
+        output = self.run(prepared)
+        verdict = self.judge(prepared, output)
+        return CaseResult(spec, verdict, output=output if keep_output else None)
+
+
+def describe_compile_error(
+    kernel: RenderedKernel, rendered: RenderedPass, error: ShaderCompileError, context: int = 2
+) -> str:
+    """The compiler's complaint at the template line, with the rendered lines around it."""
+    name = kernel.variant.name
+    if not error.diagnostics:
+        return f"{rendered.spec.source_path} (variant {name}): {error.message}"
+    lines = rendered.text.split("\n")
+    parts = []
+    for line, column, message in error.diagnostics[:3]:
+        origin = rendered.origin(line)
+        where = f"{origin[0]}:{origin[1]}" if origin else rendered.spec.source_path
+        parts.append(f"{where} ({rendered.output}:{line}:{column}): {message}")
+        for number in range(max(1, line - context), min(len(lines), line + context) + 1):
+            mark = ">" if number == line else " "
+            parts.append(f"  {mark}{number:5} | {lines[number - 1]}")
+    return "\n".join(parts)

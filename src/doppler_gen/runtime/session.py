@@ -1,0 +1,137 @@
+"""Adapter choice, device opening and static skips: shared by validate, bench and tune."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from doppler_gen.backends import AdapterInfo, Backend, Device, effective_limits, select_adapter
+from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
+
+# Progress reports: (what is being done, how many cases it just finished; 0 for a status line).
+Progress = Callable[[str, int], None]
+
+
+class CpuAdapterRefused(DopplerGenError):
+    """The chosen adapter is a CPU rasteriser: timing it would mislead anyone choosing GPU code."""
+
+
+def refuse_cpu(adapter: AdapterInfo, allow_cpu: bool, command: str) -> None:
+    """Refuse a CPU adapter before anything runs, unless the user accepted CPU numbers."""
+    if adapter.is_cpu and not allow_cpu:
+        raise CpuAdapterRefused(
+            f"{command} measures GPUs; {adapter.name} is a CPU adapter — timings would say nothing "
+            f"about GPU performance; pass --allow-cpu to run anyway (results labelled CPU)"
+        )
+
+
+def choose_adapter(
+    backend: Backend, want: str | None, allow_cpu: bool = True, command: str = ""
+) -> AdapterInfo:
+    """The adapter ``want`` names (or the default rule's); a CPU one only if ``allow_cpu``."""
+    adapter = select_adapter(backend.adapters(), want)
+    refuse_cpu(adapter, allow_cpu, command)
+    return adapter
+
+
+def open_device(
+    backend: Backend,
+    adapter: AdapterInfo,
+    requires: Iterable[str],
+    limits: str,
+    *,
+    timing: bool = False,
+) -> Device:
+    """A device with every required feature the adapter has (and timestamps when ``timing``).
+
+    Features the adapter lacks are left out: the variants needing them are skipped with the
+    reason (``static_skip``), not the whole run.
+    """
+    wanted = {f for f in requires if f in adapter.features}
+    if timing:
+        if "timestamp-query" not in adapter.features:
+            raise BackendUnavailable(
+                f"{adapter.short()} does not offer timestamp-query; timing needs GPU timestamps"
+            )
+        wanted.add("timestamp-query")
+    return backend.open_device(
+        adapter, features=sorted(wanted), limits=effective_limits(adapter, limits)
+    )
+
+
+def static_skip(
+    entry: Mapping[str, Any], device: Device, *, storage_overrun: bool = False
+) -> tuple[str | None, str]:
+    """(why the device cannot run this variant, or None; a note to show when it runs anyway)."""
+    missing = [f for f in entry["requires"] if f not in device.features]
+    if missing:
+        return _missing_features(missing, device), ""
+    storage, limit = storage_need(entry, device)
+    if storage > limit:
+        if not storage_overrun:
+            return f"needs {storage} B workgroup storage; limit {limit}", ""
+        note = (
+            f"ran beyond the device limit: {storage} B workgroup storage > {limit} B "
+            "(--storage-overrun)"
+        )
+        return None, note
+    invocations = max(_product(p["workgroup_size_default"]) for p in entry.get("passes") or [entry])
+    limit = device.limits.get("max-compute-invocations-per-workgroup", 256)
+    if invocations > limit:
+        return f"needs {invocations} invocations per workgroup; limit {limit}", ""
+    return None, ""
+
+
+def _product(values: Iterable[int]) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+def _missing_features(missing: list[str], device: Device) -> str:
+    """Why the device lacks features: opened without them, or the adapter never offered them.
+
+    A backend may explain an absence (``feature_notes``): pydawn 0.3 offers no shader-f16 on
+    the H200 where wgpu does, and "the device was opened without it" would hide that.
+    """
+    needs = f"needs {', '.join(missing)}"
+    adapter = getattr(device, "adapter", None)
+    absent = [f for f in missing if adapter is not None and f not in adapter.features]
+    if not absent:
+        return f"{needs}; the device was opened without it"
+    notes: dict[str, str] = getattr(device, "feature_notes", {})
+    explained = [notes[f] for f in absent if f in notes]
+    if explained:
+        return f"{needs}: {'; '.join(dict.fromkeys(explained))}"
+    return f"{needs}; adapter {adapter.name} does not offer {', '.join(absent)}"
+
+
+def storage_need(entry: Mapping[str, Any], device: Device) -> tuple[int, int]:
+    """(workgroup storage the largest pass declares, the device's limit) in bytes."""
+    limit = device.limits.get("max-compute-workgroup-storage-size", 16384)
+    return entry["workgroup_storage_bytes"], limit
+
+
+# The part of a compile error after "<backend> rejected kernel 'name' (stage): ".
+_REJECTION = re.compile(r"rejected kernel[^:]*:\s*(?P<why>.*)$", re.DOTALL)
+
+
+def limit_refusal(error: ShaderCompileError) -> str | None:
+    """The implementation's own message when it refused a kernel for its workgroup storage.
+
+    Only a refusal without source locations counts: that is a limit check at pipeline
+    creation (Dawn enforces its limits; wgpu-native does not), whereas a WGSL error the
+    compiler places at a line stays a failure even in a variant run past the limit.
+    """
+    if error.diagnostics or "workgroup storage" not in error.message:
+        return None
+    match = _REJECTION.search(error.message)
+    return (match["why"] if match else error.message).strip()
+
+
+def timestamp_period(device: Device) -> float | None:
+    """ns per tick, where the backend can say (already applied to timings)."""
+    getter = getattr(device, "timestamp_period", None)
+    return float(getter()) if callable(getter) else None

@@ -1,0 +1,164 @@
+"""Validating one variant on an open device: every case of its tier, judged by its family.
+
+Shared by ``validate`` (every selected variant) and ``tune`` (every candidate, quick; the
+winner, in full). A variant is PASS only when every case ran and passed; FAIL when a case
+failed, was refused, left NaN/Inf or the kernel did not compile; SKIP (with the reason) when
+the device cannot run it at all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from doppler_gen.backends import Device
+from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.families import get_family
+from doppler_gen.render import RenderedKernel
+from doppler_gen.runtime.runner import CaseResult, KernelRunner
+from doppler_gen.runtime.session import Progress, limit_refusal, static_skip, storage_need
+
+CaseSpec = Any  # a family's case spec: hashable, with .name and .seed
+TIERS = ("quick", "default", "large")
+
+
+@dataclass
+class VariantReport:
+    name: str
+    status: str  # PASS | FAIL | SKIP
+    reason: str = ""
+    cases: list[CaseResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [c for c in self.cases if c.verdict is not None and not c.passed]
+
+    @property
+    def worst(self) -> CaseResult | None:
+        judged = [c for c in self.cases if c.verdict is not None]
+        return max(judged, key=lambda c: c.verdict.ratio) if judged else None  # type: ignore[union-attr]
+
+    def as_dict(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "variant": self.name,
+            "status": self.status,
+            "reason": self.reason,
+            "cases": len(self.cases),
+            "passed": sum(c.passed for c in self.cases),
+            "failed": len(self.failures),
+            "refused": sum(c.refused is not None for c in self.cases),
+            "seconds": round(self.seconds, 3),
+            "worst": _case_dict(worst) if worst else None,
+            "failures": [_case_dict(c) for c in self.failures[:10]],
+        }
+
+
+def _case_dict(case: CaseResult) -> dict[str, Any]:
+    v = case.verdict
+    assert v is not None
+    return {
+        "case": case.spec.name,
+        "seed": case.spec.seed,
+        "max_abs_error": v.max_abs_error,
+        "max_rel_error": v.max_rel_error,
+        "tolerance": v.tolerance,
+        "error_over_tolerance": v.ratio,
+        "worst_index": list(v.worst_index),
+        "non_finite": v.non_finite,
+        "policy": v.policy,
+    }
+
+
+def tier_of(quick: bool, tier: str | None) -> str:
+    """The case tier asked for: ``tier`` itself, else quick or default by ``quick``."""
+    chosen = tier or ("quick" if quick else "default")
+    if chosen not in TIERS:
+        raise DopplerGenError(f"unknown case tier {chosen!r} (known: {', '.join(TIERS)})")
+    return chosen
+
+
+def case_specs(
+    entry: dict[str, Any], *, quick: bool = False, seed: int, tier: str | None = None
+) -> list:
+    """The variant's case matrix from its family: ``tier`` (quick/default/large) or ``quick``."""
+    return get_family(entry["family"]).specs(entry, tier_of(quick, tier), seed)
+
+
+def validate_variant(
+    device: Device,
+    kernel: RenderedKernel,
+    entry: dict[str, Any],
+    *,
+    quick: bool = False,
+    tier: str | None = None,
+    seed: int,
+    progress: Progress | None = None,
+    storage_overrun: bool = False,
+    constants: dict[str, float] | None = None,
+    outputs: dict[CaseSpec, np.ndarray] | None = None,
+) -> VariantReport:
+    """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
+    name = kernel.variant.name
+    started = time.perf_counter()
+    specs = case_specs(entry, quick=quick, tier=tier, seed=seed)
+    skip, note = static_skip(entry, device, storage_overrun=storage_overrun)
+    if skip:
+        if progress:
+            progress(name, len(specs))
+        return VariantReport(name, "SKIP", skip)
+    runner = KernelRunner(device, kernel, entry, constants)
+    report = VariantReport(name, "PASS", note)
+    try:
+        runner.compile()
+        for spec in specs:
+            result = runner.run_case(spec, keep_output=outputs is not None)
+            if outputs is not None and result.output is not None:
+                outputs[spec] = result.output
+                result.output = None
+            report.cases.append(result)
+            if progress:
+                progress(name, 1)
+    except ShaderCompileError as error:
+        refusal = limit_refusal(error) if note else None
+        if refusal:
+            storage, limit = storage_need(entry, device)
+            report.status = "SKIP"
+            report.reason = (
+                f"needs {storage} B workgroup storage; limit {limit}, enforced by the "
+                f"implementation (--storage-overrun cannot apply): {refusal}"
+            )
+            if progress:
+                progress(name, len(specs))
+        else:
+            report.status, report.reason = "FAIL", f"compile error: {error.message}"
+    except DopplerGenError as error:
+        report.status, report.reason = "FAIL", str(error)
+    else:
+        _judge_report(report)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _judge_report(report: VariantReport) -> None:
+    """FAIL with the first refused or failed case as the reason; PASS otherwise."""
+    refused = [c for c in report.cases if c.refused]
+    if refused:
+        report.status = "FAIL"
+        report.reason = f"case {refused[0].spec.name!r} was refused: {refused[0].refused}"
+    elif report.failures:
+        first = report.failures[0]
+        v = first.verdict
+        assert v is not None
+        report.status = "FAIL"
+        nan = f", {v.non_finite} NaN/Inf left" if v.non_finite else ""
+        report.reason = (
+            f"{len(report.failures)} case(s) failed; first: {first.spec.name!r} "
+            f"(seed {first.spec.seed}): "
+            f"max abs error {v.max_abs_error:.3g} > tolerance {v.tolerance:.3g} "
+            f"(rel {v.max_rel_error:.3g}) at index {list(v.worst_index)}{nan}"
+        )

@@ -1,0 +1,1 @@
+"""Test-only kernel families: they prove a family is a plug-in the core knows nothing about."""
