@@ -29,6 +29,7 @@ COLD = "templates/lib/cold_tier.wgsl.j2"
 TILED = "templates/attention.wgsl.j2"
 TIERED = "templates/attention_decode_tiered.wgsl.j2"
 DECODE = "templates/lib/attention_decode.wgsl.j2"
+SPLIT_REDUCE = "templates/attention_decode_split_reduce.wgsl.j2"
 RMSNORM = "templates/rmsnorm.wgsl.j2"
 
 SMALL = "attention_small_f16kv"  # the tiled variant inside lavapipe's limits
@@ -163,6 +164,13 @@ MUTATIONS = [
         "let scaled = acc[j] * rescale;",
         "let scaled = acc[j];",
         [SG],
+    ),
+    (
+        "split-reduce-weight-dropped",
+        SPLIT_REDUCE,
+        "let weight = exp(partial_ml[2u * (s * slots + slot)] - m_all);",
+        "let weight = 1.0;",
+        ["attention_decode_split_d64_f16kv"],
     ),
     (
         "hot-start-ignored",

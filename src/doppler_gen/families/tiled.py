@@ -131,6 +131,16 @@ def tiled_specs(
             num_heads=2,
             num_kv_heads=1,
         ),
+        # split-KV decode kernels: enough keys for several KV splits holding real keys
+        CaseSpec(
+            "long decode (several KV splits)",
+            num_heads=8,
+            num_kv_heads=2,
+            query_len=1,
+            kv_len=1500,
+            start_pos=1499,
+            head_dim=hd,
+        ),
     ]
     rng = np.random.default_rng(seed)
     count = 4 if quick else 26
