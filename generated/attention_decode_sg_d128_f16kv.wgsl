@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0f20de70483e2a18872b659d9ade5f8d9580dcc0ee8a608a3fb777594b3bb930
+// source-hash: sha256:fd4a5f2339bac635b191f04d39818c545429e038d2794799981bbdf16d1eb484
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e0ec746108f3555959dca47d1aa9b937991035058cd85ae6d6ef2a67f2639104
+// source-hash: sha256:3c006914097935e140d8eb87df4ba37b0aee9ad84d54d1d418da7e1aab339456
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3f5ecf7267da4298532d70a9f429dc30c28e2a6e11f4391a64b488d802086755
+// source-hash: sha256:ffb17a8b8fff8429f83cafddb11c0d1d08679fae2fe098b5ad686990b8d1b770
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b0b9b6688e3eab596ed6256b29b6ef6e6136defaf9d56180ceaac8599d4229ca
+// source-hash: sha256:16d8de6f456af6b5930528b1a8d98b7ff384dd0ac2f6797bb718a1dd0755b4d4
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

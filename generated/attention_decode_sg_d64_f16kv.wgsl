@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8a9c400a809250310bd9ff6700ca066ee4d1825c9c219fdda89a85d1cf1ea360
+// source-hash: sha256:05a81c4f827d8087656d9bda661f8e6e066212680ca7c5c1fd96ca5d047cfead
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

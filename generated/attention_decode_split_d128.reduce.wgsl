@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:eace10e9e9afd28dc32795e3b543a8af7036e4540b51ba88c6c83f9332426f65
+// source-hash: sha256:0773cc344d03e578da56ddd894a19eb366505bb7bb92bf12b3067f222291a920
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -11,7 +11,8 @@ const MAX_HEAD_DIM: u32 = 128u;
 const NEG_BIG: f32 = -3.402823e+38;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 64u;   // invocations, strided over head_dim
-override KV_SPLIT: u32 = 256u;          // keys per split (as in the partials pass)
+override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {
     num_heads: u32,       // Number of query heads
@@ -36,6 +37,17 @@ struct Uniforms {
 @group(0) @binding(7) var<storage, read_write> partial_acc: array<f32>; // [split, query_len, num_heads, head_dim]
 @group(0) @binding(8) var<storage, read_write> partial_ml: array<f32>;  // [split, query_len, num_heads, 2]: max, sum
 
+// Keys per split: seq_len over KV_SPLITS splits, at least MIN_SPLIT_KEYS
+fn split_keys() -> u32 {
+    return max(max(MIN_SPLIT_KEYS, 1u), (u.seq_len + KV_SPLITS - 1u) / KV_SPLITS);
+}
+
+// Splits that hold keys (at most KV_SPLITS)
+fn used_splits() -> u32 {
+    let keys = split_keys();
+    return min(KV_SPLITS, (u.seq_len + keys - 1u) / keys);
+}
+
 @compute @workgroup_size(REDUCE_WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_index) lid: u32,
@@ -47,7 +59,7 @@ fn main(
     if (slot >= slots || head_dim > MAX_HEAD_DIM) {
         return;
     }
-    let num_splits = (u.seq_len + KV_SPLIT - 1u) / KV_SPLIT;
+    let num_splits = used_splits();
     var m_all: f32 = NEG_BIG;
     for (var s: u32 = 0u; s < num_splits; s = s + 1u) {
         m_all = max(m_all, partial_ml[2u * (s * slots + slot)]);

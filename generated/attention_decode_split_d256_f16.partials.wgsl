@@ -1,12 +1,12 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7839136c44bcc34223dfc0d747c071a0681af6aab2c440627d80aad95fe5aa68
+// source-hash: sha256:d9310d23bf0252c58f629c89fc1214e8b6a64a8f8276c6fed59764d4a5adab71
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
 //
 // Q is f16, K/V are f16 (read 4 elements at a time); partials are f32.
-// Dispatch: ceil(seq_len / KV_SPLIT) * num_kv_heads workgroups.
+// Dispatch: KV_SPLITS * num_kv_heads workgroups (those past the used splits return at once).
 // Needs a subgroup size >= LANES_PER_KEY; with a smaller one the kernel writes nothing.
 
 enable f16;
@@ -26,7 +26,8 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MERGE_VECS: u32 = 512u;
 
 override WORKGROUP_SIZE: u32 = 256u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
-override KV_SPLIT: u32 = 256u;          // keys per split (same value in the reduce pass)
+override KV_SPLITS: u32 = 64u;          // splits (same value in the reduce pass)
+override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (same value in the reduce pass)
 
 struct Uniforms {
     num_heads: u32,       // Number of query heads
@@ -116,6 +117,17 @@ fn key_range(query_pos: u32, kv_len: u32) -> vec2<u32> {
     return vec2<u32>(key_begin, key_end);
 }
 
+// Keys per split: seq_len over KV_SPLITS splits, at least MIN_SPLIT_KEYS
+fn split_keys() -> u32 {
+    return max(max(MIN_SPLIT_KEYS, 1u), (u.seq_len + KV_SPLITS - 1u) / KV_SPLITS);
+}
+
+// Splits that hold keys (at most KV_SPLITS)
+fn used_splits() -> u32 {
+    let keys = split_keys();
+    return min(KV_SPLITS, (u.seq_len + keys - 1u) / keys);
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_index) lid: u32,
@@ -125,7 +137,8 @@ fn main(
 ) {
     let kv_head_idx = wg_id.x % u.num_kv_heads;
     let split = wg_id.x / u.num_kv_heads;
-    let num_splits = (u.seq_len + KV_SPLIT - 1u) / KV_SPLIT;
+    let num_splits = used_splits();
+    let split_len = split_keys();
     let head_dim = u.head_dim;
     if (split >= num_splits || head_dim > MAX_HEAD_DIM || head_dim % 4u != 0u) {
         return;
@@ -140,7 +153,7 @@ fn main(
     let heads_at_once = min(min(group, nkg), MERGE_ROWS);
     let streams = nkg / heads_at_once;
     let rows_per_head = max(1u, min(MERGE_ROWS / heads_at_once, streams));
-    let split_begin = split * KV_SPLIT;
+    let split_begin = split * split_len;
 
     // Key group = LANES_PER_KEY consecutive lanes of one subgroup
     if (lid == 0u) {
@@ -164,7 +177,7 @@ fn main(
     for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
         // This split's part of the query's keys
         let attended = key_range(query_pos, kv_len);
-        let keys = vec2<u32>(max(attended.x, split_begin), min(attended.y, split_begin + KV_SPLIT));
+        let keys = vec2<u32>(max(attended.x, split_begin), min(attended.y, split_begin + split_len));
         for (var first_head: u32 = 0u; first_head < group; first_head = first_head + heads_at_once) {
             let head_ok = in_stream && first_head + head_in_chunk < group;
             // an idle group reads the chunk's first head, so every load stays in bounds

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:90c8a279d2933863ec9b573c9e91c338fd54fb17993ea6a73434416da2713558
+// source-hash: sha256:27062e06d28a5037b8ddf7c5606d3994bdbbbe58d97c928ddb4ddf040523135b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

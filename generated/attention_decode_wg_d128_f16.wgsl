@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:476f12ec9cad5b902142cf758d824c04e5d169e156e76545c3550406a0bcf3af
+// source-hash: sha256:947399e08dcfffced78af793e45b5734b34f76546322669f19f51c93de309a1c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

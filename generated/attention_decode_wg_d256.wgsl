@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8c708bd8adf6619b0512adc3ca51e9faeedca09fcc5a7f7c616ab5f777ff27bf
+// source-hash: sha256:421487886e6070face290aa0b489f508bbc100bf7cb8c9b6943f04612a5233be
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

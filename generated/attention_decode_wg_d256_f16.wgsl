@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fe83b2c0e92699acb31a30774213400d07e7f4c8cf9de86f464aee9492e849fc
+// source-hash: sha256:6e894a2c1deccf48a683757838db37e3102acbda0b812b0066dbe8ec9f9ed2dc
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fb43582d99441c7c9ea1e9ff8d297408c25863c1fca3d88d6c699c5a8aa277d9
+// source-hash: sha256:face880a7f6de82dee29796d32667db54501dff6eff74c748bcaf700e09b6f19
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

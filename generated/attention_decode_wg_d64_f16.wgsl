@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9e0ae0c8dcb453843296a040791377506fbc2e185a4bfe6b9f6b7f71584993f6
+// source-hash: sha256:716ad421fb25d5dac8bd2949b561c64fbe3743826154d28715d4de89be09ed33
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,9 +1,9 @@
 """The split-KV decode variants with many splits per case.
 
-The validator's cases hold at most a few hundred keys, so with the variants' own KV_SPLIT most
-cases fit in one split (only the kv_len_buffer cases, whose seq_len is kv_len + 1000, add
-empty splits). These tests rerun the matrix with KV_SPLIT 8 and 16, so that every case spans
-many splits with real keys, and run an MQA case whose 24 query heads need several head chunks.
+The validator's cases hold at most a few hundred keys (one holds 1500), so most
+cases fit in one or two splits of at least MIN_SPLIT_KEYS keys. These tests rerun the matrix
+with MIN_SPLIT_KEYS 1 and KV_SPLITS 8 and 40, so that every case spans many splits with real
+keys, and run an MQA case whose 24 query heads need several head chunks.
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ def device() -> Iterator[Device]:
     dev.close()
 
 
-@pytest.mark.parametrize("split", [8, 16])
+@pytest.mark.parametrize("splits", [8, 40])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_quick_matrix_over_many_splits(device: Device, name: str, split: int) -> None:
+def test_quick_matrix_over_many_splits(device: Device, name: str, splits: int) -> None:
     kernel, entry = _kernel(REPO_ROOT, name)
     report = validate_variant(
-        device, kernel, entry, quick=True, seed=0, constants={"KV_SPLIT": split}
+        device, kernel, entry, quick=True, seed=0, constants={"KV_SPLITS": splits, "MIN_SPLIT_KEYS": 1}
     )
     assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
     assert len(report.cases) >= 10
@@ -64,7 +64,7 @@ def test_quick_matrix_over_many_splits(device: Device, name: str, split: int) ->
 def test_mqa_heads_in_chunks_over_forty_splits(device: Device) -> None:
     """24 query heads on one KV head (several head chunks) over 40 splits of 8 keys."""
     kernel, entry = _kernel(REPO_ROOT, "attention_decode_split_d128")
-    runner = KernelRunner(device, kernel, entry, {"KV_SPLIT": 8, "WORKGROUP_SIZE": 64})
+    runner = KernelRunner(device, kernel, entry, {"KV_SPLITS": 40, "MIN_SPLIT_KEYS": 8, "WORKGROUP_SIZE": 64})
     spec = CaseSpec("mqa", num_heads=24, num_kv_heads=1, head_dim=32, kv_len=317, start_pos=316)
     for case in (spec, replace(spec, sliding_window=50), replace(spec, kv_len_source=1)):
         result = runner.run_case(case)
