@@ -55,7 +55,12 @@ def device() -> Iterator[Device]:
 def test_quick_matrix_over_many_splits(device: Device, name: str, splits: int) -> None:
     kernel, entry = _kernel(REPO_ROOT, name)
     report = validate_variant(
-        device, kernel, entry, quick=True, seed=0, constants={"KV_SPLITS": splits, "MIN_SPLIT_KEYS": 1}
+        device,
+        kernel,
+        entry,
+        quick=True,
+        seed=0,
+        constants={"KV_SPLITS": splits, "MIN_SPLIT_KEYS": 1},
     )
     assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
     assert len(report.cases) >= 10
@@ -64,7 +69,9 @@ def test_quick_matrix_over_many_splits(device: Device, name: str, splits: int) -
 def test_mqa_heads_in_chunks_over_forty_splits(device: Device) -> None:
     """24 query heads on one KV head (several head chunks) over 40 splits of 8 keys."""
     kernel, entry = _kernel(REPO_ROOT, "attention_decode_split_d128")
-    runner = KernelRunner(device, kernel, entry, {"KV_SPLITS": 40, "MIN_SPLIT_KEYS": 8, "WORKGROUP_SIZE": 64})
+    runner = KernelRunner(
+        device, kernel, entry, {"KV_SPLITS": 40, "MIN_SPLIT_KEYS": 8, "WORKGROUP_SIZE": 64}
+    )
     spec = CaseSpec("mqa", num_heads=24, num_kv_heads=1, head_dim=32, kv_len=317, start_pos=316)
     for case in (spec, replace(spec, sliding_window=50), replace(spec, kv_len_source=1)):
         result = runner.run_case(case)
