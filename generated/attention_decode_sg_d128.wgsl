@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:62ad45639bf51e08f2851c37bc5273f74ff8e964b72d5a43c6decb51ad6f41f2
+// source-hash: sha256:18439115db9189132383bb4ff77f07e29035438d05fa53570fd5177a30b21162
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

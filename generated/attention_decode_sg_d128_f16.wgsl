@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:09d94fd16e923876acf1f097972977d96280490c4ed377b0d23b75322f7c885e
+// source-hash: sha256:420c50e5d215c0907e90e47840b6169fa57afb341c78b7dad419a80aa889f42f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

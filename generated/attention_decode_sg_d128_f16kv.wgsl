@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fd4a5f2339bac635b191f04d39818c545429e038d2794799981bbdf16d1eb484
+// source-hash: sha256:2b75e5e5da312f1479136b90952f1b5e14deb6f536d8bdc2bf9eb3d21780636f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3c006914097935e140d8eb87df4ba37b0aee9ad84d54d1d418da7e1aab339456
+// source-hash: sha256:f7de5d89df74a3e0641218ed45f68e76734037d243e235423d153af82a4fbc91
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

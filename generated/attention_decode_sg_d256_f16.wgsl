@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0f132ce34d3fd7ca7fe89e104f43a390aac8348b268a86f321b887bef16fcd30
+// source-hash: sha256:d6f7832134bffc71e415b755a86ca5e484e14d8534ba4c65a73ef21aa2e3536e
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ffb17a8b8fff8429f83cafddb11c0d1d08679fae2fe098b5ad686990b8d1b770
+// source-hash: sha256:0c514e6d53dde11eec2b110c6529d5d969edd4edd22bbfeb22ad5e643f5bf8b7
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

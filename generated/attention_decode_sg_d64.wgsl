@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:16d8de6f456af6b5930528b1a8d98b7ff384dd0ac2f6797bb718a1dd0755b4d4
+// source-hash: sha256:20c394f311a90e0b21a1b862cabdafd6b77423e2ecdd3dffc4e5fc8656dde493
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a1871dbc8e534cd577a52cd0fcf9b7e7118461aee956692f0dd5741b84cc08f2
+// source-hash: sha256:135a0a2a41bbf552301836ea4a7c9c56f5487023638cb4fb7f869b44d30e9224
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:05a81c4f827d8087656d9bda661f8e6e066212680ca7c5c1fd96ca5d047cfead
+// source-hash: sha256:0c0c7c8f226ee84b60862e8c4aee5a2b65813d4e20b3ee88e50288797dd6fd82
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

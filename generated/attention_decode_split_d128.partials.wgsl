@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2409e93902bce809d4ed2cbe58b8e4032b6aa7e951207b76c5013f3b22a63fa4
+// source-hash: sha256:a960916a5bf7a5134fdc6ee685b272d52714ce052ba5d21fcfc1d1fb32112bc0
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1c3adb9169884da1c59537bb11aa24732eb09b506d34c069307c78491935825a
+// source-hash: sha256:e6cdad6ede20895c82b13d55cf4cff85e6b70b4ae6fdebe2fb833c4fc8a59fef
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

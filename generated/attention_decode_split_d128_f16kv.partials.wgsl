@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dc9fad6ac318bdc2f00203a23529f7e9382c869c91df4929f18c8d8748b9f01d
+// source-hash: sha256:9b6735509871c854525b8251fb47c4f3a2369f1037baca46f09cf639726e756c
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

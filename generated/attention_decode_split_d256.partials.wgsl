@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2b91821f9e6cd29aef23b959d96f3776cac8826c3091a9057f71af04ba80c48e
+// source-hash: sha256:7da7a6a74165afcf3f89172a5a7f818df9cc8389b38f79881322c28d6dea8524
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

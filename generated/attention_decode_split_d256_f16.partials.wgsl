@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d9310d23bf0252c58f629c89fc1214e8b6a64a8f8276c6fed59764d4a5adab71
+// source-hash: sha256:73f63e0aaba86b3d49a8e2810fe9e97e9782d1547ae2b2f8ad5568a05ebccfa0
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

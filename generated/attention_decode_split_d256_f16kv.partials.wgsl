@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b0159a8edb2b7f01d29ac0900fb7256e3b8beba8ef4b0652b580fa996821ff4
+// source-hash: sha256:6c09fa27aa1c286687b7112321d48fd648de785455b827aa3bb9669dae00e9cb
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

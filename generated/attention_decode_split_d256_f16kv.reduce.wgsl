@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d2402118efb80d26e61b28880249b6185a6712c4eb60a807930840027d97774b
+// source-hash: sha256:150592ac928afb942e3dcb10dec940ddb25f1ef693525bf78a8ba9d80358dc52
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1c26e9eeb328d419129290a40ab84f28b3a8f03fa5a97aaabe3821990fcd1f28
+// source-hash: sha256:9b758e4d8b388258abfbe3de4900f098c491a56736bdc6e615b0bad9272b95e6
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b988d2a627b9d51002497a7abe409f194e5f2c7ed46709e76cc2706a1351e6b
+// source-hash: sha256:8af092e8508089c63158cf59690f8a24f250f7e8cd1d2bb97cd4c917ca0e5b07
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

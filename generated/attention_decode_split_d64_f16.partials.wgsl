@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9a5bd9db5462ae3fe447fd94fe1c99a2af756c3005c90bb468594d97883aec72
+// source-hash: sha256:b9577a1666a04eda888c876125edcd9926ba752bc6b2050f74a5ac10082ed4ad
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

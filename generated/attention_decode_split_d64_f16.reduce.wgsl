@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dd935b47d54a8cef21621678fff784694fbcab2569795624b76581a40d2fbcb7
+// source-hash: sha256:fa979764a997115c88a811f1d3425de16f5d422179df785e53c24385b45a92ea
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

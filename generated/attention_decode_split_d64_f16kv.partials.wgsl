@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8c334d68e07ca1b2756d5092c4112de3eb57eca2bedda33aaeecce26d299bed2
+// source-hash: sha256:1b8cb512bfcc255a4c34e4b2325be0389d843c7618eca42720236e20f9b9f6a8
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

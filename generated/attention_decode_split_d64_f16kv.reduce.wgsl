@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0dc0094da5e26f3f00b9b0478ce5299fe4c3d55c38082281975a49e9801b91ac
+// source-hash: sha256:297558c5429783b59d4ade3733620921285f08d9fcff7f363abb9cb57e71ba1b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:27062e06d28a5037b8ddf7c5606d3994bdbbbe58d97c928ddb4ddf040523135b
+// source-hash: sha256:ec8a60392cffcfb04c450d5057a3c9303f82f1a62d50d5242010202d17c365f1
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

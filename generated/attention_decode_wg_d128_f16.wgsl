@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:947399e08dcfffced78af793e45b5734b34f76546322669f19f51c93de309a1c
+// source-hash: sha256:e31f04b85cb97ed558db7a17c19f47546d646b9d4516c37545b1ea6a8414639c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:83019c8ee3d038bae5c1a78b76000779e45d69267c279a2274c6675df0ad3e4c
+// source-hash: sha256:e16c0669eda6af51108e3d9949607f88de924e3efb2a29a8ec6f0088ad79d0de
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

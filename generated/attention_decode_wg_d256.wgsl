@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:421487886e6070face290aa0b489f508bbc100bf7cb8c9b6943f04612a5233be
+// source-hash: sha256:3fa1b3f2ec129b43b89cacfa748e79c0ce88b01a8287848c0ce727bbc9d529b1
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

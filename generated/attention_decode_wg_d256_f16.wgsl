@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6e894a2c1deccf48a683757838db37e3102acbda0b812b0066dbe8ec9f9ed2dc
+// source-hash: sha256:bb1f18603bfe4aba334a8725567d240bee8f7e4a031a9558ef2e3251ab4419d2
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

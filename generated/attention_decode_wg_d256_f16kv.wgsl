@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:143dd26f1dfa2ec07adcad0f6cbc02bc8c61b5e388d51a9fa43dc7037e85a4cb
+// source-hash: sha256:61a9250e12f63de13b4b0d2d05c369ef535b7195e96dd96fb19b30e4c2b47a59
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

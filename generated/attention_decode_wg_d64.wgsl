@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:face880a7f6de82dee29796d32667db54501dff6eff74c748bcaf700e09b6f19
+// source-hash: sha256:021437632a17ab693141ab45f82a69630a6e1b75540f304de30f50c8cf88e2f1
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

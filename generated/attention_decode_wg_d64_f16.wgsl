@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:716ad421fb25d5dac8bd2949b561c64fbe3743826154d28715d4de89be09ed33
+// source-hash: sha256:73d6fa73afa6466a120556114b04aae28634f8c98cf96a628e81f07095bef89a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

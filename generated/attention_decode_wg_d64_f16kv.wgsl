@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:88d013ee8e65ea54a6b99ce76522e82d625e7318157e5481419333eb20ceddfc
+// source-hash: sha256:9d3e507eb836f8fa8aaa4133601e4b8dec32449f4d4528e1139d33aef78a8753
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
