@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:18439115db9189132383bb4ff77f07e29035438d05fa53570fd5177a30b21162
+// source-hash: sha256:4bbdbecc8a4d928538ed7965566d50faf344d7392ade5b9d55478c2a0ca05786
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -158,7 +158,32 @@ fn main(
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
         var q = array<vec4<f32>, VEC_PER_LANE>();
         var acc = array<vec4<f32>, VEC_PER_LANE>();
-        for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+        {
+            let j = 0u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        {
+            let j = 1u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        {
+            let j = 2u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        {
+            let j = 3u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
@@ -184,7 +209,32 @@ fn main(
             var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 3u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         k_0[j] = K[row + v];
@@ -192,7 +242,20 @@ fn main(
                     }
                 }
 
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
                     dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
                 }
             }
@@ -204,7 +267,32 @@ fn main(
             var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 3u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         k_1[j] = K[row + v];
@@ -212,7 +300,20 @@ fn main(
                     }
                 }
 
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
                     dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
                 }
             }
@@ -244,7 +345,20 @@ fn main(
             let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
             let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
             l = l * correction + p_0 + p_1;
-            for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+            {
+                let j = 0u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+            {
+                let j = 1u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+            {
+                let j = 2u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+            {
+                let j = 3u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
             m = m_new;

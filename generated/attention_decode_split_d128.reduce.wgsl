@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:089ed58b908ea4666eabf4b581c9957146bb8fbf4cc8b2a9a1464f497d003d8f
+// source-hash: sha256:c778ee8f01a9e4a146c599b385563958cc3ae696ea2779642738b51bc5ae0095
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7f7816a73c0412e8670be12a81a3036597e20785898ebf1b97504cdbe65a4d40
+// source-hash: sha256:7db8e2039505c684d69c2066b385671629f2e82ac2014edfb5391da6b84cb877
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4bbdde0b6713df7219518473be9ba9717fa0ac682ec1a80dd7656f84e8dd2469
+// source-hash: sha256:14d0ad4eac685cef81acdde0966de8dcbde02c97f554dcf07d7ced65a9cfb7de
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:30f9e8ccd5b480170fd255e8a1a7a99f6b3418f0d3303e0ff3aa170fd47911a3
+// source-hash: sha256:1ba420e95cecf5a7dcb52195d7a4b6652539b44a0a7473f973f2f2ea39bafb8a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

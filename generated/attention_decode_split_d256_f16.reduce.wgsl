@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:41ad191342bfe695225d79d31a1e9c28e9b86ccfe63b7f38711c1d8ca94ef7ec
+// source-hash: sha256:2fa3e4d7ef63d881a745371f68c062aa8dc8e08885fc8a00e1e13b02e06bc73f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:150592ac928afb942e3dcb10dec940ddb25f1ef693525bf78a8ba9d80358dc52
+// source-hash: sha256:9228793913e60520107ff9643dae42c3e712baddf7c11014ed3f1d37ba79a5f6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8af092e8508089c63158cf59690f8a24f250f7e8cd1d2bb97cd4c917ca0e5b07
+// source-hash: sha256:706e6402715dc7920ed4b044be69261fb1e94b52c7a61497319664c80911829d
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

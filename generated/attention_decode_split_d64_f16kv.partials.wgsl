@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b8cb512bfcc255a4c34e4b2325be0389d843c7618eca42720236e20f9b9f6a8
+// source-hash: sha256:cea73828c30384bc4417150ce9332a290c82e9b0bb197bed771ed6edd72b7d2e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -187,7 +187,16 @@ fn main(
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
         var q = array<vec4<f32>, VEC_PER_LANE>();
         var acc = array<vec4<f32>, VEC_PER_LANE>();
-        for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+        {
+            let j = 0u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        {
+            let j = 1u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
@@ -210,7 +219,16 @@ fn main(
             var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 1u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         k_0[j] = K[row + v];
@@ -218,7 +236,12 @@ fn main(
                     }
                 }
 
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
                     dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
                 }
             }
@@ -230,7 +253,16 @@ fn main(
             var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 1u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         k_1[j] = K[row + v];
@@ -238,7 +270,12 @@ fn main(
                     }
                 }
 
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
                     dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
                 }
             }
@@ -270,7 +307,12 @@ fn main(
             let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
             let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
             l = l * correction + p_0 + p_1;
-            for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+            {
+                let j = 0u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+            {
+                let j = 1u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
             m = m_new;
