@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3a2a8a2c32a907bab77d941a275d1a29c8f80b9c1ff430682158e28377cd3e37
+// source-hash: sha256:dcab4cf5d8d80bc8fab3c17d9694bd18e9889d82fc7450c589fa6d83281b05a9
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -308,35 +308,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 2u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 4u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 5u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 6u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 7u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -414,35 +414,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 2u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 3u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 4u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 5u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 6u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 7u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

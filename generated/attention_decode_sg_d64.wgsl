@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e4200483c4fd6508730560bc493c9f63148808d4f84a2cf97e2fd0e7b4a10365
+// source-hash: sha256:1058615944d9702ccb944cb6335076de9d688a36ab063219ac5ffcdf0ce97a6f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -212,11 +212,11 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -246,11 +246,11 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

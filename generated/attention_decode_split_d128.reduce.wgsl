@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c778ee8f01a9e4a146c599b385563958cc3ae696ea2779642738b51bc5ae0095
+// source-hash: sha256:02db6e08125d3d244ef9d0ba610c4e2174b03c8e9ad0367a79efc62d509e4c48
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

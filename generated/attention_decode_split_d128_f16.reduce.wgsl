@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7db8e2039505c684d69c2066b385671629f2e82ac2014edfb5391da6b84cb877
+// source-hash: sha256:9092986b9bebdb7f61daf7ab75a46f3609778b7e4c2890dbdd26dc6c3867734c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

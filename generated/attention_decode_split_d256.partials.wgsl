@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e62fba4d42c094acffbfbf63387e6fff635a0db7311e6a6fe1f821e494882d58
+// source-hash: sha256:923d0ca3fa326c39994484dcd1a191a8800782263d53802a134612c1196f3880
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -332,35 +332,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 2u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 4u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 5u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 6u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 7u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -438,35 +438,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 2u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 3u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 4u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 5u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 6u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 7u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

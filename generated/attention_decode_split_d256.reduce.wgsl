@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1ba420e95cecf5a7dcb52195d7a4b6652539b44a0a7473f973f2f2ea39bafb8a
+// source-hash: sha256:1fca8ae6ecdee16288b0f1e1b0475372eb60b8fe5d1442e335e536f17b1b2475
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2fa3e4d7ef63d881a745371f68c062aa8dc8e08885fc8a00e1e13b02e06bc73f
+// source-hash: sha256:ea76cd84a9ec20af9bea34b1a5a6220cc6ebd7963771716581f11d66a9cf8300
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

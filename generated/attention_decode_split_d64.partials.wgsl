@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1dadc151d40efb8a0c6a25ea9f97bec2753717a48e8db74b7610454e387ef5ee
+// source-hash: sha256:b0f6a04d9892f1eeb1ac44ee6fe0adc50ca9453e8078be8b6326a86c5458e623
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -236,11 +236,11 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -270,11 +270,11 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ae222ed64134d30d47808736e23a7da8825abc62624e27ea44659b6f18aab42
+// source-hash: sha256:b93028b11fd849b6e26797d6598bf6b92bcf7a9be4ad71319b66efe3d534cf90
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -185,14 +185,14 @@ fn main(
             let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;
 
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
-        var q = array<vec4<f16>, VEC_PER_LANE>();
+        var q = array<vec4<f32>, VEC_PER_LANE>();
         var acc = array<vec4<f32>, VEC_PER_LANE>();
         {
             let j = 0u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -200,7 +200,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         var m: f32 = NEG_BIG;
@@ -238,11 +238,11 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -272,11 +272,11 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

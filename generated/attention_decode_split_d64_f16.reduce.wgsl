@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cf41a24fe96f0aa90044198daf86ced0ea9d69e6fe0ef13aafa7718d4469010e
+// source-hash: sha256:542336a38e3325ee53ecaefcc8c3777a0842689d3edcc3fc6f44024ada6c73df
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:44d78ddab2317c4052d42bef74f163113e8b1eeaaf496af46bed80bc664f8d68
+// source-hash: sha256:788d980a461d503bd50f03120095fb18b34ab3d8125309345ceaaa770ecacefd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

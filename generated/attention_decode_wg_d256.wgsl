@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f2b68ba5b3f2f01a6b2bb5a02fc66ca4274b3ba9d0274cde3db00f1d777de86b
+// source-hash: sha256:17156db129e4aabf98d4b8873a84bfe2f44af1cf9f221a8291179db4a34c5a10
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -292,35 +292,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 2u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 4u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 5u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 6u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 7u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -398,35 +398,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 2u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 3u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 4u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 5u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 6u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 7u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:69fad30721bedac30054f09196e670ff70d868945065186e2408b3cd09fd2165
+// source-hash: sha256:41b48c61f84895db3ac2e3a3235e47c9ec166cab35526be5fa9b49742561909a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -142,14 +142,14 @@ fn main(
         let out_offset = q_offset;
 
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
-        var q = array<vec4<f16>, VEC_PER_LANE>();
+        var q = array<vec4<f32>, VEC_PER_LANE>();
         var acc = array<vec4<f32>, VEC_PER_LANE>();
         {
             let j = 0u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -157,7 +157,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -165,7 +165,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -173,7 +173,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -181,7 +181,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -189,7 +189,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -197,7 +197,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -205,7 +205,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         var m: f32 = NEG_BIG;
@@ -294,35 +294,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 2u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 4u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 5u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 6u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 7u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -400,35 +400,35 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 2u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 3u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 4u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 5u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 6u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 7u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f080be1dc71b0cc92614ff461bdc3a02315c0a498f315594438b6431eaa3f042
+// source-hash: sha256:5294b6c0fa3fc7136380ef0458098cc0fe9a73af6eeee1b581221df15dbdd7b0
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -142,14 +142,14 @@ fn main(
         let out_offset = q_offset;
 
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
-        var q = array<vec4<f16>, VEC_PER_LANE>();
+        var q = array<vec4<f32>, VEC_PER_LANE>();
         var acc = array<vec4<f32>, VEC_PER_LANE>();
         {
             let j = 0u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -157,7 +157,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -165,7 +165,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         {
@@ -173,7 +173,7 @@ fn main(
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
                 let o = q_offset + 4u * v;
-                q[j] = vec4<f16>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
         var m: f32 = NEG_BIG;
@@ -230,19 +230,19 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 2u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(vec4<f32>(q[j]), vec4<f32>(k_0[j]));
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -288,19 +288,19 @@ fn main(
 
                 {
                     let j = 0u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 2u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 3u;
-                    dot_1 = dot_1 + dot(vec4<f32>(q[j]), vec4<f32>(k_1[j]));
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
