@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a0f11805c75eaf7ef5bc0bacd5f7f0f1806b5cd460d25491b4a66414b9aa22a4
+// source-hash: sha256:4eeaedfac6ccd71470911a079a6533ceb3d39bbdddbee12ad93710ff16980908
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -347,6 +347,7 @@ fn main(
             let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
             let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
             l = l * correction + p_0 + p_1;
+            m = m_new;
             {
                 let j = 0u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
@@ -363,7 +364,6 @@ fn main(
                 let j = 3u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
-            m = m_new;
         }
 
         // -- merge the key groups: common max, rescale, sum the acc slices row by row --

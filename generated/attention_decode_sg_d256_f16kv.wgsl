@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d3dd489cb051612170eb0e141f745a650a80e12a17857540de1baf7de8c7ae4a
+// source-hash: sha256:2aed1fd6c2c9023a4ad544473d5e24d6bf50bbe3f190f1dc8ab36c2353dcf588
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -475,6 +475,7 @@ fn main(
             let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
             let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
             l = l * correction + p_0 + p_1;
+            m = m_new;
             {
                 let j = 0u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
@@ -507,7 +508,6 @@ fn main(
                 let j = 7u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
-            m = m_new;
         }
 
         // -- merge the key groups: common max, rescale, sum the acc slices row by row --

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8ef4cddc049d7c43376d779d0e4a4efca809e7ca3672ca5a6cbd43294b78428a
+// source-hash: sha256:1b63a189fe5f32fd23c4cb644bfac64ed2120f80c3cb276361c351be051a8b1a
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -283,6 +283,7 @@ fn main(
             let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
             let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
             l = l * correction + p_0 + p_1;
+            m = m_new;
             {
                 let j = 0u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
@@ -291,7 +292,6 @@ fn main(
                 let j = 1u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
-            m = m_new;
         }
 
         // -- merge the key groups: common max, rescale, sum the acc slices row by row --

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9092986b9bebdb7f61daf7ab75a46f3609778b7e4c2890dbdd26dc6c3867734c
+// source-hash: sha256:3cd0a736cc0218ba31e9bb524fde4e77754523ebf90648080456d0400029bd00
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

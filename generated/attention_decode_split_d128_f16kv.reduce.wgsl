@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9570093db514c5ef19413cd5e9e6c399cdbb3d153db2e751481084e8ee475b9a
+// source-hash: sha256:07638188b496ebdcb17addb93aacddff69f42d777be3e49e95da1c6e02f16e04
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7d5bf2e8c9eb40ef0b90f6222b4b2c71c95c97e84fbbd39df31351099f5a1f33
+// source-hash: sha256:da9b86dda5e864102a021f30dfe0256edf68ceb49b5f2a150cbb11d2e922f344
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -18,6 +18,7 @@ const MAX_WORKGROUP_SIZE: u32 = 256u;
 const LANES_PER_KEY: u32 = 8u;
 const VEC_PER_LANE: u32 = 8u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
+const HEADS_PER_GROUP: u32 = 1u;  // query heads each key group serves
 const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 8u;
@@ -57,8 +58,8 @@ struct Uniforms {
 @group(0) @binding(8) var<storage, read_write> partial_ml: array<f32>;  // [split, query_len, num_heads, 2]: max, sum
 
 // Merge of the key groups' softmax states, per head
-var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
-var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
+var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
+var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
 var<workgroup> subgroup_counter: atomic<u32>;
@@ -148,10 +149,12 @@ fn main(
     let scale = u.scale;
     let nkg = WORKGROUP_SIZE / LANES_PER_KEY;
     let group = u.num_heads / u.num_kv_heads;
-    // Key group kg serves head (kg % heads_at_once) of the current chunk of heads and walks key
-    // stream kg / heads_at_once of the split; groups beyond heads_at_once * streams idle
-    let heads_at_once = min(min(group, nkg), MERGE_ROWS);
-    let streams = nkg / heads_at_once;
+    // Key group kg serves slot kg % slots (HEADS_PER_GROUP consecutive heads of the current chunk
+    // of heads) and walks key stream kg / slots of the split; groups beyond slots * streams idle.
+    // Each head of a chunk has rows_per_head rows of the merge buffer.
+    let slots = min(min((group + HEADS_PER_GROUP - 1u) / HEADS_PER_GROUP, nkg), MERGE_ROWS / HEADS_PER_GROUP);
+    let heads_at_once = slots * HEADS_PER_GROUP;
+    let streams = nkg / slots;
     let rows_per_head = max(1u, min(MERGE_ROWS / heads_at_once, streams));
     let split_begin = split * split_len;
 
@@ -169,8 +172,8 @@ fn main(
     let lane = sg_lane % LANES_PER_KEY;
     let subgroup_ok = sg_size >= LANES_PER_KEY;
 
-    let head_in_chunk = kg % heads_at_once;
-    let stream = kg / heads_at_once;
+    let slot = kg % slots;
+    let stream = kg / slots;
     let in_stream = stream < streams;
     let store_ok = subgroup_ok;
 
@@ -179,10 +182,10 @@ fn main(
         let attended = key_range(query_pos, kv_len);
         let keys = vec2<u32>(max(attended.x, split_begin), min(attended.y, split_begin + split_len));
         for (var first_head: u32 = 0u; first_head < group; first_head = first_head + heads_at_once) {
-            let head_ok = in_stream && first_head + head_in_chunk < group;
-            // an idle group reads the chunk's first head, so every load stays in bounds
-            let head_idx = kv_head_idx * group + first_head + select(0u, head_in_chunk, head_ok);
-            let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;
+            let slot_head = first_head + slot * HEADS_PER_GROUP;
+            let group_ok = in_stream && slot_head < group;
+            // a head past the group reads the chunk's first head, so every load stays in bounds
+            let q_offset = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 0u, group_ok && slot_head + 0u < group)) * head_dim;
 
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
         var q = array<vec4<f32>, VEC_PER_LANE>();
@@ -261,7 +264,7 @@ fn main(
             let base = keys.x + it * per_iter + stream;
             // key 0 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_0 = base + 0u * streams;
-            let valid_0 = head_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
+            let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
             var v_0 = array<vec4<f16>, VEC_PER_LANE>();
             var dot_0: f32 = 0.0;
@@ -367,7 +370,7 @@ fn main(
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * streams;
-            let valid_1 = head_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
+            let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
             var v_1 = array<vec4<f16>, VEC_PER_LANE>();
             var dot_1: f32 = 0.0;
@@ -499,6 +502,7 @@ fn main(
             let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
             let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
             l = l * correction + p_0 + p_1;
+            m = m_new;
             {
                 let j = 0u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
@@ -531,28 +535,28 @@ fn main(
                 let j = 7u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
-            m = m_new;
         }
 
             // -- merge the streams of each head: the head's max, rescale, sum the slices --
+            // merge_m / merge_l entry of (key group, head h of its slot): kg * HEADS_PER_GROUP + h
             if (lane == 0u) {
-                merge_m[kg] = m;
+                merge_m[kg * HEADS_PER_GROUP + 0u] = m;
             }
             workgroupBarrier();
             var m_head: f32 = NEG_BIG;
             for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head = max(m_head, merge_m[head_in_chunk + s * heads_at_once]);
+                m_head = max(m_head, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
             }
             let rescale = exp(m - m_head);
             l = l * rescale;
             if (lane == 0u) {
-                merge_l[kg] = l;
+                merge_l[kg * HEADS_PER_GROUP + 0u] = l;
             }
             // Round r: streams [r * rows_per_head, (r + 1) * rows_per_head) add their slices into
-            // their head's rows; round 0 writes every row
+            // their heads' rows; round 0 writes every row
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
-                    let row = (head_in_chunk * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
+                    let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
                     for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
@@ -572,21 +576,24 @@ fn main(
                 let h = i / head_dim;
                 let d = i - h * head_dim;
                 if (store_ok && first_head + h < group) {
-                    let slot = (split * u.query_len + query_pos) * u.num_heads + kv_head_idx * group + first_head + h;
+                    let slot_out = (split * u.query_len + query_pos) * u.num_heads + kv_head_idx * group + first_head + h;
                     var total: f32 = 0.0;
                     for (var row: u32 = 0u; row < rows_per_head; row = row + 1u) {
                         total = total + merge_acc[(h * rows_per_head + row) * (MAX_HEAD_DIM / 4u) + d / 4u][d % 4u];
                     }
-                    partial_acc[slot * head_dim + d] = total;
+                    partial_acc[slot_out * head_dim + d] = total;
                     if (d == 0u) {
+                        // head h is entry h % HEADS_PER_GROUP of slot h / HEADS_PER_GROUP
+                        let entry = h % HEADS_PER_GROUP;
                         var m_h: f32 = NEG_BIG;
                         var l_h: f32 = 0.0;
                         for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                            m_h = max(m_h, merge_m[h + s * heads_at_once]);
-                            l_h = l_h + merge_l[h + s * heads_at_once];
+                            let at = (h / HEADS_PER_GROUP + s * slots) * HEADS_PER_GROUP + entry;
+                            m_h = max(m_h, merge_m[at]);
+                            l_h = l_h + merge_l[at];
                         }
-                        partial_ml[2u * slot] = m_h;
-                        partial_ml[2u * slot + 1u] = l_h;
+                        partial_ml[2u * slot_out] = m_h;
+                        partial_ml[2u * slot_out + 1u] = l_h;
                     }
                 }
             }

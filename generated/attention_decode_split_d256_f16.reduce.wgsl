@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ea76cd84a9ec20af9bea34b1a5a6220cc6ebd7963771716581f11d66a9cf8300
+// source-hash: sha256:fdbb8a369bc2b16e5d1f0cd704c0e28a500f24e94bf547495c3927a8ed820400
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

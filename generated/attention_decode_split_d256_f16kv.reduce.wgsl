@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a7ee1ce0a16a2a65e55cb1bf4e2ca8e4727e7715809821b457c80dacec0c4f69
+// source-hash: sha256:80b7b0b0b7c3913e4ffafbf31731141b41b2b0bcc3f9ac0df17112d0597d94d2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d1bb052b967751eb8b859dba7e4e8014a60f06dd67d817385579b59cede638ab
+// source-hash: sha256:5e22891b14fd692c5711da16b70f3f7ae9362ff9caf26259a8623d748863a8e4
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

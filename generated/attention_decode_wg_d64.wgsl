@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8226202ac11af7b0ead8eca13a05a2cc63ccabbbc6a4c94191ee3223914b4ef8
+// source-hash: sha256:3e2fc47ccc6971e3d73e399354bb74459d99bb53bde7ab6afa9da5f97f4fb81a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -334,6 +334,7 @@ fn main(
             let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
             let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
             l = l * correction + p_0 + p_1;
+            m = m_new;
             {
                 let j = 0u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
@@ -350,7 +351,6 @@ fn main(
                 let j = 3u;
                 acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
-            m = m_new;
         }
 
         // -- merge the key groups: common max, rescale, sum the acc slices row by row --
