@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:31cb245c29d91c7bbe998de64a87581aa33e5c3f4b254c52087d8a147cffb284
+// source-hash: sha256:e41cf3b5f4d27cd4a526b8412537ef6182f3b3f5056ceb86d1b78fb58f25c8f4
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

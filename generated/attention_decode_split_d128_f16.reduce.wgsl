@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3cd0a736cc0218ba31e9bb524fde4e77754523ebf90648080456d0400029bd00
+// source-hash: sha256:294e50f854f8b2a1fe705a9d736613f0dbf7e0471a59accf02bf4510f7027cf3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:07638188b496ebdcb17addb93aacddff69f42d777be3e49e95da1c6e02f16e04
+// source-hash: sha256:d15b22cf2242edb5bb1796b362e673adb7316675518e30d9de441c5a2307fe0c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9fb8b1edee18605891e9e742c9745bc85fba064fe8fc28645418826966bc31c2
+// source-hash: sha256:95714832e67e4ba9edd98041a35b86150a870fb3978a6eb6f7783003980c2246
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fdbb8a369bc2b16e5d1f0cd704c0e28a500f24e94bf547495c3927a8ed820400
+// source-hash: sha256:b7731a21f68b9c366e9da1fd326b89a051d3cf424b166ad76d26c402c6231e70
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:80b7b0b0b7c3913e4ffafbf31731141b41b2b0bcc3f9ac0df17112d0597d94d2
+// source-hash: sha256:2ee26b8a783778a9b262a8790863f5fefce5bf7b2dacc5496fcc336548097e2b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5e22891b14fd692c5711da16b70f3f7ae9362ff9caf26259a8623d748863a8e4
+// source-hash: sha256:ee4fdc5748866aa35f8519c3c7a7938acb6399fb15b53af52d6d5060ea94b81e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

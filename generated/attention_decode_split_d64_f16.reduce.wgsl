@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e2dada47ab879e6ba2ef06f8ef370f21e1e5ea3b94e0ea80707a1a912a4db173
+// source-hash: sha256:c94383006c722ac7f22f1933a1315a4b8a2fa33eaef41fe7be8b2fbce083f01c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b85181a5859cc5fde838bd3c12b6c9ac4e492ffffd18f741f4856324fbfae157
+// source-hash: sha256:eddd067e98e1d8630abd49c1d6a8b5558a7f44f0491b8c26a3ddb9bac1fff580
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
