@@ -154,9 +154,9 @@ MUTATIONS = [
     (
         "decode-online-rescale-dropped",
         DECODE,
-        "acc[j] = acc[j] * correction{% for",
-        "acc[j] = acc[j]{% for",
-        [WG],
+        "acc{{ hs[h] }}[j] = acc{{ hs[h] }}[j] * correction{{ hs[h] }}{% for",
+        "acc{{ hs[h] }}[j] = acc{{ hs[h] }}[j]{% for",
+        [WG, "attention_decode_split_d64_f16kv"],
     ),
     (
         "decode-merge-rescale-dropped",
