@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f62c67de910650c3039e7f5345fc492e744af8118aa07e890625f418fe18957b
+// source-hash: sha256:45721282d6a6d348d3faa18801058da5586e85744beca7b296b4b71062c4f56d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

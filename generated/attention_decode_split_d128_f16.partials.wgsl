@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:11508e1386df9e30858933ff869fd3c7a6a96483e9559b15adb256faa8d3564d
+// source-hash: sha256:c449aa130aa532e0d1ef2cb7958deefb6d099767af081e2fe2b22ecae061dcf8
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a61622f8edfe5a56daff7ab653f437710c4e2eaf3ebac8082a3361875ced97d0
+// source-hash: sha256:b2bd2cdb5bc8b3e864ec432b7da5e7312401c9d462f5ff2f53caee6a874b853d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e57636d3ac0d8bdb19f652146ba85ecf399532d07c029637ae3284a4eb171358
+// source-hash: sha256:99a812bfc9cbbf1b72e7e3b35c6f9eb4e277256122921cc8906e193ead30ddab
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:95714832e67e4ba9edd98041a35b86150a870fb3978a6eb6f7783003980c2246
+// source-hash: sha256:6213b1d87fd0c35322db40e660031fa578448b9343d1971bdc9f495f2a3f02af
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -9,8 +9,9 @@
 
 const MAX_HEAD_DIM: u32 = 256u;
 const NEG_BIG: f32 = -3.402823e+38;
+const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
-override REDUCE_WORKGROUP_SIZE: u32 = 64u;   // invocations, strided over head_dim
+override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
 override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
@@ -37,6 +38,9 @@ struct Uniforms {
 @group(0) @binding(7) var<storage, read_write> partial_acc: array<f32>; // [split, query_len, num_heads, head_dim]
 @group(0) @binding(8) var<storage, read_write> partial_ml: array<f32>;  // [split, query_len, num_heads, 2]: max, sum
 
+// Tree reductions and the per-part accumulator sums
+var<workgroup> red: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
+
 // Keys per split: seq_len over KV_SPLITS splits, at least MIN_SPLIT_KEYS
 fn split_keys() -> u32 {
     return max(max(MIN_SPLIT_KEYS, 1u), (u.seq_len + KV_SPLITS - 1u) / KV_SPLITS);
@@ -46,6 +50,18 @@ fn split_keys() -> u32 {
 fn used_splits() -> u32 {
     let keys = split_keys();
     return min(KV_SPLITS, (u.seq_len + keys - 1u) / keys);
+}
+
+// red[0] = max (is_max) or sum of red[0 .. REDUCE_WORKGROUP_SIZE); every invocation must call it
+fn tree_reduce(lid: u32, is_max: bool) {
+    workgroupBarrier();
+    for (var stride: u32 = REDUCE_WORKGROUP_SIZE / 2u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            let other = red[lid + stride];
+            red[lid] = select(red[lid] + other, max(red[lid], other), is_max);
+        }
+        workgroupBarrier();
+    }
 }
 
 @compute @workgroup_size(REDUCE_WORKGROUP_SIZE, 1, 1)
@@ -60,22 +76,65 @@ fn main(
         return;
     }
     let num_splits = used_splits();
-    var m_all: f32 = NEG_BIG;
-    for (var s: u32 = 0u; s < num_splits; s = s + 1u) {
-        m_all = max(m_all, partial_ml[2u * (s * slots + slot)]);
+    let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
+
+    // M = max over the splits of their max
+    var mine: f32 = NEG_BIG;
+    for (var s: u32 = lid; s < num_splits; s = s + REDUCE_WORKGROUP_SIZE) {
+        mine = max(mine, partial_ml[ml + 2u * s * slots]);
     }
-    var l_all: f32 = 0.0;
-    for (var s: u32 = 0u; s < num_splits; s = s + 1u) {
-        let at = 2u * (s * slots + slot);
-        l_all = l_all + exp(partial_ml[at] - m_all) * partial_ml[at + 1u];
+    red[lid] = mine;
+    tree_reduce(lid, true);
+    let m_all = red[0];
+    workgroupBarrier();
+
+    // L = sum over the splits of exp(m_s - M) l_s
+    var sum: f32 = 0.0;
+    for (var s: u32 = lid; s < num_splits; s = s + REDUCE_WORKGROUP_SIZE) {
+        let at = ml + 2u * s * slots;
+        sum = sum + exp(partial_ml[at] - m_all) * partial_ml[at + 1u];
     }
+    red[lid] = sum;
+    tree_reduce(lid, false);
+    let l_all = red[0];
     let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
-    for (var d: u32 = lid; d < head_dim; d = d + REDUCE_WORKGROUP_SIZE) {
-        var total: f32 = 0.0;
-        for (var s: u32 = 0u; s < num_splits; s = s + 1u) {
-            let weight = exp(partial_ml[2u * (s * slots + slot)] - m_all);
-            total = total + weight * partial_acc[(s * slots + slot) * head_dim + d];
+
+    // Invocation lid takes element d0 + lid % width and every parts-th split from lid / width
+    let width = min(head_dim, REDUCE_WORKGROUP_SIZE);
+    let parts = REDUCE_WORKGROUP_SIZE / width;
+    let part = lid / width;
+    for (var d0: u32 = 0u; d0 < head_dim; d0 = d0 + width) {
+        let d = d0 + lid % width;
+        var a0: f32 = 0.0;
+        var a1: f32 = 0.0;
+        var a2: f32 = 0.0;
+        var a3: f32 = 0.0;
+        if (part < parts && d < head_dim) {
+            var s: u32 = part;
+            while (s + 3u * parts < num_splits) {
+                let s1 = s + parts;
+                let s2 = s1 + parts;
+                let s3 = s2 + parts;
+                a0 = a0 + exp(partial_ml[ml + 2u * s * slots] - m_all) * partial_acc[(s * slots + slot) * head_dim + d];
+                a1 = a1 + exp(partial_ml[ml + 2u * s1 * slots] - m_all) * partial_acc[(s1 * slots + slot) * head_dim + d];
+                a2 = a2 + exp(partial_ml[ml + 2u * s2 * slots] - m_all) * partial_acc[(s2 * slots + slot) * head_dim + d];
+                a3 = a3 + exp(partial_ml[ml + 2u * s3 * slots] - m_all) * partial_acc[(s3 * slots + slot) * head_dim + d];
+                s = s + 4u * parts;
+            }
+            while (s < num_splits) {
+                a0 = a0 + exp(partial_ml[ml + 2u * s * slots] - m_all) * partial_acc[(s * slots + slot) * head_dim + d];
+                s = s + parts;
+            }
         }
-        output[slot * head_dim + d] = total * inv_l;
+        workgroupBarrier();
+        red[lid] = (a0 + a1) + (a2 + a3);
+        workgroupBarrier();
+        if (part == 0u && d < head_dim) {
+            var total: f32 = 0.0;
+            for (var p: u32 = 0u; p < parts; p = p + 1u) {
+                total = total + red[p * width + lid];
+            }
+            output[slot * head_dim + d] = total * inv_l;
+        }
     }
 }

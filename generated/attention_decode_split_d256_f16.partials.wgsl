@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:74c074e3ba602ff8fc3a681eb1f17e25bd5da1926e2f9ab07d392a2b51949396
+// source-hash: sha256:39f6f5b8a15295e2a1c15740c2a87525081d80fa76f21b3b812f74fd4d985573
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:264acabe2fb509259b44ea307657e9dabf68fc21e890be3e3f112497a0b289b8
+// source-hash: sha256:a3a1ce1fc539222f823436182cdb1021605e4426a658e7e8ac2156c6a8b174dd
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c9942460fcd22ef5535752efc5a64455936c034f278f1b7699c451550f07d2ed
+// source-hash: sha256:f3d2e4da600512b6851e6f3307df542addae6d98cada619f74c7eb4908ce420c
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1dff4f1bb27593eddb24f0c37980646fa609d19a0511bc3de0f7c6948158bbe8
+// source-hash: sha256:3ff79938012d0a90f1dcaccda267af36c82faf07eb704237ffcffdc128588ac4
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:151dbd32096ace4e63c5cbf25013ef07b20fc0adc07f83917627cc9e89cfe4d4
+// source-hash: sha256:24b69f846afde1fd89685107ef565fcbb2cf873559b976e3944ad4ef79b6d79e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -168,8 +168,8 @@ MUTATIONS = [
     (
         "split-reduce-weight-dropped",
         SPLIT_REDUCE,
-        "let weight = exp(partial_ml[2u * (s * slots + slot)] - m_all);",
-        "let weight = 1.0;",
+        "exp(partial_ml[ml + 2u * s * slots] - m_all) * partial_acc",
+        "partial_acc",
         ["attention_decode_split_d64_f16kv"],
     ),
     (
