@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bec0c78f5d7b50d21b29468e843b8ac9e3f2be0f9c8684faf1ed3eededf9134e
+// source-hash: sha256:1cd8c517620bc6fffe330f8072824cda9a7a64ce88f7fd34b51131ef5b3aa968
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

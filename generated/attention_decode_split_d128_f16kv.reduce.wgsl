@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:23f1d671481c94ec399869e5a332da7220d540de2e6b29d00444df472477f2ae
+// source-hash: sha256:d035c6ca43aab923f0d3e762cb6181427d13b8d443116ada429e891a7e46e9cd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

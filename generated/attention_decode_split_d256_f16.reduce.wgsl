@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d96cf4b3466f46b7969c134c375114f51edbec0928dc915672658f48a021419d
+// source-hash: sha256:90bb72afec81c1ad56514759d0e32f1a48480917dac6704c1e6c17b4988fc5aa
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -14,7 +14,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

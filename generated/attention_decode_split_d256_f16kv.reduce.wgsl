@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d4df7b5ae46044dfdaf33cc8b409a5932d888199b7954c7f888da47083d4bb7f
+// source-hash: sha256:40dfc1ec26be715744e6ce54d293b8acfe46c104718227bf2b053afee0e3370a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

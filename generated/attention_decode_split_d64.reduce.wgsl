@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1981dc058340729dd7a49a1d6ca0067914f0f56835e223d01670df876f65ea46
+// source-hash: sha256:cffa7e3e39ec8538c13ff419c0f2e00ad048c48ca20ce42b07d42b8107aed624
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

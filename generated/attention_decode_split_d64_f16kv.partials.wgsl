@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:24b69f846afde1fd89685107ef565fcbb2cf873559b976e3944ad4ef79b6d79e
+// source-hash: sha256:5f9b119760818fe6aa44182fe7f3852dc8eccaeeafa51e4622b948c81a39f02e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -14,20 +14,20 @@ enable f16;
 enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 64u;
-const MAX_WORKGROUP_SIZE: u32 = 256u;
+const MAX_WORKGROUP_SIZE: u32 = 128u;
 const LANES_PER_KEY: u32 = 8u;
 const VEC_PER_LANE: u32 = 2u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const HEADS_PER_GROUP: u32 = 4u;  // query heads each key group serves
-const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+const HEADS_PER_GROUP: u32 = 1u;  // query heads each key group serves
+const MAX_KEY_GROUPS: u32 = 16u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
-const MERGE_ROWS: u32 = 32u;
+const MERGE_ROWS: u32 = 16u;
 const NEG_BIG: f32 = -3.402823e+38;
 // vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
-const MERGE_VECS: u32 = 512u;
+const MERGE_VECS: u32 = 256u;
 
-override WORKGROUP_SIZE: u32 = 256u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (same value in the reduce pass)
+override WORKGROUP_SIZE: u32 = 128u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
+override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (same value in the reduce pass)
 
 struct Uniforms {
@@ -185,56 +185,29 @@ fn main(
             let slot_head = first_head + slot * HEADS_PER_GROUP;
             let group_ok = in_stream && slot_head < group;
             // a head past the group reads the chunk's first head, so every load stays in bounds
-            let q_offset_h0 = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 0u, group_ok && slot_head + 0u < group)) * head_dim;
-            let q_offset_h1 = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 1u, group_ok && slot_head + 1u < group)) * head_dim;
-            let q_offset_h2 = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 2u, group_ok && slot_head + 2u < group)) * head_dim;
-            let q_offset_h3 = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 3u, group_ok && slot_head + 3u < group)) * head_dim;
+            let q_offset = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 0u, group_ok && slot_head + 0u < group)) * head_dim;
 
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
-        var q_h0 = array<vec4<f32>, VEC_PER_LANE>();
-        var acc_h0 = array<vec4<f32>, VEC_PER_LANE>();
-        var q_h1 = array<vec4<f32>, VEC_PER_LANE>();
-        var acc_h1 = array<vec4<f32>, VEC_PER_LANE>();
-        var q_h2 = array<vec4<f32>, VEC_PER_LANE>();
-        var acc_h2 = array<vec4<f32>, VEC_PER_LANE>();
-        var q_h3 = array<vec4<f32>, VEC_PER_LANE>();
-        var acc_h3 = array<vec4<f32>, VEC_PER_LANE>();
+        var q = array<vec4<f32>, VEC_PER_LANE>();
+        var acc = array<vec4<f32>, VEC_PER_LANE>();
         {
             let j = 0u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o_h0 = q_offset_h0 + 4u * v;
-                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
-                let o_h1 = q_offset_h1 + 4u * v;
-                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
-                let o_h2 = q_offset_h2 + 4u * v;
-                q_h2[j] = vec4<f32>(Q[o_h2], Q[o_h2 + 1u], Q[o_h2 + 2u], Q[o_h2 + 3u]);
-                let o_h3 = q_offset_h3 + 4u * v;
-                q_h3[j] = vec4<f32>(Q[o_h3], Q[o_h3 + 1u], Q[o_h3 + 2u], Q[o_h3 + 3u]);
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
             }
         }
         {
             let j = 1u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o_h0 = q_offset_h0 + 4u * v;
-                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
-                let o_h1 = q_offset_h1 + 4u * v;
-                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
-                let o_h2 = q_offset_h2 + 4u * v;
-                q_h2[j] = vec4<f32>(Q[o_h2], Q[o_h2 + 1u], Q[o_h2 + 2u], Q[o_h2 + 3u]);
-                let o_h3 = q_offset_h3 + 4u * v;
-                q_h3[j] = vec4<f32>(Q[o_h3], Q[o_h3 + 1u], Q[o_h3 + 2u], Q[o_h3 + 3u]);
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
             }
         }
-        var m_h0: f32 = NEG_BIG;
-        var l_h0: f32 = 0.0;
-        var m_h1: f32 = NEG_BIG;
-        var l_h1: f32 = 0.0;
-        var m_h2: f32 = NEG_BIG;
-        var l_h2: f32 = 0.0;
-        var m_h3: f32 = NEG_BIG;
-        var l_h3: f32 = 0.0;
+        var m: f32 = NEG_BIG;
+        var l: f32 = 0.0;
 
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = streams * KEYS_PER_ITER;
@@ -246,10 +219,7 @@ fn main(
             let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
             var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_0_h0: f32 = 0.0;
-            var dot_0_h1: f32 = 0.0;
-            var dot_0_h2: f32 = 0.0;
-            var dot_0_h3: f32 = 0.0;
+            var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -271,19 +241,11 @@ fn main(
 
                 {
                     let j = 0u;
-                    let kf = vec4<f32>(k_0[j]);
-                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    dot_0_h2 = dot_0_h2 + dot(q_h2[j], kf);
-                    dot_0_h3 = dot_0_h3 + dot(q_h3[j], kf);
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 {
                     let j = 1u;
-                    let kf = vec4<f32>(k_0[j]);
-                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    dot_0_h2 = dot_0_h2 + dot(q_h2[j], kf);
-                    dot_0_h3 = dot_0_h3 + dot(q_h3[j], kf);
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
@@ -291,10 +253,7 @@ fn main(
             let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
             var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_1_h0: f32 = 0.0;
-            var dot_1_h1: f32 = 0.0;
-            var dot_1_h2: f32 = 0.0;
-            var dot_1_h3: f32 = 0.0;
+            var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -316,227 +275,80 @@ fn main(
 
                 {
                     let j = 0u;
-                    let kf = vec4<f32>(k_1[j]);
-                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    dot_1_h2 = dot_1_h2 + dot(q_h2[j], kf);
-                    dot_1_h3 = dot_1_h3 + dot(q_h3[j], kf);
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
                 {
                     let j = 1u;
-                    let kf = vec4<f32>(k_1[j]);
-                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    dot_1_h2 = dot_1_h2 + dot(q_h2[j], kf);
-                    dot_1_h3 = dot_1_h3 + dot(q_h3[j], kf);
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-            dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
-            dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
-            dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
-            dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
-            dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
-            dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
-            dot_0_h2 = dot_0_h2 + subgroupShuffleXor(dot_0_h2, 1u);
-            dot_0_h2 = dot_0_h2 + subgroupShuffleXor(dot_0_h2, 2u);
-            dot_0_h2 = dot_0_h2 + subgroupShuffleXor(dot_0_h2, 4u);
-            dot_0_h3 = dot_0_h3 + subgroupShuffleXor(dot_0_h3, 1u);
-            dot_0_h3 = dot_0_h3 + subgroupShuffleXor(dot_0_h3, 2u);
-            dot_0_h3 = dot_0_h3 + subgroupShuffleXor(dot_0_h3, 4u);
-            dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
-            dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
-            dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
-            dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
-            dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
-            dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
-            dot_1_h2 = dot_1_h2 + subgroupShuffleXor(dot_1_h2, 1u);
-            dot_1_h2 = dot_1_h2 + subgroupShuffleXor(dot_1_h2, 2u);
-            dot_1_h2 = dot_1_h2 + subgroupShuffleXor(dot_1_h2, 4u);
-            dot_1_h3 = dot_1_h3 + subgroupShuffleXor(dot_1_h3, 1u);
-            dot_1_h3 = dot_1_h3 + subgroupShuffleXor(dot_1_h3, 2u);
-            dot_1_h3 = dot_1_h3 + subgroupShuffleXor(dot_1_h3, 4u);
-            // Scores and the online softmax update of this key group for head 0 of its 4
-            var block_max_h0: f32 = NEG_BIG;
-            var score_0_h0: f32 = dot_0_h0 * scale;
+            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+            // Scores and the online softmax update of this key group
+            var block_max: f32 = NEG_BIG;
+            var score_0: f32 = dot_0 * scale;
             if (u.attn_softcap > 0.0) {
-                score_0_h0 = tanh(score_0_h0 / u.attn_softcap) * u.attn_softcap;
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
             }
             if (valid_0) {
-                block_max_h0 = max(block_max_h0, score_0_h0);
+                block_max = max(block_max, score_0);
             }
-            var score_1_h0: f32 = dot_1_h0 * scale;
+            var score_1: f32 = dot_1 * scale;
             if (u.attn_softcap > 0.0) {
-                score_1_h0 = tanh(score_1_h0 / u.attn_softcap) * u.attn_softcap;
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
             }
             if (valid_1) {
-                block_max_h0 = max(block_max_h0, score_1_h0);
+                block_max = max(block_max, score_1);
             }
-            let m_new_h0 = max(m_h0, block_max_h0);
-            let correction_h0 = exp(m_h0 - m_new_h0);
-            let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
-            let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
-            l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
-            m_h0 = m_new_h0;
-            // Scores and the online softmax update of this key group for head 1 of its 4
-            var block_max_h1: f32 = NEG_BIG;
-            var score_0_h1: f32 = dot_0_h1 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_0_h1 = tanh(score_0_h1 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_0) {
-                block_max_h1 = max(block_max_h1, score_0_h1);
-            }
-            var score_1_h1: f32 = dot_1_h1 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_1_h1 = tanh(score_1_h1 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_1) {
-                block_max_h1 = max(block_max_h1, score_1_h1);
-            }
-            let m_new_h1 = max(m_h1, block_max_h1);
-            let correction_h1 = exp(m_h1 - m_new_h1);
-            let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
-            let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
-            l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
-            m_h1 = m_new_h1;
-            // Scores and the online softmax update of this key group for head 2 of its 4
-            var block_max_h2: f32 = NEG_BIG;
-            var score_0_h2: f32 = dot_0_h2 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_0_h2 = tanh(score_0_h2 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_0) {
-                block_max_h2 = max(block_max_h2, score_0_h2);
-            }
-            var score_1_h2: f32 = dot_1_h2 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_1_h2 = tanh(score_1_h2 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_1) {
-                block_max_h2 = max(block_max_h2, score_1_h2);
-            }
-            let m_new_h2 = max(m_h2, block_max_h2);
-            let correction_h2 = exp(m_h2 - m_new_h2);
-            let p_0_h2 = select(0.0, exp(score_0_h2 - m_new_h2), valid_0);
-            let p_1_h2 = select(0.0, exp(score_1_h2 - m_new_h2), valid_1);
-            l_h2 = l_h2 * correction_h2 + p_0_h2 + p_1_h2;
-            m_h2 = m_new_h2;
-            // Scores and the online softmax update of this key group for head 3 of its 4
-            var block_max_h3: f32 = NEG_BIG;
-            var score_0_h3: f32 = dot_0_h3 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_0_h3 = tanh(score_0_h3 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_0) {
-                block_max_h3 = max(block_max_h3, score_0_h3);
-            }
-            var score_1_h3: f32 = dot_1_h3 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_1_h3 = tanh(score_1_h3 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_1) {
-                block_max_h3 = max(block_max_h3, score_1_h3);
-            }
-            let m_new_h3 = max(m_h3, block_max_h3);
-            let correction_h3 = exp(m_h3 - m_new_h3);
-            let p_0_h3 = select(0.0, exp(score_0_h3 - m_new_h3), valid_0);
-            let p_1_h3 = select(0.0, exp(score_1_h3 - m_new_h3), valid_1);
-            l_h3 = l_h3 * correction_h3 + p_0_h3 + p_1_h3;
-            m_h3 = m_new_h3;
+            let m_new = max(m, block_max);
+            let correction = exp(m - m_new);
+            let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+            let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+            l = l * correction + p_0 + p_1;
+            m = m_new;
             {
                 let j = 0u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                acc_h2[j] = acc_h2[j] * correction_h2 + p_0_h2 * vf_0 + p_1_h2 * vf_1;
-                acc_h3[j] = acc_h3[j] * correction_h3 + p_0_h3 * vf_0 + p_1_h3 * vf_1;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
             {
                 let j = 1u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                acc_h2[j] = acc_h2[j] * correction_h2 + p_0_h2 * vf_0 + p_1_h2 * vf_1;
-                acc_h3[j] = acc_h3[j] * correction_h3 + p_0_h3 * vf_0 + p_1_h3 * vf_1;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
             }
         }
 
             // -- merge the streams of each head: the head's max, rescale, sum the slices --
             // merge_m / merge_l entry of (key group, head h of its slot): kg * HEADS_PER_GROUP + h
             if (lane == 0u) {
-                merge_m[kg * HEADS_PER_GROUP + 0u] = m_h0;
-                merge_m[kg * HEADS_PER_GROUP + 1u] = m_h1;
-                merge_m[kg * HEADS_PER_GROUP + 2u] = m_h2;
-                merge_m[kg * HEADS_PER_GROUP + 3u] = m_h3;
+                merge_m[kg * HEADS_PER_GROUP + 0u] = m;
             }
             workgroupBarrier();
-            var m_head_h0: f32 = NEG_BIG;
+            var m_head: f32 = NEG_BIG;
             for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head_h0 = max(m_head_h0, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
+                m_head = max(m_head, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
             }
-            let rescale_h0 = exp(m_h0 - m_head_h0);
-            l_h0 = l_h0 * rescale_h0;
-            var m_head_h1: f32 = NEG_BIG;
-            for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head_h1 = max(m_head_h1, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 1u]);
-            }
-            let rescale_h1 = exp(m_h1 - m_head_h1);
-            l_h1 = l_h1 * rescale_h1;
-            var m_head_h2: f32 = NEG_BIG;
-            for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head_h2 = max(m_head_h2, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 2u]);
-            }
-            let rescale_h2 = exp(m_h2 - m_head_h2);
-            l_h2 = l_h2 * rescale_h2;
-            var m_head_h3: f32 = NEG_BIG;
-            for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head_h3 = max(m_head_h3, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 3u]);
-            }
-            let rescale_h3 = exp(m_h3 - m_head_h3);
-            l_h3 = l_h3 * rescale_h3;
+            let rescale = exp(m - m_head);
+            l = l * rescale;
             if (lane == 0u) {
-                merge_l[kg * HEADS_PER_GROUP + 0u] = l_h0;
-                merge_l[kg * HEADS_PER_GROUP + 1u] = l_h1;
-                merge_l[kg * HEADS_PER_GROUP + 2u] = l_h2;
-                merge_l[kg * HEADS_PER_GROUP + 3u] = l_h3;
+                merge_l[kg * HEADS_PER_GROUP + 0u] = l;
             }
             // Round r: streams [r * rows_per_head, (r + 1) * rows_per_head) add their slices into
             // their heads' rows; round 0 writes every row
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
-                    let row_h0 = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    let row_h1 = ((slot * HEADS_PER_GROUP + 1u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    let row_h2 = ((slot * HEADS_PER_GROUP + 2u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    let row_h3 = ((slot * HEADS_PER_GROUP + 3u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
+                    let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
                     for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled_h0 = acc_h0[j] * rescale_h0;
+                            let scaled = acc[j] * rescale;
                             if (r == 0u) {
-                                merge_acc[row_h0 + v] = scaled_h0;
+                                merge_acc[row + v] = scaled;
                             } else {
-                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
-                            }
-                            let scaled_h1 = acc_h1[j] * rescale_h1;
-                            if (r == 0u) {
-                                merge_acc[row_h1 + v] = scaled_h1;
-                            } else {
-                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
-                            }
-                            let scaled_h2 = acc_h2[j] * rescale_h2;
-                            if (r == 0u) {
-                                merge_acc[row_h2 + v] = scaled_h2;
-                            } else {
-                                merge_acc[row_h2 + v] = merge_acc[row_h2 + v] + scaled_h2;
-                            }
-                            let scaled_h3 = acc_h3[j] * rescale_h3;
-                            if (r == 0u) {
-                                merge_acc[row_h3 + v] = scaled_h3;
-                            } else {
-                                merge_acc[row_h3 + v] = merge_acc[row_h3 + v] + scaled_h3;
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
                             }
                         }
                     }
