@@ -39,8 +39,8 @@ def copy_project(destination: Path) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_user_cache(tmp_path_factory: pytest.TempPathFactory):
-    """Keep the renderer's on-disk caches (under XDG_CACHE_HOME) out of the user's home: every
-    test renders from its own tmp path, which would leave new cache entries behind each run."""
+    """doppler-gen keeps its state inside each project (.doppler-gen/); should anything write
+    under XDG_CACHE_HOME again, it lands in a temporary directory, not in the user's home."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
@@ -99,6 +99,13 @@ def snapshot(directory: Path) -> dict[str, bytes]:
         path.relative_to(directory).as_posix(): path.read_bytes()
         for path in sorted(directory.rglob("*"))
         if path.is_file()
+    }
+
+
+def project_snapshot(root: Path) -> dict[str, bytes]:
+    """``snapshot`` of a project without its ``.doppler-gen/`` state (memo, lock)."""
+    return {
+        name: data for name, data in snapshot(root).items() if not name.startswith(".doppler-gen/")
     }
 
 

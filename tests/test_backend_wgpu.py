@@ -1,4 +1,8 @@
-"""The GPU runtime layer: adapter choice and limits (pure), then wgpu-py on a real adapter."""
+"""wgpu-py specifics: adapter choice and limits (pure), naga diagnostics, wgpu log capture, doctor.
+
+The behaviour every backend shares (dispatch, errors, timing, device requests) is specified once
+in tests/test_backend_contract.py, parametrized over the registered backends.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from doppler_gen.backends import (
     get_backend,
     select_adapter,
 )
-from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
+from doppler_gen.errors import BackendUnavailable, DopplerGenError
 
 # --------------------------------------------------------------------------- synthetic adapters
 
@@ -216,33 +220,6 @@ def test_parse_header_location_when_markers_are_multiline_art() -> None:
 
 # --------------------------------------------------------------------------- real adapter
 
-SCALE_WGSL = """override SCALE: f32 = 1.0;
-override OFFSET: f32 = 0.0;
-
-struct Params { count: u32, }
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x < params.count) {
-        dst[gid.x] = src[gid.x] * SCALE + OFFSET;
-    }
-}
-"""
-
-# Line 5: a u32 literal assigned to an f32; naga marks the binding `x` at column 9.
-BROKEN_WGSL = """@group(0) @binding(0) var<storage, read_write> dst: array<f32>;
-
-@compute @workgroup_size(1)
-fn main() {
-    let x: f32 = 1u;
-    dst[0] = x;
-}
-"""
-
 
 @pytest.fixture(scope="module")
 def backend() -> Backend:
@@ -268,70 +245,6 @@ def device(backend: Backend, adapter: AdapterInfo) -> Iterator[Device]:
     dev.close()
 
 
-def run_scale(device: Device, n: int, constants: dict[str, float]) -> np.ndarray:
-    pipeline = device.compile(SCALE_WGSL, constants=constants, label="scale")
-    src = device.storage_buffer(np.arange(n, dtype=np.float32), label="src")
-    dst = device.storage_buffer(np.zeros(n, np.float32), read_write=True, label="dst")
-    params = device.uniform_buffer(np.array([n], np.uint32).tobytes(), label="params")
-    device.dispatch(pipeline, {0: params, 1: src, 2: dst}, (-(-n // 64), 1, 1))
-    return np.frombuffer(device.read_buffer(dst), np.float32)
-
-
-@pytest.mark.gpu
-def test_dispatch_with_override_constants(device: Device) -> None:
-    got = run_scale(device, 100, {"SCALE": 3.0, "OFFSET": np.float32(0.5)})
-    np.testing.assert_array_equal(got, np.arange(100, dtype=np.float32) * 3 + 0.5)
-
-
-@pytest.mark.gpu
-def test_write_buffer_then_dispatch_again(device: Device) -> None:
-    pipeline = device.compile(SCALE_WGSL, constants={"SCALE": 2}, label="scale2")
-    src = device.storage_buffer(np.ones(8, np.float32))
-    dst = device.storage_buffer(np.zeros(8, np.float32), read_write=True)
-    params = device.uniform_buffer(np.array([8], np.uint32).tobytes())
-    device.write_buffer(src, np.full(8, 5.0, np.float32))
-    device.dispatch(pipeline, {0: params, 1: src, 2: dst}, (1, 1, 1))
-    assert np.frombuffer(device.read_buffer(dst), np.float32).tolist() == [10.0] * 8
-    assert len(device.read_buffer(params)) == 4  # the caller's size, not the padded one
-
-
-@pytest.mark.gpu
-def test_webgpu_default_limits_unless_asked(device: Device) -> None:
-    assert device.limits["max-compute-workgroup-storage-size"] == 16384
-    assert device.limits["max-compute-invocations-per-workgroup"] == 256
-
-
-@pytest.mark.gpu
-def test_compile_error_carries_line_and_column(device: Device) -> None:
-    with pytest.raises(ShaderCompileError) as info:
-        device.compile(BROKEN_WGSL, label="broken")
-    error = info.value
-    assert error.backend == "wgpu"
-    assert error.diagnostics[0][:2] == (5, 9)
-    assert "expected to be `f32`, but got `u32`" in error.diagnostics[0][2]
-    assert "\n" not in str(error) and "'broken' at line 5:9" in str(error)
-
-
-@pytest.mark.gpu
-def test_pipeline_creation_errors_are_compile_errors(device: Device) -> None:
-    with pytest.raises(ShaderCompileError, match="'NOPE' not found") as info:
-        device.compile(SCALE_WGSL, constants={"NOPE": 1.0})
-    assert info.value.diagnostics == []
-    # over the device's 256 invocations: caught when the pipeline is created
-    too_wide = SCALE_WGSL.replace("@workgroup_size(64)", "@workgroup_size(512)")
-    with pytest.raises(ShaderCompileError, match="max_compute_invocations_per_workgroup"):
-        device.compile(too_wide)
-
-
-@pytest.mark.gpu
-def test_dispatch_errors_are_one_line(device: Device) -> None:
-    pipeline = device.compile(SCALE_WGSL)
-    src = device.storage_buffer(np.zeros(4, np.float32))
-    with pytest.raises(DopplerGenError) as info:
-        device.dispatch(pipeline, {1: src}, (1, 1, 1))
-    assert "\n" not in str(info.value) and "bind group" in str(info.value)
-
-
 @pytest.mark.gpu
 def test_errors_wgpu_only_logs_are_raised_not_printed(
     device: Device, caplog: pytest.LogCaptureFixture
@@ -344,44 +257,6 @@ def test_errors_wgpu_only_logs_are_raised_not_printed(
         wgpu_log.warning("a warning passes through")
         wgpu_log.error("simulated device loss")
     assert [r.getMessage() for r in caplog.records] == ["a warning passes through"]
-
-
-@pytest.mark.gpu
-def test_timed_dispatch_returns_positive_nanoseconds(device: Device) -> None:
-    if "timestamp-query" not in device.features:
-        pytest.skip(f"{device.adapter.short()} lacks timestamp-query")
-    pipeline = device.compile(SCALE_WGSL)
-    params = device.uniform_buffer(np.array([64], np.uint32).tobytes())
-    src = device.storage_buffer(np.zeros(64, np.float32))
-    dst = device.storage_buffer(np.zeros(64, np.float32), read_write=True)
-    times = device.timed_dispatch(
-        pipeline, {0: params, 1: src, 2: dst}, (1, 1, 1), repeats=3, warmup=1
-    )
-    assert len(times) == 3 and all(t > 0 for t in times)
-
-
-@pytest.mark.gpu
-def test_timing_without_the_feature_says_so(backend: Backend, adapter: AdapterInfo) -> None:
-    with backend.open_device(adapter, features=[], limits={}) as plain:
-        pipeline = plain.compile(SCALE_WGSL)
-        with pytest.raises(BackendUnavailable, match="timestamp-query"):
-            plain.timed_dispatch(pipeline, {}, (1, 1, 1), repeats=1, warmup=0)
-
-
-@pytest.mark.gpu
-def test_open_device_refuses_what_the_adapter_lacks(backend: Backend, adapter: AdapterInfo) -> None:
-    missing = next(
-        f
-        for f in ("texture-compression-astc", "texture-compression-etc2", "made-up-feature")
-        if f not in adapter.features
-    )
-    with pytest.raises(BackendUnavailable, match=missing):
-        backend.open_device(adapter, features=[missing], limits={})
-    too_much = adapter.limits["max-compute-workgroup-storage-size"] * 2
-    with pytest.raises(BackendUnavailable, match="max-compute-workgroup-storage-size"):
-        backend.open_device(
-            adapter, features=[], limits={"max-compute-workgroup-storage-size": too_much}
-        )
 
 
 @pytest.mark.gpu

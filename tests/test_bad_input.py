@@ -7,13 +7,16 @@ for byte with a snapshot taken before. The expected line number is found in the 
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, line_of, run_cli, run_process, snapshot
+from conftest import assert_one_line_error, edit, line_of, run_cli, run_process, snapshot
 
 Where = Callable[[str], int]
 
@@ -500,4 +503,167 @@ def test_unreadable_generated_wgsl_is_one_line(fresh_project: Path) -> None:
     assert result.exit_code == 2, result.output
     line = assert_one_line_error(result.stderr)
     assert "generated/attention.wgsl" in line and "division by zero" in line
+    assert snapshot(fresh_project / "generated") == before
+
+
+# -- generated/ that cannot be written as asked ---------------------------------------------------
+
+
+def _generated_is_a_file(root: Path, outside: Path) -> None:
+    shutil.rmtree(root / "generated")
+    (root / "generated").write_text("not a directory\n")
+
+
+def _generated_is_a_dangling_symlink(root: Path, outside: Path) -> None:
+    shutil.rmtree(root / "generated")
+    (root / "generated").symlink_to("no-such-dir", target_is_directory=True)
+
+
+def _generated_outside_the_project(root: Path, outside: Path) -> None:
+    shutil.move(root / "generated", outside)
+    (outside / "other_project_kernel.wgsl").write_bytes((outside / "attention.wgsl").read_bytes())
+    (root / "generated").symlink_to(outside, target_is_directory=True)
+
+
+def _output_is_a_directory(root: Path, outside: Path) -> None:
+    (root / "generated/attention.wgsl").unlink()
+    (root / "generated/attention.wgsl").mkdir()
+
+
+def _output_is_a_fifo(root: Path, outside: Path) -> None:
+    (root / "generated/attention_f16.wgsl").unlink()
+    os.mkfifo(root / "generated/attention_f16.wgsl")
+
+
+FILESYSTEM_CASES = [
+    ("generated-is-a-file", _generated_is_a_file, "generated: exists but is not a directory"),
+    (
+        "generated-dangling-symlink",
+        _generated_is_a_dangling_symlink,
+        "generated: is a symlink to no-such-dir, which does not exist",
+    ),
+    (
+        "generated-outside-the-project",
+        _generated_outside_the_project,
+        "generated: resolves to ",
+    ),
+    (
+        "output-is-a-directory",
+        _output_is_a_directory,
+        "generated/attention.wgsl: is a directory, not a regular file",
+    ),
+    (
+        "output-is-a-fifo",
+        _output_is_a_fifo,
+        "generated/attention_f16.wgsl: is a FIFO, not a regular file",
+    ),
+]
+
+
+def everything(root: Path) -> dict[str, str]:
+    """Every path under ``root`` with its kind (and bytes for files): "nothing changed"."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if ".doppler-gen" in path.relative_to(root).parts:
+            continue
+        if path.is_symlink():
+            found[name] = f"link {os.readlink(path)}"
+        elif path.is_file():
+            found[name] = path.read_bytes().hex()
+        else:
+            found[name] = "dir" if path.is_dir() else "special"
+    return found
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"), [c[1:] for c in FILESYSTEM_CASES], ids=[c[0] for c in FILESYSTEM_CASES]
+)
+def test_generated_filesystem_problems(
+    fresh_project: Path, tmp_path: Path, setup: Callable[[Path, Path], None], expected: str
+) -> None:
+    outside = tmp_path / "elsewhere"
+    edit(fresh_project / "templates/attention.wgsl.j2", "fn is_masked(", "// v2\nfn is_masked(")
+    setup(fresh_project, outside)
+    before = everything(fresh_project), everything(tmp_path)
+    for command in (("generate",), ("check", "--full")):
+        # a real process with a timeout: a FIFO once blocked check forever
+        result = run_process(fresh_project, *command)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        line = assert_one_line_error(result.stderr)
+        assert line.startswith(f"error: {expected}"), line
+        assert (everything(fresh_project), everything(tmp_path)) == before
+
+
+# -- runaway templates ----------------------------------------------------------------------------
+
+RUNAWAY = "templates/attention.wgsl.j2"
+
+
+def _runaway(root: Path, text: str) -> str:
+    """Insert ``text`` (a line) into the main template; returns its FILE:LINE."""
+    path = root / RUNAWAY
+    path.write_text(insert_before("fn is_masked(", text + "\n")(path.read_text()), "utf-8")
+    return f"{RUNAWAY}:{line_of(path.read_text(encoding='utf-8'), text)}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("{% for i in range(10**12) %}x{% endfor %}", "Range too big"),
+        (
+            "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+            "rendering took longer than 0.5 s",
+        ),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}// {{ f(0) }}", "recursion too deep"),
+        ('// {{ "x" * 200000000 }}', "exceeds the output limit of 4194304 bytes"),
+        ("// {{ 7 ** 99999 }}", "7 ** 99999 has more than 4096 bits"),
+    ],
+    ids=["huge-range", "time-limit", "recursion", "huge-repeat", "huge-power"],
+)
+def test_runaway_template(fresh_project: Path, monkeypatch, text: str, expected: str) -> None:
+    from doppler_gen import render
+
+    monkeypatch.setattr(render, "RENDER_TIME_LIMIT_S", 0.5)
+    before = snapshot(fresh_project / "generated")
+    where = _runaway(fresh_project, text)
+    for command in ("generate", "check"):
+        started = time.monotonic()
+        result = run_cli(fresh_project, command)
+        assert time.monotonic() - started < 20
+        assert result.exit_code == 2, (command, result.output)
+        line = assert_one_line_error(result.stderr)
+        assert expected in line and "(variant attention" in line, line
+        assert location_of(line) == where, line
+        assert len(line) < 400
+    assert snapshot(fresh_project / "generated") == before
+
+
+def test_runaway_output_names_the_template(fresh_project: Path, monkeypatch) -> None:
+    from doppler_gen import render
+
+    monkeypatch.setattr(render, "OUTPUT_LIMIT_BYTES", 200_000)
+    _runaway(fresh_project, "// {% for i in range(20000) %}more output {{ i }} {% endfor %}")
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: {RUNAWAY}: output exceeds 200000 bytes"), line
+
+
+# -- template encoding ----------------------------------------------------------------------------
+
+
+def test_non_utf8_byte_in_a_library_template_names_that_file(fresh_project: Path) -> None:
+    lib = fresh_project / "templates/lib/attention_common.wgsl.j2"
+    text = lib.read_text(encoding="utf-8")
+    number = line_of(text, "// Causal mask")
+    column = text.splitlines()[number - 1].index("// Causal mask") + len("// Causal ") + 1
+    lib.write_bytes(text.encode().replace(b"// Causal mask", b"// Causal \xff mask", 1))
+    before = snapshot(fresh_project / "generated")
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        assert location_of(line) == f"templates/lib/attention_common.wgsl.j2:{number}", line
+        assert f"not valid UTF-8: byte 0xff at column {column}" in line, line
     assert snapshot(fresh_project / "generated") == before

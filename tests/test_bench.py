@@ -19,16 +19,16 @@ from conftest import REPO_ROOT, assert_one_line_error, run_cli
 
 from doppler_gen.backends import AdapterInfo
 from doppler_gen.bench import (
-    SDPA_UNAVAILABLE,
+    BASELINE_UNAVAILABLE,
+    BaselineResult,
     BenchRow,
     BenchRun,
-    SdpaResult,
     Settings,
     Timing,
     format_report,
     match_profile,
     profile_named,
-    time_sdpa,
+    time_baseline,
 )
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.runtime.session import CpuAdapterRefused, refuse_cpu
@@ -235,7 +235,7 @@ def _synthetic_run(*, cpu: bool = False, sdpa: bool = True) -> BenchRun:
             timing=timing(590.0),
             bytes_moved=20_000_000,
             flops=parse_shape(PREFILL).flops(),
-            sdpa_dtype="f16",
+            baseline_dtype="f16",
         ),
         BenchRow(
             "attention_f16",
@@ -244,14 +244,14 @@ def _synthetic_run(*, cpu: bool = False, sdpa: bool = True) -> BenchRun:
             timing=timing(290.0),
             bytes_moved=2_900_000_000,
             flops=parse_shape(DECODE).flops(),
-            sdpa_dtype="f16",
+            baseline_dtype="f16",
         ),
         BenchRow(
             "attention_f16",
             "decode:kv=64,h=32,kvh=8,d=128",
             "n/a",
             reason="head_dim 128 exceeds the kernel's maximum 64",
-            sdpa_dtype="f16",
+            baseline_dtype="f16",
         ),
         BenchRow("attention_decode_tiered_f16", "-", "n/a", reason="no tiered shape given"),
     ]
@@ -267,13 +267,13 @@ def _synthetic_run(*, cpu: bool = False, sdpa: bool = True) -> BenchRun:
         profile=profile_named("H200"),
     )
     if sdpa:
-        run.sdpa_status = "torch 2.5.1 on NVIDIA H200"
-        run.sdpa = {
-            (PREFILL, "f16"): SdpaResult("f16", timing(59.0), "enable_gqa"),
-            (DECODE, "f16"): SdpaResult("f16", timing(29.0), "enable_gqa"),
+        run.baseline_status = "torch 2.5.1 on NVIDIA H200"
+        run.baselines = {
+            (PREFILL, "f16"): BaselineResult("f16", timing(59.0), "enable_gqa"),
+            (DECODE, "f16"): BaselineResult("f16", timing(29.0), "enable_gqa"),
         }
     else:
-        run.sdpa_status = f"{SDPA_UNAVAILABLE} (torch is not importable)"
+        run.baseline_status = f"{BASELINE_UNAVAILABLE} (torch is not importable)"
     return run
 
 
@@ -281,17 +281,22 @@ def test_json_has_timings_derived_metrics_and_sdpa_ratios() -> None:
     document = json.loads(json.dumps(_synthetic_run().as_dict()))
     assert document["tool"] == "doppler-gen bench" and document["ok"] is True
     assert document["profile"]["name"] == "H200" and document["cpu_adapter"] is False
-    assert set(document["methodology"]) >= {"timing", "bytes", "flops", "sdpa"}
+    assert set(document["methodology"]) >= {"timing", "bytes", "flops", "baseline", "families"}
+    families = document["methodology"]["families"]
+    assert "scaled_dot_product_attention" in families["tiled"]["baseline"]
+    assert (
+        "head_dim" in families["tiered"]["flops"] and "rms_norm" in families["rmsnorm"]["baseline"]
+    )
     prefill, decode, not_runnable, no_shape = document["rows"]
     assert prefill["timing"]["median_us"] == pytest.approx(590.0)
     assert prefill["gbps"] == pytest.approx(20_000_000 / 590_000, rel=1e-5)
     assert prefill["tflops"] == pytest.approx(parse_shape(PREFILL).flops() / 590e3 / 1e3, rel=1e-5)
-    assert prefill["ratio_to_sdpa"] == pytest.approx(10.0)
-    assert prefill["sdpa"]["timing"]["median_us"] == pytest.approx(59.0)
+    assert prefill["ratio_to_baseline"] == pytest.approx(10.0)
+    assert prefill["baseline"]["timing"]["median_us"] == pytest.approx(59.0)
     assert prefill["l2_resident"] is True and decode["l2_resident"] is False
     assert decode["pct_peak_bw"] == pytest.approx(100 * (2.9e9 / 290e3) / 4800, rel=1e-3)
     assert not_runnable["status"] == "n/a" and "exceeds" in not_runnable["reason"]
-    assert not_runnable["timing"] is None and not_runnable["ratio_to_sdpa"] is None
+    assert not_runnable["timing"] is None and not_runnable["ratio_to_baseline"] is None
     assert no_shape["shape"] == "-"
 
 
@@ -305,6 +310,7 @@ def test_report_table_shows_ratios_and_n_a_reasons() -> None:
     assert "(head_dim 128 exceeds the kernel's maximum 64)" in text
     assert "%BW is of: H200 profile HBM 4800 GB/s" in text
     assert "2 timed, 2 n/a, 0 failed" in text
+    assert "torch µs" in text and "×torch" in text
 
 
 def test_report_says_for_every_timed_shape_which_side_of_l2_it_is_on() -> None:
@@ -320,8 +326,8 @@ def test_report_without_torch_says_so_in_the_sdpa_column() -> None:
     timed = [
         line for line in text.splitlines() if line.startswith("attention_f16") and "590.0" in line
     ]
-    assert timed and SDPA_UNAVAILABLE in timed[0]
-    assert "×SDPA" not in text
+    assert timed and BASELINE_UNAVAILABLE in timed[0]
+    assert "×torch" not in text and "torch µs" not in text
 
 
 def test_cpu_results_are_labelled_on_every_row_and_in_the_json() -> None:
@@ -425,7 +431,7 @@ def _fake_torch(*, gqa: bool) -> types.SimpleNamespace:
 
 def test_sdpa_prefill_uses_is_causal_and_enable_gqa() -> None:
     torch = _fake_torch(gqa=True)
-    result = time_sdpa(
+    result = time_baseline(
         torch,
         parse_shape("prefill:q=64,kv=64,h=8,kvh=2,d=16"),
         "f16",
@@ -441,7 +447,7 @@ def test_sdpa_prefill_uses_is_causal_and_enable_gqa() -> None:
 
 def test_sdpa_chunked_prefill_gets_a_bottom_right_mask_and_old_torch_repeats_kv() -> None:
     torch = _fake_torch(gqa=False)
-    result = time_sdpa(
+    result = time_baseline(
         torch,
         parse_shape("prefill:q=16,kv=48,h=8,kvh=2,d=16"),
         "f32",
@@ -459,7 +465,7 @@ def test_sdpa_chunked_prefill_gets_a_bottom_right_mask_and_old_torch_repeats_kv(
 def test_sdpa_decode_is_not_causal() -> None:
     for text in (DECODE, TIERED):
         torch = _fake_torch(gqa=True)
-        result = time_sdpa(torch, parse_shape(text), "f16", Settings(repeats=20, warmup=0))
+        result = time_baseline(torch, parse_shape(text), "f16", Settings(repeats=20, warmup=0))
         assert result.timing is not None
         last = torch.calls[-1]
         assert last["causal"] is False and last["mask"] is None, text
@@ -477,7 +483,7 @@ def _torch_cuda_problem() -> str | None:
 def test_real_sdpa_times_a_small_decode() -> None:  # pragma: no cover - needs CUDA
     import torch
 
-    result = time_sdpa(
+    result = time_baseline(
         torch,
         parse_shape("decode:kv=1024,h=8,kvh=2,d=64"),
         "f16",
@@ -534,8 +540,8 @@ def test_tiny_bench_on_lavapipe_end_to_end(tmp_path: Path) -> None:
     assert document["copy_bandwidth"]["gbps"] > 0 and document["peak_bw_basis"].startswith(
         "measured copy"
     )
-    assert document["sdpa_status"].startswith(SDPA_UNAVAILABLE) or document[
-        "sdpa_status"
+    assert document["baseline_status"].startswith(BASELINE_UNAVAILABLE) or document[
+        "baseline_status"
     ].startswith("torch")
     rows = {(r["variant"], r["shape"]): r for r in document["rows"]}
     assert len(rows) == 4  # three tiled shapes for the tiled variant, one tiered shape

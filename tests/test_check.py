@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import edit, run_cli, snapshot
+from conftest import edit, project_snapshot, run_cli
 
 FIX = "doppler-gen generate"
 
 
 def check(root: Path, *args: str) -> Result:
     """Run check and assert it wrote nothing."""
-    before = snapshot(root)
+    before = project_snapshot(root)
     result = run_cli(root, "check", *args)
-    assert snapshot(root) == before, "check must never write"
+    assert project_snapshot(root) == before, "check must never write (beyond its memo)"
     return result
 
 
@@ -37,7 +37,7 @@ def assert_out_of_date(result: Result, *paths: str) -> None:
 def test_fresh_tree_is_clean(fresh_project: Path) -> None:
     result = check(fresh_project)
     assert result.exit_code == 0, result.output
-    files = len(list((fresh_project / "generated").iterdir()))
+    files = sum(1 for p in (fresh_project / "generated").rglob("*") if p.is_file())
     assert result.stdout == f"generated/ is up to date ({files} files)\n"
     assert result.stderr == ""
 
@@ -138,7 +138,7 @@ def test_variants_toml_param_edit(fresh_project: Path) -> None:
 
 
 def test_variants_toml_description_edit(fresh_project: Path) -> None:
-    # a description lives only in the manifest
+    # a description lives only in the manifest and the Doppler registry fragment, not in kernels
     toml = fresh_project / "variants.toml"
     text = toml.read_text(encoding="utf-8")
     start = text.index('name = "attention_f16kv"')
@@ -148,7 +148,8 @@ def test_variants_toml_description_edit(fresh_project: Path) -> None:
     assert_out_of_date(
         result, "stale:    generated/manifest.json", '+      "description": "Reworded: '
     )
-    assert result.stdout.count("stale:") == 1
+    assert "stale:    generated/doppler/registry.json" in result.stdout
+    assert result.stdout.count("stale:") == 2
 
 
 def test_missing_kernel(fresh_project: Path) -> None:
@@ -172,14 +173,15 @@ def test_orphan(fresh_project: Path) -> None:
     orphan = fresh_project / "generated/attention_old.wgsl"
     orphan.write_bytes((fresh_project / "generated/attention.wgsl").read_bytes())
     result = check(fresh_project)
-    assert_out_of_date(result, "orphaned: generated/attention_old.wgsl (no variant produces it)")
+    assert_out_of_date(result, "orphaned: generated/attention_old.wgsl (no variant produces it")
 
 
 def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:
+    # an output is always named after its variant, so renaming one renames both
     edit(
         fresh_project / "variants.toml",
-        'output = "generated/attention_f16kv.wgsl"',
-        'output = "generated/attention_kv16.wgsl"',
+        'name = "attention_f16kv"\ntemplate = "attention"\noutput = "generated/attention_f16kv.wgsl"',
+        'name = "attention_kv16"\ntemplate = "attention"\noutput = "generated/attention_kv16.wgsl"',
     )
     result = check(fresh_project)
     assert_out_of_date(
@@ -191,9 +193,11 @@ def test_renamed_output_is_missing_plus_orphan(fresh_project: Path) -> None:
 
 
 def test_generate_fixes_what_check_reports(fresh_project: Path) -> None:
-    (fresh_project / "generated/attention_f16kv.wgsl").unlink()
-    (fresh_project / "generated/attention_old.wgsl").write_bytes(
-        (fresh_project / "generated/attention.wgsl").read_bytes()
+    (fresh_project / "generated/attention_f16.wgsl").unlink()
+    edit(  # the old file becomes an orphan that doppler-gen wrote
+        fresh_project / "variants.toml",
+        'name = "attention_f16kv"\ntemplate = "attention"\noutput = "generated/attention_f16kv.wgsl"',
+        'name = "attention_kv16"\ntemplate = "attention"\noutput = "generated/attention_kv16.wgsl"',
     )
     kernel = fresh_project / "generated/attention.wgsl"
     kernel.write_text(kernel.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")
@@ -205,7 +209,7 @@ def test_generate_fixes_what_check_reports(fresh_project: Path) -> None:
 # -- --json ----------------------------------------------------------------------------------------
 
 
-JSON_KEYS = {"ok", "stale", "missing", "orphaned", "diffs", "fix"}
+JSON_KEYS = {"ok", "stale", "missing", "orphaned", "diffs", "fix", "memo"}
 
 
 def test_json_clean(fresh_project: Path) -> None:
@@ -213,14 +217,19 @@ def test_json_clean(fresh_project: Path) -> None:
     assert result.exit_code == 0
     assert result.stderr == ""
     report = json.loads(result.stdout)
-    assert report == {
+    expected = {
         "ok": True,
         "stale": [],
         "missing": [],
         "orphaned": [],
         "diffs": {},
         "fix": None,
+        "memo": False,
     }
+    assert report == expected
+    # the same schema when the memo confirms the tree: only "memo" differs
+    again = json.loads(check(fresh_project, "--json").stdout)
+    assert again == {**expected, "memo": True}
 
 
 def test_json_dirty(fresh_project: Path) -> None:
@@ -253,8 +262,16 @@ def test_check_with_bad_input_is_exit_2(fresh_project: Path, args: tuple[str, ..
     edit(fresh_project / "variants.toml", "head_tile = 64\n", "head_tile = sixty-four\n")
     result = check(fresh_project, *args)
     assert result.exit_code == 2
-    assert result.stdout == ""
     assert result.stderr.startswith("error: variants.toml:") and result.stderr.count("\n") == 1
+    if not args:
+        assert result.stdout == ""
+        return
+    # --json: stdout carries a JSON error object, never nothing
+    document = json.loads(result.stdout)
+    assert document["ok"] is False
+    assert document["error"]["type"] == "ConfigError"
+    assert document["error"]["location"].startswith("variants.toml:")
+    assert document["error"]["exit_code"] == 2
 
 
 def test_unchanged_tree_is_confirmed_from_the_memo_and_any_change_forces_a_full_check(

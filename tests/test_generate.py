@@ -5,11 +5,12 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import copy_project, edit, run_cli, snapshot
+from conftest import assert_one_line_error, copy_project, edit, run_cli, snapshot
 
 from doppler_gen import outputs
 from doppler_gen.config import load_project
@@ -30,7 +31,7 @@ def variant_outputs(root: Path) -> dict[str, tuple[str, ...]]:
 
 def clear_generated(root: Path) -> None:
     for path in (root / "generated").iterdir():
-        path.unlink()
+        shutil.rmtree(path) if path.is_dir() else path.unlink()  # generated/doppler/ too
 
 
 def age_files(directory: Path) -> None:
@@ -73,6 +74,7 @@ def test_two_runs_are_byte_identical(tmp_path: Path) -> None:
     assert snap == snapshot(second / "generated")
     files = {Path(p).name for outputs in variant_outputs(first).values() for p in outputs}
     expected = files | {"manifest.json"}
+    expected |= {"doppler/registry.json", "doppler/digests.json"}
     assert set(snap) == expected
     # and a second run over the first copy changes nothing
     result = run_cli(first, "generate")
@@ -153,6 +155,32 @@ def test_selection_keeps_orphans_and_unselected_stale_files(fresh_project: Path)
     assert stale.read_text(encoding="utf-8").endswith("// edit\n")
 
 
+def test_selection_updates_only_its_own_manifest_entries(fresh_project: Path) -> None:
+    """`generate NAME` must not record sha256 values for kernels it did not write."""
+    import hashlib
+    import json
+
+    generated = fresh_project / "generated"
+    manifest = generated / "manifest.json"
+    before = json.loads(manifest.read_text(encoding="utf-8"))["variants"]
+    edit(fresh_project / "templates/attention.wgsl.j2", "fn is_masked(", "// v2\nfn is_masked(")
+    result = run_cli(fresh_project, "generate", "attention_f16")
+    assert result.exit_code == 0, result.output
+    assert "wrote     generated/attention_f16.wgsl" in result.output
+    after = json.loads(manifest.read_text(encoding="utf-8"))["variants"]
+    assert after["attention_f16"] != before["attention_f16"]
+    assert {name: entry for name, entry in after.items() if name != "attention_f16"} == {
+        name: entry for name, entry in before.items() if name != "attention_f16"
+    }
+    for name, entry in after.items():  # every recorded sha256 is that of the file on disk
+        for record in entry["passes"]:  # one per pass of a multi-pass variant
+            data = (fresh_project / record["file"]).read_bytes()
+            assert record["sha256"] == hashlib.sha256(data).hexdigest(), name
+    assert run_cli(fresh_project, "check").exit_code == 1  # the other kernels are stale
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert run_cli(fresh_project, "check").exit_code == 0
+
+
 def test_unmatched_selection_is_an_error(fresh_project: Path) -> None:
     before = snapshot(fresh_project / "generated")
     result = run_cli(fresh_project, "generate", "attention", "no_such_kernel*")
@@ -169,9 +197,10 @@ def test_atomic_write_leaves_no_temporary_files(project_copy: Path) -> None:
     clear_generated(project_copy)
     result = run_cli(project_copy, "generate")
     assert result.exit_code == 0, result.output
-    names = [p.name for p in (project_copy / "generated").iterdir()]
+    files = [p for p in (project_copy / "generated").rglob("*") if p.is_file()]
+    names = [p.name for p in files]
     assert not [n for n in names if n.startswith(".") or n.endswith(".tmp")], names
-    for path in (project_copy / "generated").iterdir():
+    for path in files:
         assert path.stat().st_mode & 0o777 == 0o644
 
 
@@ -193,15 +222,61 @@ def test_failed_write_removes_its_temporary_file(fresh_project: Path, monkeypatc
 # -- orphans ---------------------------------------------------------------------------------------
 
 
-def test_orphan_with_generated_header_is_removed(fresh_project: Path) -> None:
+RENAMED_OUTPUT = (  # an output is named after its variant, so a rename renames both
+    'name = "attention_f16kv"\ntemplate = "attention"\noutput = "generated/attention_f16kv.wgsl"',
+    'name = "attention_kv16"\ntemplate = "attention"\noutput = "generated/attention_kv16.wgsl"',
+)
+
+
+def test_orphan_written_by_doppler_gen_is_removed(fresh_project: Path) -> None:
+    """A kernel whose output was renamed: its old file is exactly what the manifest records."""
     generated = fresh_project / "generated"
-    orphan = generated / "attention_retired.wgsl"
-    orphan.write_bytes((generated / "attention_f16.wgsl").read_bytes())
+    edit(fresh_project / "variants.toml", *RENAMED_OUTPUT)
     result = run_cli(fresh_project, "generate")
     assert result.exit_code == 0, result.output
-    assert "removed   generated/attention_retired.wgsl" in result.output
+    assert "removed   generated/attention_f16kv.wgsl" in result.output
     assert "1 removed" in result.output
-    assert not orphan.exists()
+    assert not (generated / "attention_f16kv.wgsl").exists()
+    assert (generated / "attention_kv16.wgsl").is_file()
+    assert run_cli(fresh_project, "check").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        ("attention_experiment.wgsl", "copy"),  # a copy under another name: not written there
+        ("attention_f16kv.wgsl", "edit"),  # retired, but hand-edited since it was written
+        ("notes.txt", "copy"),
+        (".hidden.wgsl", "copy"),
+    ],
+)
+def test_orphan_not_written_by_doppler_gen_is_refused(
+    fresh_project: Path, name: str, how: str
+) -> None:
+    generated = fresh_project / "generated"
+    edit(fresh_project / "variants.toml", *RENAMED_OUTPUT)
+    path = generated / name
+    if how == "copy":
+        path.write_bytes((generated / "attention_f16.wgsl").read_bytes())
+    else:
+        path.write_bytes(path.read_bytes() + b"// my experiment\n")
+    keep = path.read_bytes()
+    before = snapshot(generated)
+    check = run_cli(fresh_project, "check")
+    assert check.exit_code == 1
+    assert f"orphaned: generated/{name} (no variant produces it; not as doppler-gen wrote it" in (
+        check.stdout
+    )
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert f"generated/{name}" in line and "move or delete them" in line, line
+    assert snapshot(generated) == before  # refused before anything was written
+    assert path.read_bytes() == keep
+    path.unlink()
+    if how == "copy":  # the real retired file is removable: generate goes through
+        result = run_cli(fresh_project, "generate")
+        assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize(

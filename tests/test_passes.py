@@ -53,7 +53,7 @@ def _manifest(root: Path) -> dict:
 
 
 def test_one_file_per_pass_with_the_generated_header(project: Path) -> None:
-    files = sorted(p.name for p in (project / "generated").iterdir())
+    files = sorted(p.name for p in (project / "generated").iterdir() if p.is_file())
     assert files == [
         "manifest.json",
         "rowsum.partials.wgsl",
@@ -70,9 +70,9 @@ def test_one_file_per_pass_with_the_generated_header(project: Path) -> None:
 
 
 def test_generate_is_deterministic_and_check_sees_a_stale_pass(project: Path) -> None:
-    before = {p.name: p.read_bytes() for p in (project / "generated").iterdir()}
+    before = {p: p.read_bytes() for p in (project / "generated").rglob("*") if p.is_file()}
     assert run_cli(project, "generate").exit_code == 0
-    assert {p.name: p.read_bytes() for p in (project / "generated").iterdir()} == before
+    assert {p: p.read_bytes() for p in (project / "generated").rglob("*") if p.is_file()} == before
     edit(project / "generated/rowsum.partials.wgsl", "acc + v * v", "acc + v")
     result = run_cli(project, "check")
     assert result.exit_code == 1 and "rowsum.partials.wgsl" in result.output
@@ -173,8 +173,16 @@ def test_an_unregistered_family_is_an_error_at_its_line(project: Path) -> None:
         ('name = "reduce"', 'name = "partials"', "must match [a-z][a-z0-9_]* and be unique"),
         ('entry = "reduce"', 'entry = "nope"', "has no @compute fn nope"),
         ('entry = "reduce"\n', "", "several @compute entry points (reduce, reduce_tiled)"),
-        ('dispatch = "rows"', 'dispatch = "lines"', "uses unknown names lines"),
-        ('partial = "ceil', 'partial = "ceil(cols) + ceil', "uses unknown names cols"),
+        (
+            'dispatch = "rows"',
+            'dispatch = "lines"',
+            "(pass reduce) 'lines' uses lines, which the WGSL",
+        ),
+        (
+            'partial = "ceil',
+            'partial = "ceil(cols) + ceil',
+            "uses cols, which no pass of variant rowsum declares",
+        ),
         (
             "[templates.rowsum.scratch]\n",
             '[templates.rowsum.scratch]\nextra = "rows"\n',
@@ -292,3 +300,18 @@ def test_an_unwritten_scratch_slot_is_caught_by_the_nan_poison(project: Path) ->
     variant = json.loads(result.stdout)["variants"][0]
     assert variant["status"] == "FAIL"
     assert variant["failures"] and variant["failures"][0]["non_finite"] > 0
+
+
+def test_show_prints_every_pass_or_the_one_asked_for(project: Path) -> None:
+    both = run_cli(project, "show", "rowsum")
+    assert both.exit_code == 0, both.output
+    assert "// == pass partials (generated/rowsum.partials.wgsl)" in both.stdout
+    assert "// == pass reduce (generated/rowsum.reduce.wgsl)" in both.stdout
+    raw = run_cli(project, "show", "rowsum", "--raw", "--pass", "reduce")
+    assert raw.exit_code == 0
+    assert raw.stdout == (project / "generated/rowsum.reduce.wgsl").read_text(encoding="utf-8")
+    refused = run_cli(project, "show", "rowsum", "--raw")
+    assert refused.exit_code == 2 and "add --pass NAME" in refused.stderr
+    assert_one_line_error(refused.stderr)
+    unknown = run_cli(project, "show", "rowsum", "--pass", "nope")
+    assert unknown.exit_code == 2 and "passes: partials, reduce" in unknown.stderr

@@ -98,7 +98,7 @@ def test_both_variants_pass_every_tier_on_the_adapter() -> None:
     assert run.ok, [(v.name, v.status, v.reason) for v in run.variants]
     statuses = {v.name: v.status for v in run.variants}
     assert statuses["rmsnorm"] == "PASS"
-    assert all(len(v.cases) >= 42 for v in run.variants if v.status == "PASS")
+    assert all(len(v.cases) >= 62 for v in run.variants if v.status == "PASS")
 
 
 @needs_adapter
@@ -132,4 +132,26 @@ def test_bench_on_the_cpu_adapter_omits_torch_cleanly(tmp_path: Path) -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        assert row["sdpa"] is None and "torch is not importable" in document["sdpa_status"]
+        assert row["baseline"] is None and "torch is not importable" in document["baseline_status"]
+
+
+def test_tune_reports_a_candidate_breaking_the_family_constraint_without_running_it() -> None:
+    from doppler_gen.runtime.measure import Settings
+    from doppler_gen.tune import Candidate, CandidateRenderer, evaluate
+
+    project = load_project(REPO_ROOT)
+    renderer = CandidateRenderer(project, project.variant("rmsnorm"))
+    candidate = Candidate({}, {"WORKGROUP_SIZE": 96}, {"WORKGROUP_SIZE": 256})
+    result = evaluate(
+        None,  # never touched: the constraint refuses first
+        renderer,
+        candidate,
+        "WORKGROUP_SIZE=96",
+        parse_shape("rmsnorm:rows=4,size=64"),
+        Settings(repeats=20, warmup=0),
+        _entry()["metadata"],
+    )
+    assert result.validation == "invalid" and result.row is None
+    assert result.reason == (
+        "constraint: WORKGROUP_SIZE 96 must be a power of two <= MAX_WORKGROUP_SIZE 256"
+    )

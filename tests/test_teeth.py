@@ -217,14 +217,93 @@ MUTATIONS = [
 ]
 
 
-def _validate(root: Path, names: list[str]):
+# Bugs that appear only past a size: the quick tier (small feature cases) passes every one of
+# them, the default tier (size cases from ``doppler_gen.tiers``) must fail each.
+TIERED_INT8 = "attention_decode_tiered_int8_f16kv"
+SIZE_MUTATIONS = [
+    (
+        "head-index-aliases-above-32-heads",
+        TILED,
+        "let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;",
+        "let q_offset = query_pos * u.num_heads * head_dim + (head_idx % 32u) * head_dim;",
+        [SMALL],
+    ),
+    (
+        "tiered-head-index-aliases-above-32-heads",
+        TIERED,
+        'common.load_f32("Q", "head_idx * head_dim + tid", q_dtype)',
+        'common.load_f32("Q", "(head_idx % 32u) * head_dim + tid", q_dtype)',
+        [TIERED_INT8],
+    ),
+    (
+        "keys-beyond-1024-ignored",
+        TILED,
+        "let num_kv_blocks = (seq_len + BLOCK_SIZE - 1u) / BLOCK_SIZE;",
+        "let num_kv_blocks = min((seq_len + BLOCK_SIZE - 1u) / BLOCK_SIZE, 1024u / BLOCK_SIZE);",
+        [SMALL],
+    ),
+    (
+        "queries-beyond-256-never-written",
+        TILED,
+        "let valid_query = query_pos < query_len;",
+        "let valid_query = query_pos < min(query_len, 256u);",
+        [SMALL],
+    ),
+    (
+        "kv-start-beyond-4095-dropped",
+        TILED,
+        "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = u.kv_start + key_pos;",
+        "fn get_kv_pos(key_pos: u32) -> u32 {\n    let abs_key = (u.kv_start & 4095u) + key_pos;",
+        [SMALL],
+    ),
+    (
+        "start-pos-beyond-4095-dropped",
+        TILED,
+        "let abs_query = query_pos + u.start_pos;",
+        "let abs_query = query_pos + (u.start_pos & 4095u);",
+        [SMALL],
+    ),
+    (
+        "tiered-start-pos-beyond-4095-dropped",
+        TIERED,
+        "let abs_query = u.start_pos;",
+        "let abs_query = u.start_pos & 4095u;",
+        [TIERED_INT8],
+    ),
+    (
+        "tiered-hot-start-beyond-4095-dropped-in-mask",
+        TIERED,
+        "store_score(head_dim, cold_len + k_pos, u.hot_start + k_pos);",
+        "store_score(head_dim, cold_len + k_pos, (u.hot_start & 4095u) + k_pos);",
+        ["attention_decode_tiered_f16kv"],
+    ),
+    (
+        "nan-for-kv-lengths-1500-to-3000",
+        TILED,
+        "let inv_l_i = select(0.0, 1.0 / l_i, l_i > 0.0);",
+        "let inv_l_i = select(select(0.0, 1.0 / l_i, l_i > 0.0), sqrt(-1.0 - l_i), "
+        "seq_len >= 1500u && seq_len < 3000u);",
+        [SMALL],
+    ),
+]
+
+
+def _validate(root: Path, names: list[str], *, quick: bool = False, fail_fast: bool = False):
+    """Regenerate the copy, then validate it (the default tier unless ``quick``)."""
     project = load_project(root)
     write(plan(project))
-    return validate(project, tuple(names), storage_overrun=True)
+    return validate(project, tuple(names), storage_overrun=True, quick=quick, fail_fast=fail_fast)
+
+
+def _plant(root: Path, file: str, original: str, planted: str) -> None:
+    path = root / file
+    text = path.read_text()
+    assert text.count(original) >= 1, f"mutation no longer applies to {file}: {original!r}"
+    path.write_text(text.replace(original, planted))
 
 
 def test_unmutated_templates_pass(tmp_path: Path) -> None:
-    names = sorted({n for *_, variants in MUTATIONS for n in variants})
+    names = sorted({n for *_, variants in MUTATIONS + SIZE_MUTATIONS for n in variants})
     run = _validate(copy_project(tmp_path / "clean"), names)
     assert run.ok, [(v.name, v.status, v.reason) for v in run.variants]
     assert all(v.status == "PASS" and v.cases for v in run.variants)
@@ -239,16 +318,34 @@ def test_planted_bug_fails_validation(
     tmp_path: Path, file: str, original: str, planted: str, variants: list[str]
 ) -> None:
     root = copy_project(tmp_path / "mutant")
-    path = root / file
-    text = path.read_text()
-    assert text.count(original) >= 1, f"mutation no longer applies to {file}: {original!r}"
-    path.write_text(text.replace(original, planted))
-    run = _validate(root, variants)
+    _plant(root, file, original, planted)
+    run = _validate(root, variants, fail_fast=True)  # the default tier, up to the first failure
     statuses = {v.name: (v.status, v.reason) for v in run.variants}
     assert not run.ok
     for name in variants:
         assert statuses[name][0] == "FAIL", f"{name} did not catch the bug: {statuses[name]}"
 
 
+@pytest.mark.parametrize(
+    ("file", "original", "planted", "variants"),
+    [m[1:] for m in SIZE_MUTATIONS],
+    ids=[m[0] for m in SIZE_MUTATIONS],
+)
+def test_size_only_bug_passes_quick_and_fails_the_default_tier(
+    tmp_path: Path, file: str, original: str, planted: str, variants: list[str]
+) -> None:
+    root = copy_project(tmp_path / "mutant")
+    _plant(root, file, original, planted)
+    quick = _validate(root, variants, quick=True)
+    assert quick.ok, "not a size-only bug: the quick tier already catches it " + str(
+        [(v.name, v.reason) for v in quick.variants]
+    )
+    run = validate(load_project(root), tuple(variants), storage_overrun=True, fail_fast=True)
+    statuses = {v.name: (v.status, v.reason) for v in run.variants}
+    for name in variants:
+        assert statuses[name][0] == "FAIL", f"{name} did not catch the bug: {statuses[name]}"
+
+
 def test_at_least_eight_distinct_bugs() -> None:
     assert len({m[0] for m in MUTATIONS}) >= 8
+    assert len({m[0] for m in SIZE_MUTATIONS}) >= 5

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from conftest import REPO_ROOT, assert_one_line_error, run_cli
 
-from doppler_gen.bench import BenchRow, Settings, Timing
 from doppler_gen.config import load_project
+from doppler_gen.config_edit import edit_variant_entry
 from doppler_gen.errors import ConfigError, DopplerGenError, TemplateError
+from doppler_gen.runtime.measure import BenchRow, Settings, Timing
 from doppler_gen.runtime.session import choose_adapter, open_device
 from doppler_gen.shapes import parse_shape
 from doppler_gen.tune import (
@@ -29,7 +30,6 @@ from doppler_gen.tune import (
     CandidateResult,
     TuneRun,
     contract_changes,
-    edit_variant_entry,
     enumerate_candidates,
     evaluate,
     override_sweep,

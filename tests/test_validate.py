@@ -53,7 +53,9 @@ def test_full_matrix_has_at_least_40_cases_per_variant_and_quick_is_a_subset() -
             )
         else:
             full, quick = (case_specs(entry, quick=q, seed=0) for q in (False, True))
-        assert full == case_specs(entry, seed=0) and quick == case_specs(entry, quick=True, seed=0)
+        # the default tier starts with the family's feature matrix; quick is its subset alone
+        assert case_specs(entry, seed=0)[: len(full)] == full
+        assert quick == case_specs(entry, quick=True, seed=0)
         assert len(full) >= 40, variant.name
         assert 5 <= len(quick) < len(full)
 
@@ -290,3 +292,17 @@ def test_f32_tolerance_catches_a_relative_bias_of_one_in_4096(tmp_path: Path) ->
     root = _mutated(tmp_path, common, old, new)
     run = validate(load_project(root), (SMALL, "attention_decode_tiered_int8_f16kv"), quick=False)
     assert [v.status for v in run.variants] == ["FAIL", "FAIL"], [v.reason for v in run.variants]
+
+
+def test_static_skip_counts_invocations_with_the_recorded_pipeline_constants() -> None:
+    from doppler_gen.runtime.session import static_skip
+
+    class _Device:
+        features = frozenset({"shader-f16"})
+        limits: ClassVar[dict] = {"max-compute-invocations-per-workgroup": 256}
+
+    _, entry = _entry("attention_decode_tiered_f16kv")
+    assert static_skip(entry, _Device()) == (None, "")  # type: ignore[arg-type]
+    entry["passes"][0]["pipeline_constants"] = {"WORKGROUP_SIZE": 1024}
+    skip, _ = static_skip(entry, _Device())  # type: ignore[arg-type]
+    assert skip == "needs 1024 invocations per workgroup; limit 256"

@@ -1,23 +1,28 @@
-"""`doppler-gen bench`: GPU time, bandwidth and throughput of each variant, next to torch SDPA.
+"""`doppler-gen bench`: GPU time, bandwidth and throughput of each variant, next to torch.
 
-People pick variants and tile sizes by speed, so the numbers must be the GPU's own: each dispatch
-is timed with begin/end-of-pass timestamp queries (scaled by the queue's timestamp period), after
-warm-up dispatches, on buffers created once per (variant, shape); the report gives the median and
-the p10–p90 spread of at least 20 runs. Kernels are driven by ``runtime.runner.KernelRunner`` with the
-inputs its family builds for the shape, so bench measures exactly what ``validate`` checks.
+People pick variants and tile sizes by speed, so the numbers must be the GPU's own: each run of
+a variant (every pass, in one command buffer) is timed with begin/end-of-pass timestamp queries
+(scaled by the queue's timestamp period), after warm-up runs, on buffers created once per
+(variant, shape); the report gives the median and the p10–p90 spread of at least 20 runs, and
+each pass's own time for a multi-pass variant. Kernels are driven by
+``runtime.runner.KernelRunner`` with the inputs their family builds for the shape, so bench
+measures exactly what ``validate`` checks.
 
-Before timing, each (variant, shape) is dispatched once on NaN-poisoned output and every output
-element must be finite: that catches unwritten outputs and blow-ups at shapes far larger than the
-validation cases, without the cost of a float64 reference at 2048×2048×32 heads. Correctness
-against the reference is ``validate``'s job (and ``tune`` validates every candidate).
+Before timing, each (variant, shape) is run once on NaN-poisoned outputs and scratch and the
+output is judged at the bench shape: every element must be finite, and the rows the family
+samples (``sampling``: first and last of each dimension included) must match the float64
+reference within the validation tolerance. A wrong output is FAIL and gets no time: a fast wrong
+kernel must never look like a win. The kernels are the committed generated/ files, proven fresh
+first (``shipped``), unless ``--from-templates``.
 
 Definitions (also in the JSON under ``methodology``):
 
-* bytes: every buffer the dispatch binds, read once at its storage dtype, plus the output written
-  once. The inputs hold exactly the keys attended, so this is the compulsory traffic; a kernel
-  that re-reads K/V from DRAM moves more, and its GB/s here is a lower bound of what it moved.
-* FLOPs: ``4 · pairs · h · d`` (QKᵀ and PV, two per multiply-add) over the unmasked (query, key)
-  pairs; causal prefill counts the triangle only (see ``shapes.Shape.attended_pairs``).
+* bytes: every input buffer read once at its storage dtype, plus the output written once
+  (scratch buffers between passes are not counted). The inputs hold exactly what the kernel
+  needs, so this is the compulsory traffic; GB/s here is a lower bound of what it moved.
+* FLOPs: the useful operations of the shape, as its family counts them (attention:
+  ``4 · pairs · h · d`` over the unmasked (query, key) pairs, causal prefill counting the
+  triangle only; rmsnorm: ``4 · rows · size``).
 * % of peak bandwidth: of the matched device profile's HBM bandwidth, else of a copy bandwidth
   measured here (a WGSL copy kernel, read + write, timed the same way).
 
@@ -40,9 +45,7 @@ from doppler_gen.config import Project
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
-from doppler_gen.manifest import parse_kernel, variant_entry
-from doppler_gen.outputs import select
-from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.measure import (
     BenchRow,
     Settings,
@@ -58,8 +61,9 @@ from doppler_gen.runtime.session import (
     timestamp_period,
 )
 from doppler_gen.shapes import kinds
+from doppler_gen.shipped import load_kernels
 
-SDPA_UNAVAILABLE = "torch+CUDA not available"
+BASELINE_UNAVAILABLE = "torch+CUDA not available"
 METHODOLOGY = {
     "timing": "GPU timestamps at begin/end of each compute pass, scaled by the queue's timestamp "
     "period; a multi-pass variant runs all its passes in one command buffer and is timed from "
@@ -67,15 +71,23 @@ METHODOLOGY = {
     "warm-up runs first; median and p10-p90 of the timed runs",
     "bytes": "every bound buffer read once at its storage dtype + the output written once "
     "(inputs hold exactly the attended keys): compulsory traffic, so GB/s is a lower bound",
-    "flops": "4 * attended (query, key) pairs * heads * head_dim; causal prefill counts the "
-    "unmasked triangle only; softmax not counted",
+    "flops": "the useful FLOPs of the shape, as its family counts them (families: per family)",
     "l2_resident": "working set <= the profile's L2 size: repeats may be served from L2, so GB/s "
-    "can exceed HBM; torch SDPA is timed the same way (no cache flush)",
-    "sdpa": "torch.nn.functional.scaled_dot_product_attention in the variant's K/V storage dtype "
-    "(one dtype for Q, K, V; int8/int4 cold tiers compare with f16, torch has no quantized "
-    "SDPA), causal only for prefill (bottom-right mask when q < kv), GQA via enable_gqa, CUDA "
-    "events after a GPU sleep so launches queue back to back, warm-up, median",
+    "can exceed HBM; the torch baseline is timed the same way (no cache flush)",
+    "correctness": "before timing, one run on NaN-poisoned outputs and scratch: no NaN/Inf "
+    "anywhere and the rows the family samples (first and last of each included) within the "
+    "validation tolerance of float64; a wrong output is FAIL and not timed",
+    "baseline": "the family's torch call computing what the kernel computes (families: per "
+    "family), CUDA events after a GPU sleep so launches queue back to back, warm-up, median",
 }
+
+
+def methodology() -> dict[str, Any]:
+    """METHODOLOGY plus what each registered family says about its FLOPs and baseline."""
+    from doppler_gen.families import all_families
+
+    families = {f.name: dict(f.methodology) for f in all_families() if f.methodology}
+    return {**METHODOLOGY, "families": families}
 
 
 # -- device profiles ---------------------------------------------------------------------------
@@ -154,8 +166,8 @@ class CopyBandwidth:
 
 
 @dataclass
-class SdpaResult:
-    """torch SDPA on one (shape, dtype): the reference speed a variant is compared with."""
+class BaselineResult:
+    """The torch baseline on one (shape, dtype): the reference speed a variant is compared with."""
 
     dtype: str
     timing: Timing | None
@@ -181,8 +193,8 @@ class BenchRun:
     profile: DeviceProfile | None = None
     copy: CopyBandwidth | None = None
     copy_note: str = ""
-    sdpa_status: str = SDPA_UNAVAILABLE
-    sdpa: dict[tuple[str, str], SdpaResult] = field(default_factory=dict)
+    baseline_status: str = BASELINE_UNAVAILABLE
+    baselines: dict[tuple[str, str], BaselineResult] = field(default_factory=dict)
 
     @property
     def peak_gbps(self) -> float | None:
@@ -203,12 +215,12 @@ class BenchRun:
     def ok(self) -> bool:
         return not any(row.status == "FAIL" for row in self.rows)
 
-    def sdpa_for(self, row: BenchRow) -> SdpaResult | None:
-        return self.sdpa.get((row.shape, row.sdpa_dtype or ""))
+    def baseline_for(self, row: BenchRow) -> BaselineResult | None:
+        return self.baselines.get((row.shape, row.baseline_dtype or ""))
 
     def ratio(self, row: BenchRow) -> float | None:
-        """Variant time over SDPA time (2.0: twice as slow as torch)."""
-        ref = self.sdpa_for(row)
+        """Variant time over the torch baseline's time (2.0: twice as slow as torch)."""
+        ref = self.baseline_for(row)
         if row.timing is None or ref is None or not positive(ref.timing):
             return None
         return row.timing.median_ns / ref.timing.median_ns
@@ -255,15 +267,15 @@ class BenchRun:
             "copy_bandwidth": self.copy.as_dict() if self.copy else None,
             "copy_note": self.copy_note,
             "peak_bw_basis": self.peak_basis,
-            "sdpa_status": self.sdpa_status,
+            "baseline_status": self.baseline_status,
             "shapes": self.shapes,
             "ok": self.ok,
-            "methodology": METHODOLOGY,
+            "methodology": methodology(),
             "rows": [self.row_dict(row) for row in self.rows],
         }
 
     def row_dict(self, row: BenchRow) -> dict[str, Any]:
-        ref = self.sdpa_for(row)
+        ref = self.baseline_for(row)
         ratio = self.ratio(row)
         return {
             "variant": row.variant,
@@ -279,8 +291,8 @@ class BenchRun:
             "tflops": _round(row.tflops),
             **{key: _round(value, 4) for key, value in self.percent(row).items()},
             "l2_resident": self.l2_resident(row),
-            "sdpa": ref.as_dict() if ref else None,
-            "ratio_to_sdpa": _round(ratio, 4),
+            "baseline": ref.as_dict() if ref else None,
+            "ratio_to_baseline": _round(ratio, 4),
         }
 
 
@@ -340,16 +352,18 @@ class BenchRequest:
     allow_cpu: bool = False
     copy_mib: int = 256
     profile: str | None = None  # a profile name, "none", or None to match the adapter name
-    sdpa: bool = True
+    baseline: bool = True
     settings: Settings = field(default_factory=Settings)
+    from_templates: bool = False  # time a fresh render instead of the committed kernels
 
 
 def run_bench(
     project: Project, request: BenchRequest, progress: Progress | None = None
 ) -> BenchRun:
-    """Measure the selected variants on the shapes of their family; SDPA afterwards."""
-    renderer = Renderer(project)
-    kernels = [renderer.render(v, with_origins=True) for v in select(project, request.patterns)]
+    """Measure the selected variants on the shapes of their family; torch baselines afterwards."""
+    kernels, entries = load_kernels(
+        project, request.patterns, from_templates=request.from_templates
+    )
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
     requires = {f for k in kernels for f in k.variant.requires}
@@ -364,17 +378,18 @@ def run_bench(
         [],
         profile=_profile(request.profile, adapter),
     )
+    estimate = CpuEstimate(kernels, request, progress) if adapter.is_cpu and progress else None
     try:
         run.timestamp_period = timestamp_period(device)
         run.copy, run.copy_note = _copy(device, request, progress)
-        for kernel in kernels:
-            run.rows.extend(_variant_rows(device, kernel, request, progress))
+        for kernel, entry in zip(kernels, entries, strict=True):
+            run.rows.extend(_variant_rows(device, kernel, entry, request, progress, estimate))
     finally:
         device.close()
-    if request.sdpa:
-        attach_sdpa(run, request.shapes, progress)
+    if request.baseline:
+        attach_baselines(run, request.shapes, progress)
     else:
-        run.sdpa_status = f"{SDPA_UNAVAILABLE} (--no-sdpa)"
+        run.baseline_status = f"{BASELINE_UNAVAILABLE} (--no-baseline)"
     return run
 
 
@@ -396,9 +411,13 @@ def _copy(
 
 
 def _variant_rows(
-    device: Device, kernel: RenderedKernel, request: BenchRequest, progress: Progress | None
+    device: Device,
+    kernel: RenderedKernel,
+    entry: dict[str, Any],
+    request: BenchRequest,
+    progress: Progress | None,
+    estimate: CpuEstimate | None = None,
 ) -> list[BenchRow]:
-    entry = variant_entry(kernel, parse_kernel(kernel))
     family = entry["family"]
     shapes = [s for s in request.shapes if s.family == family]
     if not shapes:
@@ -409,8 +428,63 @@ def _variant_rows(
     for shape in shapes:
         if progress:
             progress(f"{kernel.variant.name} on {shape.label}", 0)
-        rows.append(measure(device, kernel, entry, shape, request.settings))
+        on_first = estimate.callback(kernel.variant.name, shape) if estimate else None
+        rows.append(measure(device, kernel, entry, shape, request.settings, on_first=on_first))
     return rows
+
+
+class CpuEstimate:
+    """Duration estimates for a bench run on a CPU adapter, where one prefill dispatch can take
+    seconds and the default run minutes or hours: the user should know before waiting.
+
+    The first checked run of the bench gives seconds per FLOP; the whole run is estimated
+    from the FLOPs of every (variant, shape) it will time. Each measurement then prints its own
+    estimate from its own first run.
+    """
+
+    def __init__(
+        self, kernels: Sequence[RenderedKernel], request: BenchRequest, progress: Progress
+    ) -> None:
+        self.progress = progress
+        self.settings = request.settings
+        family = {k.variant.name: k.variant.template.family for k in kernels}
+        self.total_flops = sum(
+            s.flops() for name in family for s in request.shapes if s.family == family[name]
+        )
+        self.announced = False
+        measurements = sum(1 for name in family for s in request.shapes if s.family == family[name])
+        progress(
+            f"CPU adapter: {measurements} measurement(s) of {self.settings.dispatches} dispatches "
+            f"each (1 check + {self.settings.warmup} warm-up + {self.settings.repeats} timed); "
+            "the duration is estimated after the first dispatch",
+            0,
+        )
+
+    def callback(self, variant: str, shape: Shape) -> Callable[[float], None]:
+        def report(seconds: float) -> None:
+            remaining = seconds * (self.settings.dispatches - 1)
+            if not self.announced and shape.flops() > 0:
+                self.announced = True
+                total = seconds / shape.flops() * self.total_flops * self.settings.dispatches
+                self.progress(f"estimated duration of this run: about {duration_text(total)}", 0)
+            self.progress(
+                f"{variant} on {shape.label}: one dispatch took {duration_text(seconds)}; "
+                f"{self.settings.dispatches - 1} more take about {duration_text(remaining)}",
+                0,
+            )
+
+        return report
+
+
+def duration_text(seconds: float) -> str:
+    """``0.4 s``, ``12 s``, ``3.5 min``, ``2.1 h``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 # -- the torch baseline -----------------------------------------------------------------------
@@ -421,42 +495,44 @@ def torch_cuda() -> tuple[Any | None, str]:
     try:
         import torch
     except ImportError:
-        return None, f"{SDPA_UNAVAILABLE} (torch is not importable)"
+        return None, f"{BASELINE_UNAVAILABLE} (torch is not importable)"
     if not torch.cuda.is_available():
-        return None, f"{SDPA_UNAVAILABLE} (torch {torch.__version__} sees no CUDA device)"
+        return None, f"{BASELINE_UNAVAILABLE} (torch {torch.__version__} sees no CUDA device)"
     return torch, f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}"
 
 
-def attach_sdpa(run: BenchRun, shapes: Sequence[Shape], progress: Progress | None = None) -> None:
+def attach_baselines(
+    run: BenchRun, shapes: Sequence[Shape], progress: Progress | None = None
+) -> None:
     """Time each family's torch baseline once per (shape, dtype) some timed row needs."""
-    torch, run.sdpa_status = torch_cuda()
+    torch, run.baseline_status = torch_cuda()
     if torch is None:
         return
     by_label = {s.label: s for s in shapes}
     wanted = sorted(
-        {(r.shape, r.sdpa_dtype) for r in run.rows if r.status == "ok" and r.sdpa_dtype}
+        {(r.shape, r.baseline_dtype) for r in run.rows if r.status == "ok" and r.baseline_dtype}
     )
     for label, dtype in wanted:
         shape = by_label[label]
         name = get_family(shape.family).baseline_name
         if progress:
             progress(f"torch {name} {dtype} on {label}", 0)
-        run.sdpa[(label, dtype)] = time_sdpa(torch, shape, dtype, run.settings)
+        run.baselines[(label, dtype)] = time_baseline(torch, shape, dtype, run.settings)
 
 
-def time_sdpa(torch: Any, shape: Shape, dtype: str, settings: Settings) -> SdpaResult:
+def time_baseline(torch: Any, shape: Shape, dtype: str, settings: Settings) -> BaselineResult:
     """Median CUDA-event time of the shape's family baseline on random inputs of that dtype."""
     family = get_family(shape.family)
     try:
         call, note = family.baseline(torch, shape, dtype)
         times = _cuda_event_times(torch, call, settings)
     except NotImplementedError:
-        return SdpaResult(dtype, None, f"family {family.name} has no torch baseline")
+        return BaselineResult(dtype, None, f"family {family.name} has no torch baseline")
     except (RuntimeError, ValueError) as error:  # OOM, unsupported dtype/shape combination
-        return SdpaResult(
+        return BaselineResult(
             dtype, None, f"{family.baseline_name} failed: {str(error).splitlines()[0]}"
         )
-    return SdpaResult(dtype, Timing(tuple(times)), note)
+    return BaselineResult(dtype, Timing(tuple(times)), note)
 
 
 def _cuda_event_times(torch: Any, call: Callable[[], Any], settings: Settings) -> list[float]:
@@ -485,20 +561,20 @@ def format_report(run: BenchRun) -> str:
     """The human-readable report: context lines, one table row per (variant, shape), notes."""
     from doppler_gen.listing import format_table
 
-    sdpa_ok = not run.sdpa_status.startswith(SDPA_UNAVAILABLE)
+    baseline_ok = not run.baseline_status.startswith(BASELINE_UNAVAILABLE)
     headers = ["variant", "shape", "median µs", "p10–p90 µs", "GB/s", "%BW", "TFLOP/s", "%FP32"]
-    headers += ["SDPA µs", "×SDPA"] if sdpa_ok else ["SDPA"]
+    headers += ["torch µs", "×torch"] if baseline_ok else ["torch"]
     headers.append("note")
     if run.is_cpu:
         headers.insert(0, "adapter")
-    rows = [_table_row(run, row, sdpa_ok) for row in run.rows]
+    rows = [_table_row(run, row, baseline_ok) for row in run.rows]
     lines = [
         *_banner(run),
         *_context(run),
         "",
         format_table(headers, rows),
         "",
-        _summary(run, sdpa_ok),
+        _summary(run, baseline_ok),
     ]
     lines.extend(_banner(run))
     return "\n".join(lines)
@@ -519,11 +595,11 @@ def _context(run: BenchRun) -> list[str]:
         f"{s.warmup} warm-up",
         f"%BW is of: {run.peak_basis}",
         f"copy bandwidth: {copy}",
-        f"SDPA: {run.sdpa_status}",
+        f"torch baseline: {run.baseline_status}",
     ]
 
 
-def _table_row(run: BenchRun, row: BenchRow, sdpa_ok: bool) -> list[str]:
+def _table_row(run: BenchRun, row: BenchRow, baseline_ok: bool) -> list[str]:
     pct = run.percent(row)
     cells = [row.variant, row.shape]
     if row.timing is None:
@@ -537,13 +613,15 @@ def _table_row(run: BenchRun, row: BenchRow, sdpa_ok: bool) -> list[str]:
             number(row.tflops),
             _pct(pct["pct_fp32_peak"]),
         ]
-    cells += _sdpa_cells(run, row) if sdpa_ok else [SDPA_UNAVAILABLE if row.timing else "-"]
+    cells += (
+        _baseline_cells(run, row) if baseline_ok else [BASELINE_UNAVAILABLE if row.timing else "-"]
+    )
     cells.append(_note(run, row))
     return (["CPU"] if run.is_cpu else []) + cells
 
 
-def _sdpa_cells(run: BenchRun, row: BenchRow) -> list[str]:
-    ref, ratio = run.sdpa_for(row), run.ratio(row)
+def _baseline_cells(run: BenchRun, row: BenchRow) -> list[str]:
+    ref, ratio = run.baseline_for(row), run.ratio(row)
     if ref is None or ref.timing is None:
         return ["-", "-"]
     return [f"{ref.timing.median_ns / 1e3:.1f} ({ref.dtype})", f"{ratio:.2f}" if ratio else "-"]
@@ -560,9 +638,9 @@ def _note(run: BenchRun, row: BenchRow) -> str:
         # every shape says which side of L2 it is on: decode at 8k keys is L2-resident, 32k is not
         size = f"{row.bytes_moved / 2**20:.1f} of {run.profile.l2_bytes / 2**20:.0f} MiB"
         parts.append(f"L2-resident ({size})" if resident else f"exceeds L2 ({size})")
-    ref = run.sdpa_for(row)
+    ref = run.baseline_for(row)
     if ref and ref.note:
-        parts.append(f"SDPA: {ref.note}")
+        parts.append(f"torch: {ref.note}")
     return "; ".join(p for p in parts if p)
 
 
@@ -577,13 +655,13 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
 
-def _summary(run: BenchRun, sdpa_ok: bool) -> str:
+def _summary(run: BenchRun, baseline_ok: bool) -> str:
     counts = {s: sum(r.status == s for r in run.rows) for s in ("ok", "n/a", "FAIL")}
-    ratio = "; ×SDPA > 1 is slower than torch" if sdpa_ok else ""
+    ratio = "; ×torch > 1 is slower than torch" if baseline_ok else ""
     return (
         f"{counts['ok']} timed, {counts['n/a']} n/a, {counts['FAIL']} failed. "
-        "bytes: bound buffers read once + output written once; FLOPs: 4·pairs·h·d over "
-        f"unmasked pairs{ratio}."
+        "bytes: bound buffers read once + output written once; FLOPs: the useful operations "
+        f"of each shape, as its family counts them (JSON methodology){ratio}."
     )
 
 
@@ -605,7 +683,7 @@ def require_matplotlib() -> Any:
 
 
 def plot(run: BenchRun, path: Path) -> None:
-    """Bars of median µs (log scale) per shape and variant; SDPA as a dashed line per group."""
+    """Bars of median µs (log scale) per shape and variant; torch as a dashed line per group."""
     plt = require_matplotlib()
     shapes = list(dict.fromkeys(r.shape for r in run.rows if r.shape != "-"))
     variants = list(dict.fromkeys(r.variant for r in run.rows))
@@ -619,7 +697,7 @@ def plot(run: BenchRun, path: Path) -> None:
             x = index - 0.4 + width * (slot + 0.5)
             _plot_bar(ax, row, x, width, colors[row.variant], row.variant not in labelled)
             labelled.add(row.variant)
-    _plot_sdpa(ax, run, shapes)
+    _plot_baseline(ax, run, shapes)
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels([s.replace(",", ",\n", 1) for s in shapes], fontsize=7)
     ax.set_yscale("log")
@@ -657,14 +735,14 @@ def _plot_bar(ax: Any, row: BenchRow, x: float, width: float, color: str, label:
     )
 
 
-def _plot_sdpa(ax: Any, run: BenchRun, shapes: list[str]) -> None:
+def _plot_baseline(ax: Any, run: BenchRun, shapes: list[str]) -> None:
     styles = {"f16": "--", "f32": ":"}
     labelled: set[str] = set()
-    for (shape, dtype), ref in sorted(run.sdpa.items()):
+    for (shape, dtype), ref in sorted(run.baselines.items()):
         if ref.timing is None or shape not in shapes:
             continue
         x = shapes.index(shape)
-        label = f"torch SDPA {dtype}" if dtype not in labelled else None
+        label = f"torch {dtype}" if dtype not in labelled else None
         labelled.add(dtype)
         ax.hlines(
             ref.timing.median_ns / 1e3,

@@ -1,16 +1,20 @@
 """The `doppler-gen` command line.
 
 Exit codes: 0 ok; 1 a check or validation failed; 2 usage, config, template or environment
-error. Every expected error prints one line (``error: location: message``) and no traceback.
-Heavy modules (numpy, wgpu) are imported inside the commands that need them, so `check` and
-`generate` stay fast enough for a pre-commit hook.
+error; 3 an internal error (a bug in doppler-gen). Every error prints one line
+(``error: location: message``) and no traceback; ``--debug`` adds the traceback of an internal
+error. With ``--json`` an error is also a JSON object on stdout. Heavy modules (numpy, wgpu)
+are imported inside the commands that need them, so `check` and `generate` stay fast enough
+for a pre-commit hook.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,25 +26,81 @@ from doppler_gen.config import Project, find_root, load_project
 from doppler_gen.errors import DopplerGenError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+EXIT_INTERNAL = 3  # an unexpected exception: a bug, distinct from 1 (stale / failed)
+ROOT_KEY = "doppler_gen.root"  # ctx.meta key of a subcommand's --root (shell completion reads it)
 
 
-def _fail(error: DopplerGenError) -> None:
+def error_document(kind: str, message: str, location: str | None, exit_code: int) -> str:
+    """The JSON error object ``--json`` commands print on stdout instead of their report."""
+    error = {"type": kind, "message": message, "location": location, "exit_code": exit_code}
+    return json.dumps({"ok": False, "error": error}, indent=2, sort_keys=True)
+
+
+def _fail(error: DopplerGenError, as_json: bool = False) -> None:
+    if as_json:
+        click.echo(
+            error_document(type(error).__name__, error.message, error.location, error.exit_code)
+        )
     click.echo(f"error: {error}", err=True)
     sys.exit(error.exit_code)
 
 
+def _internal_error(error: Exception, as_json: bool) -> None:
+    """One line (the traceback too with --debug) and exit 3: CI must tell a crash from a stale
+    tree, and a bug must not look like the user's fault."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    message = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    if as_json:
+        click.echo(error_document("InternalError", message, None, EXIT_INTERNAL))
+    state = _current_state()
+    debug = state.debug if state is not None else "--debug" in sys.argv[1:]
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+        hint = ""
+    else:
+        hint = "; rerun with --debug for the traceback"
+    click.echo(f"error: internal error (a bug in doppler-gen): {message}{hint}", err=True)
+    sys.exit(EXIT_INTERNAL)
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader closed stdout (``show | head``): stop quietly with 0, as Unix tools do.
+
+    stdout is pointed at /dev/null so that the interpreter's final flush does not fail again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (e.g. an in-process test runner)
+        pass
+    sys.exit(0)
+
+
+def _current_state() -> State | None:
+    context = click.get_current_context(silent=True)
+    return context.find_object(State) if context is not None else None
+
+
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn DopplerGenError into one line on stderr and its exit code."""
+    """Turn DopplerGenError into one line on stderr and its exit code, anything unexpected
+    into exit 3, and a closed stdout pipe into a quiet exit 0."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
         try:
             return command(*args, **kwargs)
         except DopplerGenError as error:
-            _fail(error)
+            _fail(error, as_json)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own control flow (usage errors, ctx.exit)
+        except Exception as error:
+            _internal_error(error, as_json)
 
     return wrapper
 
@@ -48,8 +108,9 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 class State:
     """Lazily loaded project shared by the subcommands."""
 
-    def __init__(self, root: Path | None) -> None:
+    def __init__(self, root: Path | None = None, debug: bool = False) -> None:
         self._root = root
+        self.debug = debug
         self._project: Project | None = None
 
     @property
@@ -65,36 +126,105 @@ class State:
 
 pass_state = click.make_pass_decorator(State)
 
+ROOT_HELP = "Project directory (holding variants.toml). Default: found from the current directory."
+DEBUG_HELP = "Show the Python traceback of an internal error (exit 3)."
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+
+def _set_root(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.meta[ROOT_KEY] = value
+        ctx.ensure_object(State)._root = value
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(State).debug = True
+
+
+def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--root and --debug on a subcommand too (``doppler-gen check --root kernels``), so that a
+    pre-commit hook's ``args`` can pass them; the one given after the subcommand wins."""
+    command = click.option(
+        "--debug", is_flag=True, expose_value=False, callback=_set_debug, help=DEBUG_HELP
+    )(command)
+    return click.option(
+        "--root",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        expose_value=False,
+        callback=_set_root,
+        help=ROOT_HELP,
+    )(command)
+
+
+class DopplerGenGroup(click.Group):
+    """Adds a JSON error object on stdout for usage errors of a ``--json`` subcommand."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["doppler_gen.args"] = list(args)  # the words given, before click consumes them
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as error:
+            if "--json" in ctx.meta.get("doppler_gen.args", ()):
+                click.echo(error_document("UsageError", error.format_message(), None, 2))
+            raise
+
+
+def complete_variants(
+    ctx: click.Context, _param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    """Variant names of the project, for shell completion (nothing if it cannot be loaded)."""
+    from click.shell_completion import CompletionItem
+
+    root = ctx.meta.get(ROOT_KEY) or ctx.find_root().params.get("root")
+    try:
+        project = load_project(Path(root) if root else find_root(Path.cwd()))
+    except Exception:  # a broken project must not break the user's shell: offer nothing
+        return []
+    return [
+        CompletionItem(v.name, help=v.description or None)
+        for v in project.variants
+        if v.name.startswith(incomplete)
+    ]
+
+
+@click.group(cls=DopplerGenGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "--version", prog_name="doppler-gen")
 @click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Project directory (holding variants.toml). Default: found from the current directory.",
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=None, help=ROOT_HELP
 )
+@click.option("--debug", is_flag=True, help=DEBUG_HELP)
 @click.pass_context
-def cli(ctx: click.Context, root: Path | None) -> None:
-    """Generate, check and validate Doppler's WGSL attention kernels.
+def cli(ctx: click.Context, root: Path | None, debug: bool) -> None:
+    """Generate, check and validate Doppler's WGSL kernels.
 
     Templates under templates/ expand into every variant declared in variants.toml; the results
     live in generated/ together with generated/manifest.json (bindings, uniform layout, overrides
     and host metadata of every variant).
+
+    Exit codes: 0 ok, 1 a check or validation failed, 2 usage, config, template or environment
+    error, 3 internal error (a bug; --debug shows the traceback).
     """
-    ctx.obj = State(root)
+    ctx.obj = State(root, debug)
 
 
 @cli.command()
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_variants)
+@common_options
 @pass_state
 @handle_errors
 def generate(state: State, names: tuple[str, ...]) -> None:
     """Render all variants (or NAMES / globs) and update generated/.
 
-    Nothing is written unless every variant renders and passes its interface check. Files are
-    replaced atomically and only when changed; a file in generated/ that no variant produces is
-    removed only if it carries doppler-gen's generated header.
+    Nothing is written unless every variant renders and passes its interface check. Changed
+    files are replaced in one transaction under a project lock: on any failure the old tree is
+    restored. A file in generated/ that no variant produces is removed only if it is a kernel
+    doppler-gen wrote there, unchanged (the manifest records its sha256); a hand-edited file
+    with the generated header makes generate refuse. NAMES update only their own manifest
+    entries.
     """
     from doppler_gen.outputs import plan, write
 
@@ -104,6 +234,8 @@ def generate(state: State, names: tuple[str, ...]) -> None:
         click.echo(f"wrote     {path}")
     for path in result.removed:
         click.echo(f"removed   {path}")
+    for path in result.cleaned:
+        click.echo(f"removed   {path} (temporary file of an interrupted generate)")
     click.echo(
         f"{len(result.written)} written, {len(result.unchanged)} unchanged, "
         f"{len(result.removed)} removed"
@@ -118,6 +250,7 @@ def generate(state: State, names: tuple[str, ...]) -> None:
     help="Always re-render, even when every input and output is byte-identical to a tree a "
     "previous full check found clean.",
 )
+@common_options
 @pass_state
 @handle_errors
 def check(state: State, as_json: bool, full: bool) -> None:
@@ -134,9 +267,7 @@ def check(state: State, as_json: bool, full: bool) -> None:
     fix = "doppler-gen generate"
     if not full and check_memo.is_known_clean(project.root, digest):
         if as_json:
-            click.echo(
-                json.dumps({**_check_json(None, fix), "memo": True}, indent=2, sort_keys=True)
-            )
+            click.echo(json.dumps(_check_json(None, fix, memo=True), indent=2, sort_keys=True))
         else:
             click.echo(
                 "generated/ is up to date (inputs and outputs unchanged since the last full check)"
@@ -144,9 +275,10 @@ def check(state: State, as_json: bool, full: bool) -> None:
         return
     from doppler_gen.outputs import compare, plan
 
+    check_memo.forget(project.root)  # whatever this full check finds, the old memo is void
     status = compare(plan(project))
     if status.clean:
-        check_memo.remember_clean(project.root, digest)
+        check_memo.remember_clean(project.root, digest)  # only if the tree did not change meanwhile
     if as_json:
         click.echo(json.dumps(_check_json(status, fix), indent=2, sort_keys=True))
         sys.exit(0 if status.clean else 1)
@@ -159,27 +291,100 @@ def check(state: State, as_json: bool, full: bool) -> None:
     for path in status.missing:
         click.echo(f"missing:  {path}")
     for path in status.orphaned:
-        click.echo(f"orphaned: {path} (no variant produces it)")
+        why = "; not as doppler-gen wrote it: move or delete it" if path in status.foreign else ""
+        click.echo(f"orphaned: {path} (no variant produces it{why})")
+    for path in status.leftovers:
+        click.echo(f"leftover: {path} (temporary file of an interrupted generate)")
+    from doppler_gen.shipped import out_of_date
+
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)
-    click.echo(f"generated/ is out of date ({problems} file(s)); fix with: {fix}", err=True)
+    problems += len(status.leftovers)
+    click.echo(out_of_date(problems), err=True)
     sys.exit(1)
 
 
-def _check_json(status: Any, fix: str) -> dict[str, Any]:
-    """The --json report of `check`; ``status`` None means clean (confirmed by the memo)."""
+def _check_json(status: Any, fix: str, memo: bool = False) -> dict[str, Any]:
+    """The --json report of `check`; ``status`` None means clean (confirmed by the memo).
+
+    Stable schema: every key is always present. ``memo`` says whether the digest memo confirmed
+    the tree (true) or it was re-rendered and compared (false).
+    """
     clean = status is None or status.clean
     return {
+        "memo": memo,
         "ok": clean,
         "stale": sorted(status.stale) if status else [],
         "missing": status.missing if status else [],
-        "orphaned": status.orphaned if status else [],
+        "orphaned": [*status.orphaned, *status.leftovers] if status else [],
         "diffs": status.stale if status else {},
         "fix": None if clean else fix,
     }
 
 
+@cli.command()
+@click.option(
+    "--check-against",
+    "against",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Compare with DIR/registry.json and DIR/digests.json (a Doppler checkout's kernel "
+    "registry and digest table) and list every difference; exit 1 if there is any.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@pass_state
+@handle_errors
+def export(state: State, against: Path | None, as_json: bool) -> None:
+    """Show the Doppler export (generated/doppler/), or compare it with a Doppler registry.
+
+    The export is rendered from variants.toml and templates/, exactly what `generate` writes:
+    a kernel-registry fragment (one entry per doppler_id) and the content digests of the kernels
+    it references. With --check-against, every missing or extra variant, layout mismatch and
+    stale digest is one line; exit 0 when there is none, 1 otherwise, 2 on unreadable input.
+    """
+    from doppler_gen.export import (
+        DIGESTS_PATH,
+        REGISTRY_PATH,
+        differences,
+        load_doppler_dir,
+    )
+    from doppler_gen.outputs import plan
+
+    theirs = load_doppler_dir(against) if against is not None else None
+    outcome = plan(state.project)
+    registry = json.loads(outcome.files[REGISTRY_PATH])
+    digests = json.loads(outcome.files[DIGESTS_PATH])
+    if theirs is None:
+        if as_json:
+            click.echo(json.dumps({"registry": registry, "digests": digests}, indent=2))
+            return
+        for op, schema in sorted(registry["operations"].items()):
+            for vid, entry in sorted(schema["variants"].items()):
+                tier = entry["variantMetadata"].get("tier")
+                passes = entry.get("passes") or [entry]
+                kernels = " -> ".join(f"{p['wgsl']}#{p['entryPoint']}" for p in passes)
+                click.echo(f"{op}.{vid}: {kernels}" + (f" (tier {tier})" if tier else ""))
+        for name in registry["notExported"]:
+            click.echo(f"not exported: {name} (no doppler_id in variants.toml)")
+        return
+    generated = [r.output for kernel in outcome.kernels.values() for r in kernel.passes]
+    lines = differences(registry, digests, theirs[0], theirs[1], generated)
+    if as_json:
+        click.echo(json.dumps({"ok": not lines, "differences": lines}, indent=2))
+    else:
+        for line in lines:
+            click.echo(line)
+        count = sum(len(s["variants"]) for s in registry["operations"].values())
+        if lines:
+            click.echo(f"{len(lines)} difference(s) from {against}", err=True)
+        else:
+            click.echo(f"{against} matches the export ({count} variants)")
+    sys.exit(1 if lines else 0)
+
+
 @cli.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable listing on stdout.")
+@common_options
 @pass_state
 @handle_errors
 def list_(state: State, as_json: bool) -> None:
@@ -194,27 +399,53 @@ def list_(state: State, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_variants)
 @click.option("--raw", is_flag=True, help="Print the WGSL exactly, without line numbers.")
 @click.option("--origins", is_flag=True, help="Show the template line behind each generated line.")
+@click.option(
+    "--pass",
+    "pass_name",
+    default=None,
+    help="Only this pass of a multi-pass variant (--raw of a multi-pass variant needs it).",
+)
+@common_options
 @pass_state
 @handle_errors
-def show(state: State, name: str, raw: bool, origins: bool) -> None:
-    """Print the rendered WGSL of variant NAME (with line numbers unless --raw)."""
+def show(state: State, name: str, raw: bool, origins: bool, pass_name: str | None) -> None:
+    """Print the rendered WGSL of variant NAME (with line numbers unless --raw).
+
+    A multi-pass variant prints each pass after a `// == pass NAME (FILE)` line.
+    """
     from doppler_gen.render import Renderer
 
     variant = state.project.variant(name)
     kernel = Renderer(state.project).render(variant, with_origins=origins)
+    passes = [r for r in kernel.passes if pass_name in (None, r.spec.name)]
+    if not passes:
+        known = ", ".join(r.spec.name for r in kernel.passes)
+        raise DopplerGenError(f"variant {name} has no pass {pass_name!r} (passes: {known})")
     if raw:
-        click.echo(kernel.text, nl=False)
+        if len(passes) > 1:
+            raise DopplerGenError(
+                f"variant {name} has {len(passes)} passes; --raw prints one: add --pass NAME"
+            )
+        click.echo(passes[0].text, nl=False)
         return
-    lines = kernel.text.split("\n")[:-1]
+    for rendered in passes:
+        if len(kernel.passes) > 1:
+            click.echo(f"// == pass {rendered.spec.name} ({rendered.output})")
+        _show_numbered(rendered, origins)
+
+
+def _show_numbered(rendered: Any, origins: bool) -> None:
+    """One pass's text with line numbers (and template origins)."""
+    lines = rendered.text.split("\n")[:-1]
     width = len(str(len(lines)))
     wheres = [""] * len(lines)
     if origins:
-        if kernel.origins is None:
+        if rendered.origins is None:
             click.echo("note: no source map for this variant; showing lines only", err=True)
-        wheres = [_where(kernel.origin(n)) for n in range(1, len(lines) + 1)]
+        wheres = [_where(rendered.origin(n)) for n in range(1, len(lines) + 1)]
     where_width = max(map(len, wheres))
     for number, (line, where) in enumerate(zip(lines, wheres, strict=True), start=1):
         margin = f" {where:<{where_width}}" if where_width else ""
@@ -226,12 +457,25 @@ def _where(origin: tuple[str, int] | None) -> str:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="doppler-gen")
+    """Console-script entry point.
+
+    Commands handle their own errors (handle_errors); this catches what escapes outside any
+    command (option callbacks, completion), so no traceback ever reaches a user without --debug.
+    """
+    try:
+        cli.main(prog_name="doppler-gen")
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    except Exception as error:
+        _internal_error(error, as_json=False)
 
 
 # WebGPU implementations kernels are validated on (backends.BACKENDS); "all" compares them.
 BACKEND_CHOICES = ("wgpu", "dawn", "all")  # validate.ALL_BACKENDS + "all" (kept here: no numpy)
+
+# bench.MAX_REPEATS / MAX_WARMUP (kept here: no numpy); tests check that they agree.
+MAX_REPEATS = 10_000
+MAX_WARMUP = 1_000
 
 # Options validate, bench and tune share, defined once.
 adapter_option = click.option(
@@ -251,6 +495,13 @@ storage_overrun_option = click.option(
     "them (lavapipe runs 48 KiB tiles correctly while advertising 32 KiB); flagged in the report.",
 )
 
+from_templates_option = click.option(
+    "--from-templates",
+    is_flag=True,
+    help="Run a fresh render of templates/ instead of the committed generated/ kernels (which "
+    "are otherwise first proven equal to a fresh render: a stale tree exits 1).",
+)
+
 
 def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option(
@@ -263,7 +514,7 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 @cli.command()
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_variants)
 @click.option(
     "--backend",
     type=click.Choice(BACKEND_CHOICES),
@@ -274,17 +525,26 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 )
 @adapter_option
 @limits_option
-@click.option("--quick", is_flag=True, help="A subset of the cases (for the test suite).")
+@click.option("--quick", is_flag=True, help="CI smoke tier: a subset of the feature cases.")
+@click.option(
+    "--large",
+    is_flag=True,
+    help="GPU tier: size cases at real model lengths (8k keys, 1k queries; tiered cold tier up to "
+    "MAX_KV_LEN). Default: the CI tier (2k keys, 300 queries, offsets past 4096, 64 heads).",
+)
 @click.option(
     "--tier",
     type=click.Choice(["quick", "default", "large"]),
     default=None,
-    help="Case tier: quick (a subset), default (the full matrix) or large (more and longer "
-    "random cases). --quick is --tier quick.",
+    help="Case tier by name (each family defines its tiers): --quick is --tier quick, --large "
+    "is --tier large.",
 )
 @seed_option("case generator")
 @storage_overrun_option
+@from_templates_option
+@click.option("--fail-fast", is_flag=True, help="Stop each variant at its first failing case.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@common_options
 @pass_state
 @handle_errors
 def validate(
@@ -294,27 +554,35 @@ def validate(
     adapter: str | None,
     limits: str,
     quick: bool,
+    large: bool,
     tier: str | None,
     seed: int,
     storage_overrun: bool,
+    from_templates: bool,
+    fail_fast: bool,
     as_json: bool,
 ) -> None:
     """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
 
-    Outputs are NaN-poisoned before every dispatch; tolerances are per output dtype (README).
+    Runs the committed generated/ kernels after proving generated/ equals a fresh render (a stale
+    tree exits 1 with check's verdict; --from-templates runs a fresh render instead). Outputs are
+    NaN-poisoned before every dispatch; tolerances are per output dtype (README); large outputs
+    are compared on sampled (query, head) rows, NaN/Inf everywhere.
     Exit 0 only if every variant that ran passed and at least one ran (with --backend all: on
     every backend, and the backends' outputs agreed); 1 on any failure.
     """
     from doppler_gen.validate import backend_names, format_report, validate_all
     from doppler_gen.validate import validate as validate_one
 
+    if quick and large:
+        raise click.UsageError("--quick and --large are exclusive")
     backends = backend_names(backend)
     show_bar = sys.stderr.isatty() and not as_json
     bar = None
     if show_bar:
         from doppler_gen.validate import case_count
 
-        total = case_count(state.project, names, quick=quick, tier=tier, seed=seed)
+        total = case_count(state.project, names, quick=quick, tier=tier, seed=seed, large=large)
         total *= len(backends)
         bar = click.progressbar(length=total, label="validating", file=sys.stderr)
         bar.__enter__()
@@ -332,6 +600,9 @@ def validate(
         "seed": seed,
         "storage_overrun": storage_overrun,
         "progress": progress,
+        "large": large,
+        "from_templates": from_templates,
+        "fail_fast": fail_fast,
     }
     try:
         if len(backends) > 1:
@@ -357,20 +628,32 @@ def validate(
     help="Which WebGPU implementation(s) to examine; a missing one is reported, not fatal.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+@common_options
 @handle_errors
 def doctor(backend: str, as_json: bool) -> None:
     """Adapters, features and limits that matter, and a live f16 kernel probe, per backend.
 
-    The JSON form is ``{"backends": [report, ...]}``; a backend that cannot be loaded (pydawn
-    not installed) has ``"available": false`` and its one-line ``"error"``.
+    The JSON form is ``{"backends": [report, ...], "ok": bool}``; a backend that cannot be
+    loaded (pydawn not installed) has ``"available": false`` and its one-line ``"error"``.
+    Exit 2 when no examined backend has any adapter (nothing could validate a kernel here).
     """
     from doppler_gen.validate import backend_names
 
     reports = [_doctor_report(name) for name in backend_names(backend)]
+    usable = any(report.get("adapters") for report in reports if report["available"])
     if as_json:
-        click.echo(json.dumps({"backends": reports}, indent=2, sort_keys=True, default=str))
+        document = {"backends": reports, "ok": usable}
+        click.echo(json.dumps(document, indent=2, sort_keys=True, default=str))
     else:
         click.echo("\n\n".join(_format_doctor(report) for report in reports))
+    if not usable:
+        # nothing could validate a kernel here: an environment error, not a report to file away
+        click.echo(
+            f"error: no WebGPU adapter found (backend {backend}); install a Vulkan driver such as "
+            "Mesa lavapipe (see .ci/setup) or run on a GPU machine",
+            err=True,
+        )
+        sys.exit(2)
 
 
 def _doctor_report(name: str) -> dict[str, Any]:
@@ -412,20 +695,22 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--repeats",
-            type=click.IntRange(min=20),
+            type=click.IntRange(min=20, max=MAX_REPEATS),
             default=30,
             show_default=True,
-            help="Timed dispatches per measurement (median and p10-p90 of these; at least 20).",
+            help=f"Timed dispatches per measurement (median and p10-p90 of these; 20 to "
+            f"{MAX_REPEATS}).",
         ),
         click.option(
             "--warmup",
-            type=click.IntRange(min=0),
+            type=click.IntRange(min=0, max=MAX_WARMUP),
             default=5,
             show_default=True,
-            help="Untimed dispatches before the timed ones.",
+            help=f"Untimed dispatches before the timed ones (at most {MAX_WARMUP}).",
         ),
         seed_option("input data"),
         storage_overrun_option,
+        from_templates_option,
         click.option("--json", "as_json", is_flag=True, help="Machine-readable results on stdout."),
         click.option(
             "--output",
@@ -477,7 +762,7 @@ class ShapesCommand(click.Command):
 
 
 @cli.command(cls=ShapesCommand)
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_variants)
 @click.option(
     "--shape",
     "shape_texts",
@@ -498,7 +783,13 @@ class ShapesCommand(click.Command):
     help="Device profile for % of peak: H200, 'H100 PCIe', 'H100 NVL', H100 or none. "
     "Default: matched from the adapter name.",
 )
-@click.option("--no-sdpa", is_flag=True, help="Do not time torch SDPA even if torch+CUDA works.")
+@click.option(
+    "--no-baseline",
+    "--no-sdpa",
+    "no_baseline",
+    is_flag=True,
+    help="Do not time the families' torch baselines (SDPA for attention) even if torch+CUDA works.",
+)
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -506,6 +797,7 @@ class ShapesCommand(click.Command):
     help="Write a PNG chart to FILE (needs matplotlib: pip install 'doppler-gen[plot]').",
 )
 @_timing_options
+@common_options
 @pass_state
 @handle_errors
 def bench(
@@ -514,7 +806,7 @@ def bench(
     shape_texts: tuple[str, ...],
     copy_mib: int,
     profile: str | None,
-    no_sdpa: bool,
+    no_baseline: bool,
     plot: Path | None,
     backend: str,
     adapter: str | None,
@@ -524,15 +816,17 @@ def bench(
     warmup: int,
     seed: int,
     storage_overrun: bool,
+    from_templates: bool,
     as_json: bool,
     output: Path | None,
 ) -> None:
     """GPU time per dispatch of every variant (or NAMES / globs) on each shape of its family.
 
     Median and p10-p90 of GPU-timestamped dispatches, effective GB/s and TFLOP/s, % of the
-    device profile's peak bandwidth (or of a measured copy), and the ratio to torch SDPA when
-    torch with CUDA is importable. Refuses a CPU adapter unless --allow-cpu. Exit 1 if a
-    variant left NaN/Inf in its output.
+    device profile's peak bandwidth (or of a measured copy), and the ratio to the family's torch
+    baseline (SDPA for attention) when torch with CUDA is importable. Refuses a CPU adapter
+    unless --allow-cpu. Each output is judged before timing (NaN/Inf anywhere, sampled rows
+    against float64): a wrong one is FAIL, not timed, and the exit status is 1.
     """
     from doppler_gen.bench import (
         BenchRequest,
@@ -555,8 +849,9 @@ def bench(
         allow_cpu=allow_cpu,
         copy_mib=copy_mib,
         profile=profile,
-        sdpa=not no_sdpa,
+        baseline=not no_baseline,
         settings=Settings(repeats, warmup, seed, storage_overrun),
+        from_templates=from_templates,
     )
     run = run_bench(state.project, request, progress=_progress("bench"))
     if plot is not None:
@@ -566,7 +861,7 @@ def bench(
 
 
 @cli.command(cls=ShapesCommand)
-@click.argument("name")
+@click.argument("name", shell_complete=complete_variants)
 @click.option(
     "--shape",
     "shape_text",
@@ -594,6 +889,7 @@ def bench(
     "max_head_dim).",
 )
 @_timing_options
+@common_options
 @pass_state
 @handle_errors
 def tune(
@@ -611,6 +907,7 @@ def tune(
     warmup: int,
     seed: int,
     storage_overrun: bool,
+    from_templates: bool,
     as_json: bool,
     output: Path | None,
 ) -> None:
@@ -636,11 +933,21 @@ def tune(
         allow_cpu=allow_cpu,
         max_candidates=max_candidates,
         settings=Settings(repeats, warmup, seed, storage_overrun),
+        from_templates=from_templates,
     )
     run = run_tune(state.project, request, progress=_progress("tune"))
+    refused: DopplerGenError | None = None
     if write:
-        run.written = write_winner(
-            state.project, run, accept_contract_change=accept_contract_change
-        )
+        try:
+            run.written = write_winner(
+                state.project, run, accept_contract_change=accept_contract_change
+            )
+        except DopplerGenError as error:
+            # minutes of measurement must not vanish with the refusal: report, then fail
+            refused = error
+            run.written = {"changed": False, "refused": True, "message": str(error)}
     _emit(run.as_dict(), format_report(run), as_json, output)
+    if refused is not None:
+        click.echo(f"error: {refused}", err=True)
+        sys.exit(refused.exit_code)
     sys.exit(0 if run.winner is not None else 1)

@@ -8,20 +8,33 @@ validation can trust it. Errors name the file and, where the TOML text lets us f
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from doppler_gen.errors import ConfigError
+from doppler_gen.expressions import Expression, ExpressionError
+from doppler_gen.expressions import parse as parse_expression
 
 CONFIG_NAME = "variants.toml"
 TEMPLATES_DIR = "templates"
 GENERATED_DIR = "generated"
 
 KNOWN_FEATURES = ("shader-f16", "subgroups", "timestamp-query")
+# The host tiers Doppler's attention selector knows (variantMetadata.tier of its kernel registry).
+DOPPLER_TIERS = (
+    "tiled_large",
+    "tiled_small",
+    "streaming",
+    "subgroup",
+    "flash_prefill",
+    "flash_reduce",
+)
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _TEMPLATE_KEYS = {
@@ -38,6 +51,9 @@ _TEMPLATE_KEYS = {
 }
 _PASS_KEYS = {"name", "source", "entry", "dispatch"}
 _VARIANT_KEYS = {"name", "template", "output", "description", "requires", "params", "overrides"}
+# Doppler registry placement (see DopplerExport); kept apart so the export's keys stay one block
+_TEMPLATE_KEYS |= {"doppler_operation"}
+_VARIANT_KEYS |= {"doppler_operation", "doppler_id", "doppler_tier"}
 ParamValue = int | float | str | bool
 SINGLE_PASS = "main"  # the name of the one pass of a short-form template
 
@@ -50,6 +66,14 @@ class PassSpec:
     source: str  # path relative to templates/
     dispatch: str  # workgroup-count expression over uniform fields and override constants
     entry: str | None = None  # None: the rendered module's only @compute function
+    # ``dispatch`` parsed by the whitelisted grammar of doppler_gen.expressions (at load time,
+    # so a bad rule never reaches the manifest) and the variants.toml line it is set on
+    dispatch_expr: Expression | None = None
+    line: int = 0
+
+    @property
+    def dispatch_expression(self) -> Expression:
+        return self.dispatch_expr or parse_expression(self.dispatch, what="dispatch")
 
     @property
     def source_path(self) -> str:
@@ -70,6 +94,12 @@ class TemplateSpec:
     passes: tuple[PassSpec, ...] = ()
     # scratch buffer name -> size in elements, an expression over uniforms and constants
     scratch: Mapping[str, str] = field(default_factory=dict)
+    # default Doppler registry operation of this template's variants (a variant may override it)
+    doppler_operation: str | None = None
+    params_line: int = 0  # the [templates.NAME.params] table's line
+    # each scratch size parsed by the grammar of doppler_gen.expressions, and its line
+    scratch_exprs: Mapping[str, Expression] = field(default_factory=dict)
+    scratch_lines: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def multi_pass(self) -> bool:
@@ -85,8 +115,34 @@ class TemplateSpec:
         return self.passes[0].dispatch
 
     @property
+    def dispatch_expr(self) -> Expression | None:
+        return self.passes[0].dispatch_expr
+
+    @property
+    def dispatch_line(self) -> int:
+        return self.passes[0].line
+
+    @property
     def source_path(self) -> str:
         return f"{TEMPLATES_DIR}/{self.source}"
+
+    @property
+    def dispatch_expression(self) -> Expression:
+        return self.dispatch_expr or parse_expression(self.dispatch, what="dispatch")
+
+
+@dataclass(frozen=True)
+class DopplerExport:
+    """Where a variant goes in Doppler's kernel registry: ``operations.<operation>.variants.<id>``
+    for each id, serving the host tier ``tier``. Declared in variants.toml, never derived from
+    names, because the host's ids (``prefill_f16kv``) are not doppler-gen's variant names."""
+
+    operation: str
+    ids: tuple[str, ...]
+    tier: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"operation": self.operation, "ids": list(self.ids), "tier": self.tier}
 
 
 @dataclass(frozen=True)
@@ -103,6 +159,10 @@ class Variant:
     # pipeline-overridable constants the host should set when creating the pipeline (e.g. a
     # tuned WORKGROUP_SIZE); checked against the WGSL's `override` declarations
     overrides: Mapping[str, int | float] = field(default_factory=dict)
+    # variants.toml line of each override, for errors found after render (type, range)
+    override_lines: Mapping[str, int] = field(default_factory=dict)
+    # its place in Doppler's kernel registry; None: not exported (no doppler_id declared)
+    doppler: DopplerExport | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -111,9 +171,7 @@ class Variant:
         The keys are the family's (its required and optional host-metadata parameters), then
         the dispatch rule (one string, or one per pass) and the required features.
         """
-        from doppler_gen.families import get_family
-
-        family = get_family(self.template.family)
+        family = self.require_metadata()
         meta: dict[str, Any] = {key: self.params[key] for key in family.metadata}
         meta.update({key: self.params.get(key) for key in family.optional_metadata})
         if self.template.multi_pass:
@@ -122,6 +180,25 @@ class Variant:
             meta["dispatch"] = self.template.dispatch
         meta["requires"] = list(self.requires)
         return meta
+
+    def require_metadata(self) -> Any:
+        """The variant's family, after checking the template defines the family's host metadata.
+
+        Checked when a variant is rendered or its metadata read, not when variants.toml loads:
+        loading stays free of family imports (``check``'s fast path).
+        """
+        from doppler_gen.families import get_family
+
+        family = get_family(self.template.family)
+        missing = [key for key in family.metadata if key not in self.params]
+        if missing:
+            template = self.template
+            raise ConfigError(
+                f"[templates.{template.name}.params] must define {', '.join(missing)} (host "
+                f"metadata of family {template.family!r})",
+                location=f"{CONFIG_NAME}:{template.params_line or template.line}",
+            )
+        return family
 
     def pass_output(self, spec: PassSpec) -> str:
         """The generated file of one pass: ``output`` itself, or ``NAME.PASS.wgsl`` for each
@@ -183,6 +260,12 @@ def load_project(root: Path) -> Project:
         raise ConfigError(f"{path}: not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
+    if text.startswith("\ufeff"):
+        raise ConfigError(
+            "starts with a UTF-8 byte-order mark (BOM), which TOML does not allow; save the file "
+            "as UTF-8 without BOM",
+            location=f"{CONFIG_NAME}:1",
+        )
     locator = _Locator(text)
     try:
         data = tomllib.loads(text)
@@ -287,11 +370,12 @@ class _Parser:
             raise self.fail("no [[variant]] entries declared", None)
         variants = tuple(self.variant(i, entry, templates) for i, entry in enumerate(variants_data))
         self.check_unique(variants)
+        self.check_doppler_unique(variants)
         return Project(root=self.root, templates=templates, variants=variants, config_text=text)
 
     def template(self, name: str, spec: Any) -> TemplateSpec:
         line = self.locate.template(name)
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise self.fail(f"template name {name!r} must match [a-z][a-z0-9_]*", line)
         if not isinstance(spec, dict):
             raise self.fail(f"[templates.{name}] must be a table", line)
@@ -305,7 +389,7 @@ class _Parser:
         family = self.string(spec, "family", table, self.locate.template(name, "family"))
         self.check_family(name, family)
         passes = self.passes(name, spec)
-        params = self.template_params(name, spec.get("params"), family)
+        params = self.template_params(name, spec.get("params"))
         choices = self.value_lists(name, spec.get("choices", {}), params, "choices")
         tunable = self.value_lists(name, spec.get("tunable", {}), params, "tunable")
         for param, allowed in choices.items():
@@ -323,7 +407,11 @@ class _Parser:
             tunable=tunable,
             line=line or 0,
             passes=passes,
-            scratch=self.scratch(name, spec.get("scratch", {}), len(passes)),
+            params_line=self.locate.template(name, None, "params") or 0,
+            doppler_operation=self.doppler_name(
+                spec, "doppler_operation", table, self.locate.template(name, "doppler_operation")
+            ),
+            **self.scratch(name, spec.get("scratch", {}), len(passes)),
         )
 
     def check_family(self, name: str, family: str) -> None:
@@ -343,9 +431,11 @@ class _Parser:
         if listed is None:
             source = self.string(spec, "source", table, self.locate.template(name, "source"))
             self.check_template_source(name, source, self.locate.template(name, "source"))
-            dispatch = self.string(spec, "dispatch", table, self.locate.template(name, "dispatch"))
+            line = self.locate.template(name, "dispatch")
+            dispatch = self.string(spec, "dispatch", table, line)
             entry = self.optional_entry(spec, table, self.locate.template(name, "entry"))
-            return (PassSpec(SINGLE_PASS, source, dispatch, entry),)
+            expr = self.expression(dispatch, f"[templates.{name}] dispatch", line)
+            return (PassSpec(SINGLE_PASS, source, dispatch, entry, expr, line or 0),)
         line = self.locate._table_line(f"[[templates.{name}.pass]]")
         for key in ("source", "dispatch", "entry"):
             if key in spec:
@@ -376,11 +466,13 @@ class _Parser:
             source_line = self.locate._key_line(at, "source") or at
             source = self.string(entry, "source", where, source_line)
             self.check_template_source(name, source, source_line)
-            dispatch = self.string(
-                entry, "dispatch", where, self.locate._key_line(at, "dispatch") or at
-            )
+            dispatch_line = self.locate._key_line(at, "dispatch") or at
+            dispatch = self.string(entry, "dispatch", where, dispatch_line)
             entry_point = self.optional_entry(entry, where, self.locate._key_line(at, "entry"))
-            passes.append(PassSpec(pass_name, source, dispatch, entry_point))
+            expr = self.expression(dispatch, f"{where} dispatch", dispatch_line)
+            passes.append(
+                PassSpec(pass_name, source, dispatch, entry_point, expr, dispatch_line or 0)
+            )
         return tuple(passes)
 
     def optional_entry(self, table: Mapping[str, Any], where: str, line: int | None) -> str | None:
@@ -391,7 +483,14 @@ class _Parser:
             raise self.fail(f"{where}: entry must be a WGSL function name, got {entry!r}", line)
         return entry
 
-    def scratch(self, name: str, table: Any, pass_count: int) -> dict[str, str]:
+    def expression(self, text: str, what: str, line: int | None) -> Expression:
+        """``text`` parsed by the dispatch grammar; an error is a config error at ``line``."""
+        try:
+            return parse_expression(text, what=what)
+        except ExpressionError as error:
+            raise self.fail(error.message, line) from None
+
+    def scratch(self, name: str, table: Any, pass_count: int) -> dict[str, Any]:
         """Scratch buffers: name -> size in elements (an expression over uniforms/constants)."""
         line = self.locate.template(name, None, "scratch")
         if not isinstance(table, dict):
@@ -412,7 +511,20 @@ class _Parser:
                     f"(elements), got {size!r}",
                     where,
                 )
-        return dict(table)
+        return {
+            "scratch": dict(table),
+            "scratch_exprs": {
+                buffer: self.expression(
+                    size,
+                    f"[templates.{name}.scratch] {buffer}",
+                    self.locate.template(name, buffer, "scratch"),
+                )
+                for buffer, size in table.items()
+            },
+            "scratch_lines": {
+                buffer: self.locate.template(name, buffer, "scratch") or 0 for buffer in table
+            },
+        }
 
     def check_template_source(self, name: str, source: str, line: int | None) -> None:
         relative = PurePosixPath(source)
@@ -423,7 +535,7 @@ class _Parser:
         if not (self.root / TEMPLATES_DIR / relative).is_file():
             raise self.fail(f"template file templates/{source} not found", line)
 
-    def template_params(self, name: str, params: Any, family: str) -> dict[str, ParamValue]:
+    def template_params(self, name: str, params: Any) -> dict[str, ParamValue]:
         line = self.locate.template(name, None, "params")
         if not isinstance(params, dict):
             raise self.fail(
@@ -436,13 +548,6 @@ class _Parser:
                     f"boolean, not {type(value).__name__}",
                     self.locate.template(name, param, "params"),
                 )
-        from doppler_gen.families import get_family
-
-        missing = [p for p in get_family(family).metadata if p not in params]
-        if missing:
-            raise self.fail(
-                f"[templates.{name}.params] must define {', '.join(missing)} (host metadata)", line
-            )
         return dict(params)
 
     def value_lists(
@@ -471,7 +576,7 @@ class _Parser:
             raise self.fail(f"{where} must be a table", line)
         name = self.string(entry, "name", where, self.locate.variant(index, "name"))
         where = f"variant {name!r}"
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise self.fail(
                 f"{where}: name must match [a-z][a-z0-9_]*", self.locate.variant(index, "name")
             )
@@ -490,7 +595,7 @@ class _Parser:
         template = templates[template_name]
         output_line = self.locate.variant(index, "output")
         output = self.output_path(
-            self.string(entry, "output", where, output_line), where, output_line
+            self.string(entry, "output", where, output_line), where, output_line, name
         )
         requires = entry.get("requires", [])
         if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
@@ -515,15 +620,30 @@ class _Parser:
             params=self.variant_params(index, where, entry.get("params", {}), template),
             line=line or 0,
             overrides=self.variant_overrides(index, where, entry.get("overrides", {})),
+            override_lines=self.override_lines(index, entry.get("overrides", {})),
+            doppler=self.doppler_export(index, where, entry, template),
         )
 
+    def override_lines(self, index: int, table: Mapping[str, Any]) -> dict[str, int]:
+        fallback = self.locate.variant(index, "overrides") or 0
+        return {name: self.locate.variant(index, name) or fallback for name in table}
+
     def variant_overrides(self, index: int, where: str, table: Any) -> dict[str, int | float]:
+        """Values that are numbers whatever the WGSL type; type and range are checked against
+        the rendered WGSL's `override` declarations (manifest.check_overrides)."""
         line = self.locate.variant(index, "overrides")
         if not isinstance(table, dict):
             raise self.fail(f"{where}: overrides must be a table of override-constant values", line)
         for name, value in table.items():
+            key_line = self.locate.variant(index, name) or line
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise self.fail(f"{where}: override {name} must be a number, got {value!r}", line)
+                raise self.fail(
+                    f"{where}: override {name} must be a number, got {value!r}", key_line
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                raise self.fail(
+                    f"{where}: override {name} = {value} is not a finite number", key_line
+                )
         return dict(sorted(table.items()))
 
     def variant_params(
@@ -580,7 +700,18 @@ class _Parser:
                 line,
             )
 
-    def output_path(self, output: str, where: str, line: int | None) -> str:
+    def output_path(self, output: str, where: str, line: int | None, name: str = "") -> str:
+        if any(ord(char) < 32 or ord(char) == 127 for char in output):
+            raise self.fail(
+                f"{where}: output {output!r} contains a control character (newline, tab, ...)",
+                line,
+            )
+        if unicodedata.normalize("NFC", output) != output:
+            raise self.fail(
+                f"{where}: output {output!r} is not in Unicode NFC form (it could name a different "
+                "file on another file system)",
+                line,
+            )
         path = PurePosixPath(output)
         if (
             path.is_absolute()
@@ -592,6 +723,12 @@ class _Parser:
             raise self.fail(
                 f"{where}: output {output!r} must be a file directly inside {GENERATED_DIR}/ "
                 f"(e.g. {GENERATED_DIR}/NAME.wgsl)",
+                line,
+            )
+        if path.name == ".wgsl" or path.name.startswith("."):
+            raise self.fail(
+                f"{where}: output {output!r} has no file name (or a hidden one); use "
+                f"{GENERATED_DIR}/{name or 'NAME'}.wgsl",
                 line,
             )
         if path.suffix != ".wgsl":
@@ -609,7 +746,7 @@ class _Parser:
                     self.locate.variant(index, "name"),
                 )
             for output in variant.outputs:
-                key = output.lower()
+                key = unicodedata.normalize("NFKC", output).casefold()
                 if key in outputs:
                     raise self.fail(
                         f"variant {variant.name!r}: output {output!r} is already produced by "
@@ -617,7 +754,89 @@ class _Parser:
                         self.locate.variant(index, "output"),
                     )
                 outputs[key] = variant
+            if variant.output != f"{GENERATED_DIR}/{variant.name}.wgsl":
+                raise self.fail(
+                    f"variant {variant.name!r}: output {variant.output!r} must be "
+                    f"{GENERATED_DIR}/{variant.name}.wgsl (named after the variant, so that a "
+                    "kernel's file always says which variant it is)",
+                    self.locate.variant(index, "output"),
+                )
             names[variant.name] = variant
+
+    # -- Doppler registry placement (doppler_operation, doppler_id, doppler_tier) --------------
+
+    def doppler_name(
+        self, table: Mapping[str, Any], key: str, where: str, line: int | None
+    ) -> str | None:
+        """An optional registry name (operation, id or tier): lower-case identifier or absent."""
+        if key not in table:
+            return None
+        value = table[key]
+        if not isinstance(value, str) or not _NAME_RE.match(value):
+            raise self.fail(f"{where}: {key} must be a name matching [a-z][a-z0-9_]*", line)
+        return value
+
+    def doppler_export(
+        self, index: int, where: str, entry: Mapping[str, Any], template: TemplateSpec
+    ) -> DopplerExport | None:
+        """The variant's registry placement; None (not exported) when it declares no doppler_id."""
+        operation = self.doppler_name(
+            entry, "doppler_operation", where, self.locate.variant(index, "doppler_operation")
+        )
+        tier_line = self.locate.variant(index, "doppler_tier")
+        tier = self.doppler_name(entry, "doppler_tier", where, tier_line)
+        if tier is not None and tier not in DOPPLER_TIERS:
+            raise self.fail(
+                f"{where}: doppler_tier {tier!r} is not one of {', '.join(DOPPLER_TIERS)}",
+                tier_line,
+            )
+        id_line = self.locate.variant(index, "doppler_id")
+        ids = entry.get("doppler_id")
+        if ids is None:
+            if operation is not None or tier is not None:
+                key = "doppler_operation" if operation is not None else "doppler_tier"
+                raise self.fail(
+                    f"{where}: {key} without doppler_id (the host's variant id, e.g. "
+                    '"prefill_f16kv")',
+                    self.locate.variant(index, key),
+                )
+            return None
+        ids = [ids] if isinstance(ids, str) else ids
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, str) and _NAME_RE.match(i) for i in ids)
+            or len(set(ids)) != len(ids)
+        ):
+            raise self.fail(
+                f"{where}: doppler_id must be a name or a list of distinct names matching "
+                "[a-z][a-z0-9_]*",
+                id_line,
+            )
+        operation = operation or template.doppler_operation
+        if operation is None:
+            raise self.fail(
+                f"{where}: doppler_id needs a registry operation: set doppler_operation on the "
+                f"variant or on [templates.{template.name}]",
+                id_line,
+            )
+        return DopplerExport(operation=operation, ids=tuple(ids), tier=tier)
+
+    def check_doppler_unique(self, variants: tuple[Variant, ...]) -> None:
+        """One registry entry per (operation, id): two variants cannot claim the same slot."""
+        owners: dict[tuple[str, str], Variant] = {}
+        for index, variant in enumerate(variants):
+            if variant.doppler is None:
+                continue
+            for doppler_id in variant.doppler.ids:
+                slot = (variant.doppler.operation, doppler_id)
+                if slot in owners:
+                    raise self.fail(
+                        f"variant {variant.name!r}: doppler_id {doppler_id!r} of operation "
+                        f"{slot[0]!r} is already declared by variant {owners[slot].name!r}",
+                        self.locate.variant(index, "doppler_id"),
+                    )
+                owners[slot] = variant
 
     def string(self, table: Mapping[str, Any], key: str, where: str, line: int | None) -> str:
         if key not in table:

@@ -39,9 +39,53 @@ def edit_variant_entry(
     return "".join(lines)
 
 
+def table_header_lines(lines: list[str]) -> list[int]:
+    """Indices of the lines that are TOML table headers (``[x]``, ``[[x]]``).
+
+    A line starting with ``[`` inside a multi-line string (a description) or a multi-line array
+    is not a header: the scan tracks strings, comments and bracket depth across lines.
+    """
+    headers: list[int] = []
+    quote = ""  # the open string's delimiter: ", ', \"\"\" or '''
+    depth = 0  # open [ of arrays in values
+    for index, line in enumerate(lines):
+        if not quote and depth == 0 and line.lstrip().startswith("["):
+            headers.append(index)
+            continue  # a header line holds no string or array that stays open
+        position = 0
+        while position < len(line):
+            if quote:
+                if quote in ('"', '"""') and line[position] == "\\":
+                    position += 2
+                    continue
+                if line.startswith(quote, position):
+                    position += len(quote)
+                    quote = ""
+                    continue
+                position += 1
+                continue
+            char = line[position]
+            if char == "#":
+                break
+            if line.startswith('"""', position) or line.startswith("'''", position):
+                quote = line[position : position + 3]
+                position += 3
+                continue
+            if char in "\"'":
+                quote = char
+            elif char == "[":
+                depth += 1
+            elif char == "]":
+                depth = max(0, depth - 1)
+            position += 1
+        if quote in ('"', "'"):
+            quote = ""  # a one-line string cannot continue (invalid TOML; tomllib reports it)
+    return headers
+
+
 def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
     """[start, end) line indices of the [[variant]] entry named ``name`` (header included)."""
-    headers = [i for i, line in enumerate(lines) if line.lstrip().startswith("[")]
+    headers = table_header_lines(lines)
     for position, index in enumerate(headers):
         if lines[index].strip().split("#")[0].strip() != "[[variant]]":
             continue

@@ -1,4 +1,4 @@
-"""generated/manifest.json: what a host (and the validation harness) needs to drive each kernel.
+"""generated/manifest.json: what a host (and the validation runtime) needs to drive each kernel.
 
 Built from the generated WGSL itself (parsed by ``wgsl``), plus the host metadata variants.toml
 declares. Before a manifest is written, the metadata is cross-checked against the WGSL, so a
@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from doppler_gen.config import Variant
-from doppler_gen.errors import InterfaceError
+from doppler_gen.config import CONFIG_NAME, PassSpec, Variant
+from doppler_gen.errors import ConfigError, InterfaceError
 from doppler_gen.families import get_family
-from doppler_gen.families.base import SCRATCH, UNIFORM
+from doppler_gen.families.roles import SCRATCH, UNIFORM
 from doppler_gen.render import RenderedKernel, RenderedPass
 from doppler_gen.wgsl import Binding, Module, parse_module
 
@@ -134,6 +135,8 @@ def variant_entry(kernel: RenderedKernel, modules: Sequence[Module]) -> dict[str
         "metadata": {**variant.metadata, "workgroup_size": passes[-1]["workgroup_size_default"]},
         "passes": passes,
         "scratch": scratch_entries(variant, modules),
+        # place in Doppler's kernel registry, as variants.toml declares it (read by export.py)
+        "doppler": variant.doppler.as_json() if variant.doppler else None,
     }
     if len(passes) == 1:
         entry.update({key: passes[0][key] for key in _SHORT_FORM_KEYS})
@@ -166,13 +169,24 @@ def _uniform_layout(module: Module, struct_name: str) -> dict[str, Any]:
 
 
 def check_metadata(variant: Variant, modules: Module | Sequence[Module]) -> None:
-    """Raise InterfaceError where variants.toml's host metadata disagrees with the WGSL."""
+    """Raise InterfaceError where variants.toml's host metadata disagrees with the WGSL.
+
+    Then the dispatch rules' and scratch sizes' names and the override values (ConfigError at
+    their own variants.toml line): they can only be judged against the rendered WGSL.
+    """
     if isinstance(modules, Module):
         modules = (modules,)
+    modules = tuple(modules)
     where = f"variants.toml:{variant.line}" if variant.line else "variants.toml"
-    problems = list(_metadata_problems(variant, tuple(modules)))
+    problems = list(_metadata_problems(variant, modules))
     if problems:
         raise InterfaceError(f"variant {variant.name}: {problems[0]}", location=where)
+    known: set[str] = set()
+    for spec, module in zip(variant.template.passes, modules, strict=True):
+        known |= check_dispatch_names(variant, module, spec)
+    check_scratch_names(variant, known)
+    for module in modules:
+        check_overrides(variant, module)
 
 
 def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterator[str]:
@@ -212,19 +226,12 @@ def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterato
     for name in variant.overrides:
         if not any(name in m.overrides for m in modules):
             yield f"overrides sets {name}, which the WGSL does not declare as `override`"
-    known: set[str] = set()
-    for spec, module, entry in zip(specs, modules, entries, strict=True):
+    for module, entry in zip(modules, entries, strict=True):
         uniform = next((b for b in module.bindings_of(entry) if b.address_space == "uniform"), None)
         if uniform is None or uniform.type.name not in module.structs:
             yield "the WGSL has no uniform struct binding"
             return
-        names = {f.name for f in module.structs[uniform.type.name].fields}
-        names |= set(module.overrides) | set(module.constants)
-        known |= names
-        unknown = sorted(_names_in(spec.dispatch) - names - {"ceil"})
-        if unknown:
-            yield f"dispatch rule {spec.dispatch!r} uses unknown names {', '.join(unknown)}"
-    yield from _scratch_problems(variant, modules, known)
+    yield from _scratch_problems(variant, modules)
 
 
 def _role_problems(
@@ -248,10 +255,8 @@ def _role_problems(
                 )
 
 
-def _scratch_problems(
-    variant: Variant, modules: tuple[Module, ...], known: set[str]
-) -> Iterator[str]:
-    for name, size in variant.template.scratch.items():
+def _scratch_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterator[str]:
+    for name in variant.template.scratch:
         bound = [m.binding(name) for m in modules if m.binding(name)]
         if not bound:
             yield f"scratch buffer {name} is bound by no pass"
@@ -262,13 +267,95 @@ def _scratch_problems(
             yield f"scratch buffer {name} has different element types in different passes"
         if not any(b.access == "read_write" for b in bound):
             yield f"scratch buffer {name} is written by no pass (no read_write binding)"
-        unknown = sorted(_names_in(size) - known - {"ceil"})
+
+
+def _config_line(line: int) -> str:
+    return f"{CONFIG_NAME}:{line}" if line else CONFIG_NAME
+
+
+def check_dispatch_names(variant: Variant, module: Module, spec: PassSpec) -> set[str]:
+    """A pass's dispatch rule may read only its Uniforms fields, override and module constants.
+
+    Returns those names (what scratch sizes may read, over every pass).
+    """
+    template = variant.template
+    entry = spec.entry or module.entry_point
+    bound = module.bindings_of(entry) if entry in module.entry_points else module.bindings
+    uniform = next((b for b in bound if b.address_space == "uniform"), None)
+    fields = set()
+    if uniform is not None and uniform.type.name in module.structs:
+        fields = {f.name for f in module.structs[uniform.type.name].fields}
+    known = fields | set(module.overrides) | set(module.constants)
+    unknown = sorted(spec.dispatch_expression.names - known)
+    if unknown:
+        of = f" (pass {spec.name})" if template.multi_pass else ""
+        raise ConfigError(
+            f"[templates.{template.name}] dispatch{of} {spec.dispatch!r} uses "
+            f"{', '.join(unknown)}, which the WGSL of variant {variant.name} declares neither as a "
+            "Uniforms field nor as an override or module constant",
+            location=_config_line(spec.line),
+        )
+    return known
+
+
+def check_scratch_names(variant: Variant, known: set[str]) -> None:
+    """A scratch size may read the Uniforms fields and constants of any pass."""
+    template = variant.template
+    for name, expression in template.scratch_exprs.items():
+        unknown = sorted(expression.names - known)
         if unknown:
-            yield f"scratch size {name} = {size!r} uses unknown names {', '.join(unknown)}"
+            raise ConfigError(
+                f"[templates.{template.name}.scratch] {name} = {template.scratch[name]!r} uses "
+                f"{', '.join(unknown)}, which no pass of variant {variant.name} declares as a "
+                "Uniforms field or constant",
+                location=_config_line(template.scratch_lines.get(name, template.line)),
+            )
 
 
-def _names_in(expression: str) -> set[str]:
-    return set(re.findall(r"[A-Za-z_]\w*", expression))
+# (lowest, highest) value a pipeline constant of each WGSL scalar type can take
+_OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
+    "u32": (0, 2**32 - 1),
+    "i32": (-(2**31), 2**31 - 1),
+    "f32": (-3.4028234663852886e38, 3.4028234663852886e38),
+    "f16": (-65504.0, 65504.0),
+    "bool": (0, 1),
+}
+
+
+def check_overrides(variant: Variant, module: Module) -> None:
+    """Each override value fits its WGSL type; one that sizes the dispatch or workgroup is >= 1."""
+    sizes: set[str] = set()
+    for spec in variant.template.passes:
+        sizes |= set(spec.dispatch_expression.names)
+    for entry in module.entry_points.values():
+        for expression in entry.workgroup_size:
+            sizes |= set(re.findall(r"[A-Za-z_]\w*", expression))
+    for name, value in variant.overrides.items():
+        declared = module.overrides.get(name)
+        if declared is None:
+            continue  # reported by check_metadata as "not declared as `override`"
+        problem = override_problem(declared.type, value, size=name in sizes)
+        if problem:
+            raise ConfigError(
+                f"variant {variant.name!r}: override {name} = {value!r}: {problem}",
+                location=_config_line(variant.override_lines.get(name, variant.line)),
+            )
+
+
+def override_problem(wgsl_type: str, value: int | float, *, size: bool) -> str | None:
+    """Why ``value`` cannot be the pipeline constant of a WGSL ``wgsl_type`` override, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not a finite number"
+    if wgsl_type in ("u32", "i32", "bool") and not isinstance(value, int):
+        return f"{wgsl_type} needs an integer"
+    low, high = _OVERRIDE_RANGES.get(wgsl_type, (-math.inf, math.inf))
+    if not low <= value <= high:
+        return f"out of range for {wgsl_type} ({low:g} to {high:g})"
+    if size and value < 1:
+        return "it sizes the dispatch or the workgroup, so it must be at least 1"
+    return None
 
 
 def build_manifest(entries: dict[str, dict[str, Any]]) -> str:

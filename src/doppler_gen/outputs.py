@@ -1,21 +1,43 @@
 """Render every variant in memory, then write or compare ``generated/``.
 
 Third stage of the pipeline. Nothing touches the disk until every selected variant has rendered
-and passed its metadata check, so a template error never leaves ``generated/`` half-updated. Files
-are written atomically (temporary file + rename) and only when their content changed. A file in
-``generated/`` that no variant produces is removed only if it carries our generated header: a
-hand-written file there is never deleted.
+and passed its metadata check, so a template error never leaves ``generated/`` half-updated.
+
+Writing is one transaction under the project's generate lock (``state.generate_lock``):
+1. every changed file is written to a temporary file ``.NAME.xxxxxxxx.tmp`` next to its target;
+2. each old file is hard-linked to a backup name of the same shape, then the temporary file is
+   renamed over it; kernels first, then orphans are renamed to backup names, the manifest last;
+3. on success the backups are deleted; on any failure (a full disk, a read-only or immutable
+   file, an interrupt) every renamed file is put back from its backup, so the tree is all old
+   or all new, and the error is one line.
+A process killed with SIGKILL can still stop between two renames; every file is then its old or
+its new version, and the backups are still there: `check` names the stale files and reports the
+temporary files (``leftovers``) as the sign of an interrupted run, and the next `generate`
+finishes the job and deletes them.
+
+A file in ``generated/`` that no variant produces is removed only when it is a ``*.wgsl`` file
+whose bytes are exactly what the manifest records doppler-gen wrote at that path. Any other file
+that carries the generated header (a hand-edited copy) makes `generate` refuse, naming it; files
+without the header are the user's and never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import hashlib
+import json
 import os
+import re
+import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from doppler_gen.config import Project, Variant
-from doppler_gen.errors import ConfigError
+from doppler_gen.config import GENERATED_DIR, Project, Variant
+from doppler_gen.errors import ConfigError, DopplerGenError
+from doppler_gen.export import EXPORT_DIR, export_files, orphaned_exports
 from doppler_gen.manifest import (
     MANIFEST_PATH,
     build_manifest,
@@ -24,6 +46,15 @@ from doppler_gen.manifest import (
     variant_entry,
 )
 from doppler_gen.render import RenderedKernel, Renderer, is_generated_file
+from doppler_gen.state import generate_lock
+
+# ".NAME.xxxxxxxx.tmp": tempfile.mkstemp's names, and the backups of a transaction
+_TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
+LEFTOVER_RE = re.compile(r"^\.(?P<name>.+\.(?:wgsl|json))\.[a-z0-9_]{8}\.tmp$")
+
+
+class OutputError(DopplerGenError):
+    """generated/ cannot be read or written as required (exit 2, nothing changed)."""
 
 
 @dataclass
@@ -34,6 +65,8 @@ class Plan:
     kernels: dict[str, RenderedKernel]  # by variant name, all variants
     files: dict[str, str]  # relative path -> expected text (selected kernels + manifest)
     full: bool  # every variant selected: orphans may be removed
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest entries, all
+    selected: tuple[str, ...] = ()  # names of the selected variants
 
 
 @dataclass
@@ -44,10 +77,12 @@ class Status:
     missing: list[str] = field(default_factory=list)
     orphaned: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)  # temporary files of an interrupted run
+    foreign: list[str] = field(default_factory=list)  # orphans generate will not remove
 
     @property
     def clean(self) -> bool:
-        return not (self.stale or self.missing or self.orphaned)
+        return not (self.stale or self.missing or self.orphaned or self.leftovers)
 
 
 def select(project: Project, patterns: tuple[str, ...]) -> list[Variant]:
@@ -69,7 +104,7 @@ def plan(
 ) -> Plan:
     """Render all variants (the manifest needs all) and collect the files to write."""
     renderer = renderer or Renderer(project)
-    selected = {v.name for v in select(project, patterns)}
+    selected = tuple(v.name for v in select(project, patterns))
     kernels: dict[str, RenderedKernel] = {}
     entries = {}
     for variant in project.variants:
@@ -84,46 +119,217 @@ def plan(
         if name in selected
         for rendered in kernel.passes
     }
-    files[MANIFEST_PATH] = build_manifest(entries)
-    return Plan(project, kernels, files, full=len(selected) == len(project.variants))
+    full = len(selected) == len(project.variants)
+    result = Plan(project, kernels, files, full, entries, selected)
+    files[MANIFEST_PATH] = build_manifest(entries) if full else partial_manifest(result)
+    files.update(plan_exports(result))
+    return result
+
+
+def plan_exports(plan: Plan) -> dict[str, str]:
+    """generated/doppler/: Doppler's registry fragment and digests, from the same entries as the
+    manifest. After a partial `generate NAME`, the variants not selected keep the entries and
+    the kernel text on disk (what the host will load), like the partial manifest."""
+    if plan.full:
+        entries = plan.entries
+        texts = {r.output: r.text for k in plan.kernels.values() for r in k.passes}
+    else:
+        entries = dict(_recorded_entries(plan.project))
+        entries.update({name: plan.entries[name] for name in plan.selected})
+        texts = {}
+        for name, kernel in plan.kernels.items():
+            for rendered in kernel.passes:
+                keep = name not in plan.selected
+                on_disk = _read_text(plan.project.root, rendered.output) if keep else None
+                texts[rendered.output] = rendered.text if on_disk is None else on_disk
+    return export_files(entries, texts)
+
+
+def _read_text(root: Path, relative: str) -> str | None:
+    try:
+        return (root / relative).read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def partial_manifest(plan: Plan) -> str:
+    """The manifest after writing only the selected variants: the one on disk, with only the
+    entries of the selected variants replaced. The others keep the sha256 (and the rest) of
+    what was last written for them, since their files are not touched."""
+    entries = dict(_recorded_entries(plan.project))
+    entries.update({name: plan.entries[name] for name in plan.selected})
+    return build_manifest(entries)
+
+
+def _recorded_entries(project: Project) -> dict[str, dict[str, Any]]:
+    """The variant entries of the manifest on disk ({} when it is missing or unreadable)."""
+    path = project.root / MANIFEST_PATH
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return {}
+        document = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    variants = document.get("variants") if isinstance(document, dict) else None
+    if not isinstance(variants, dict):
+        return {}
+    return {name: entry for name, entry in variants.items() if isinstance(entry, dict)}
+
+
+def generated_directory(project: Project) -> Path:
+    """generated/, after refusing one that is not a directory or lies outside the project.
+
+    A missing generated/ is fine (everything is missing; `generate` creates it).
+    """
+    directory = project.generated_dir
+    if directory.is_symlink() and not directory.exists():
+        target = os.readlink(directory)
+        raise OutputError(f"is a symlink to {target}, which does not exist", location=GENERATED_DIR)
+    if directory.exists() and not directory.is_dir():
+        raise OutputError(
+            f"exists but is not a directory ({_kind(directory)})", location=GENERATED_DIR
+        )
+    if directory.exists():
+        resolved, root = directory.resolve(), project.root.resolve()
+        if not resolved.is_relative_to(root):
+            raise OutputError(
+                f"resolves to {resolved}, outside the project root {root}: doppler-gen refuses "
+                "to write or remove files there",
+                location=GENERATED_DIR,
+            )
+    return directory
+
+
+def _kind(path: Path) -> str:
+    """What a non-regular file is, in words."""
+    mode = path.stat().st_mode
+    for test, word in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def read_output(root: Path, relative: str) -> bytes | None:
+    """The bytes of an output file; None when missing. Refuses anything but a regular file
+    (reading a FIFO would block forever; a directory cannot be replaced)."""
+    path = root / relative
+    try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise OutputError(
+                f"is {_kind(path)}, not a regular file: doppler-gen refuses to read or replace it",
+                location=relative,
+            )
+        # bytes, not text: text mode would read CRLF as LF and pass a file whose sha256
+        # differs from the manifest's
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OutputError(f"cannot read: {exc.strerror or exc}", location=relative) from None
 
 
 def compare(plan: Plan) -> Status:
     """Compare the plan with the disk (never writes)."""
     status = Status()
     root = plan.project.root
+    generated_directory(plan.project)
     for relative, expected in sorted(plan.files.items()):
-        path = root / relative
-        try:
-            # bytes, not text: text mode would read CRLF as LF and pass a file whose sha256
-            # differs from the manifest's
-            actual = path.read_bytes()
-        except FileNotFoundError:
+        actual = read_output(root, relative)
+        if actual is None:
             status.missing.append(relative)
-            continue
-        except OSError:
-            actual = b""
-        if actual == expected.encode("utf-8"):
+        elif actual == expected.encode("utf-8"):
             status.unchanged.append(relative)
         else:
             shown = actual.decode("utf-8", errors="replace").replace("\r", "\\r")
             status.stale[relative] = unified_diff(relative, shown, expected)
+    status.leftovers = leftovers(plan.project)
     if plan.full:
         status.orphaned = orphans(plan)
+        status.foreign = foreign_orphans(plan, status.orphaned)
+        # generated/doppler/: only JSON files doppler-gen wrote (`generator` key) count
+        status.orphaned += orphaned_exports(root, plan.files)
     return status
+
+
+def _top_level_files(project: Project) -> list[Path]:
+    directory = project.generated_dir
+    if not directory.is_dir():
+        return []
+    return sorted(path for path in directory.iterdir() if path.is_file())
+
+
+def _export_files(project: Project) -> list[Path]:
+    directory = project.root / EXPORT_DIR
+    if directory.is_symlink() or not directory.is_dir():
+        return []
+    return sorted(path for path in directory.iterdir() if path.is_file())
+
+
+def leftovers(project: Project) -> list[str]:
+    """Temporary files (``.NAME.xxxxxxxx.tmp``) that an interrupted `generate` left behind."""
+    return [
+        path.relative_to(project.root).as_posix()
+        for path in [*_top_level_files(project), *_export_files(project)]
+        if LEFTOVER_RE.match(path.name)
+    ]
 
 
 def orphans(plan: Plan) -> list[str]:
     """Files in generated/ with our header that no variant produces."""
-    directory = plan.project.generated_dir
-    if not directory.is_dir():
-        return []
     produced = {Path(p).name for p in plan.files}
-    found = []
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and path.name not in produced and is_generated_file(path):
-            found.append(path.relative_to(plan.project.root).as_posix())
-    return found
+    return [
+        path.relative_to(plan.project.root).as_posix()
+        for path in _top_level_files(plan.project)
+        if path.name not in produced
+        and not LEFTOVER_RE.match(path.name)
+        and is_generated_file(path)
+    ]
+
+
+def foreign_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
+    """The orphans that are not doppler-gen's to delete.
+
+    Deletable: a non-hidden ``*.wgsl`` whose sha256 is what the manifest on disk records for a
+    variant written at that path. A hand-edited copy, a renamed file, a ``notes.txt`` or a
+    hidden file that merely starts with the header is not.
+    """
+    recorded = {
+        (record.get("file"), record.get("sha256"))
+        for entry in _recorded_entries(plan.project).values()
+        for record in [entry, *(entry.get("passes") or [])]
+        if isinstance(record, dict)
+    }
+    foreign = []
+    for relative in orphaned:
+        if relative.startswith(f"{EXPORT_DIR}/"):
+            continue  # orphaned_exports only lists JSON documents doppler-gen wrote
+        name = Path(relative).name
+        data = read_output(plan.project.root, relative) or b""
+        ours = (relative, hashlib.sha256(data).hexdigest()) in recorded
+        if not (ours and name.endswith(".wgsl") and not name.startswith(".")):
+            foreign.append(relative)
+    return foreign
+
+
+def removable_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
+    """The orphans `generate` may delete; refuses (one line, listing them) if any other is left."""
+    refused = foreign_orphans(plan, orphaned)
+    if refused:
+        raise OutputError(
+            f"{len(refused)} file(s) carry the generated header, but no variant produces them "
+            f"and they are not what doppler-gen wrote there: {', '.join(refused)}; move or "
+            "delete them, then run `doppler-gen generate` again",
+            location=f"{GENERATED_DIR}/",
+        )
+    return list(orphaned)
 
 
 def unified_diff(relative: str, actual: str, expected: str) -> str:
@@ -146,33 +352,173 @@ class WriteResult:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    cleaned: list[str] = field(default_factory=list)  # leftovers of an interrupted run
 
 
 def write(plan: Plan) -> WriteResult:
-    """Apply the plan: atomic writes of changed files, removal of our orphans."""
-    status = compare(plan)
-    result = WriteResult(unchanged=status.unchanged)
-    plan.project.generated_dir.mkdir(parents=True, exist_ok=True)
-    for relative in sorted([*status.stale, *status.missing]):
-        atomic_write(plan.project.root / relative, plan.files[relative])
-        result.written.append(relative)
-    for relative in status.orphaned:
-        (plan.project.root / relative).unlink()
-        result.removed.append(relative)
-    return result
+    """Apply the plan under the project lock: one all-or-nothing transaction (module doc)."""
+    project = plan.project
+    first = compare(plan)
+    if first.clean:  # nothing to write: no lock needed (a read-only checkout stays fine)
+        return WriteResult(unchanged=first.unchanged)
+    with generate_lock(project.root):
+        if not plan.full:  # what the manifest on disk says now, not when rendering began
+            plan.files[MANIFEST_PATH] = partial_manifest(plan)
+            plan.files.update(plan_exports(plan))
+        status = compare(plan)
+        removals = removable_orphans(plan, status.orphaned)
+        changed = sorted([*status.stale, *status.missing])
+        created = _ensure_directory(project) if changed else False
+        try:
+            Transaction(project.root).run({r: plan.files[r] for r in changed}, removals)
+        except BaseException:
+            if created:
+                with contextlib.suppress(OSError):
+                    project.generated_dir.rmdir()
+            raise
+        cleaned = [r for r in status.leftovers if _unlink(project.root / r)]
+    return WriteResult(
+        written=changed, unchanged=status.unchanged, removed=removals, cleaned=cleaned
+    )
+
+
+def _ensure_directory(project: Project) -> bool:
+    """Create generated/ if missing; True when this call created it."""
+    if project.generated_dir.is_dir():
+        return False
+    try:
+        project.generated_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot create the directory: {exc.strerror or exc}", location=GENERATED_DIR
+        ) from None
+    return True
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return False
+    return True
+
+
+class Transaction:
+    """Replace and remove files so that, whatever fails, all of it or none of it happened."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.staged: dict[Path, Path] = {}  # target -> its new content, in a temporary file
+        self.undo: list[tuple[Path, Path | bytes | None]] = []  # target -> old state, in order
+        self.backups: list[Path] = []
+
+    def run(self, changes: dict[str, str], removals: list[str]) -> None:
+        """Write ``changes`` (relative path -> text) and delete ``removals``; one-line errors.
+
+        The manifest is replaced last, after the orphans are gone: until then the manifest on
+        disk still records every orphan, so a run killed half-way leaves orphans that the next
+        run may remove.
+        """
+        current = ""
+        kernels = [r for r in changes if r != MANIFEST_PATH]
+        steps = [
+            *((self._replace, r) for r in kernels),
+            *((self._remove, r) for r in removals),
+            *((self._replace, r) for r in changes if r == MANIFEST_PATH),
+        ]
+        try:
+            for relative, text in changes.items():
+                current = relative
+                self.staged[self.root / relative] = stage(self.root / relative, text)
+            for step, relative in steps:
+                current = relative
+                step(self.root / relative)
+        except BaseException as exc:
+            problems = self._rollback()
+            if not isinstance(exc, OSError):
+                raise
+            reason = exc.strerror or str(exc)
+            undone = "nothing was changed" if not problems else f"COULD NOT RESTORE {problems}"
+            raise OutputError(f"cannot write: {reason}; {undone}", location=current) from None
+        for backup in self.backups:
+            _unlink(backup)
+
+    def _replace(self, target: Path) -> None:
+        backup = self._backup(target)
+        os.replace(self.staged[target], target)  # atomic: if it fails, nothing changed
+        del self.staged[target]
+        self.undo.append((target, backup))
+
+    def _remove(self, target: Path) -> None:
+        backup = _spare_name(target)
+        os.replace(target, backup)
+        self.backups.append(backup)
+        self.undo.append((target, backup))
+
+    def _backup(self, target: Path) -> Path | bytes | None:
+        """A hard link to the old file (no data copied, so no space needed), else its bytes."""
+        if not os.path.lexists(target):
+            return None
+        backup = _spare_name(target)
+        try:
+            os.link(target, backup, follow_symlinks=False)  # a symlink stays a symlink
+        except OSError:
+            return target.read_bytes()
+        self.backups.append(backup)
+        return backup
+
+    def _rollback(self) -> str:
+        """Undo in reverse order; returns the paths that could not be restored (or "")."""
+        failed = []
+        for target, old in reversed(self.undo):
+            try:
+                if old is None:
+                    target.unlink(missing_ok=True)
+                elif isinstance(old, Path):
+                    os.replace(old, target)
+                else:
+                    os.replace(stage(target, old), target)
+            except OSError:
+                failed.append(str(target.relative_to(self.root)))
+        for temporary in [*self.staged.values(), *self.backups]:
+            _unlink(temporary)
+        return ", ".join(failed)
+
+
+def _spare_name(target: Path) -> Path:
+    """An unused ``.NAME.xxxxxxxx.tmp`` next to ``target``."""
+    while True:
+        token = "".join(secrets.choice(_TEMP_ALPHABET) for _ in range(8))
+        candidate = target.with_name(f".{target.name}.{token}.tmp")
+        if not candidate.exists() and not candidate.is_symlink():
+            return candidate
+
+
+def stage(path: Path, content: str | bytes) -> Path:
+    """Write ``content`` to a new temporary file next to ``path``; returns its path."""
+    import tempfile  # only writing needs it, not `check`
+
+    # generated/doppler/ is created on first use (an empty one left by a rollback is harmless)
+    path.parent.mkdir(exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.chmod(temporary, 0o644)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return Path(temporary)
 
 
 def atomic_write(path: Path, text: str) -> None:
     """Write via a temporary file in the same directory and rename over the target."""
-    import tempfile  # only writing needs it, not `check`
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = stage(path, text)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise

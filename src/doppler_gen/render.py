@@ -9,15 +9,26 @@ compiler's complaint about ``generated/X.wgsl:120`` can be shown at ``templates/
 built by rendering a second time from a copy of the templates with an invisible marker at the end
 of every text line; it is used only when the marked render, markers removed, is identical to the
 real one, so it can never change what is generated.
+
+Templates are data, not code a checkout may run: they render in Jinja's sandbox (no ``__dunder__``
+attributes, so no route to Python modules, the environment or the filesystem), read only files
+that resolve inside templates/, and each variant has a time limit and an output size cap. There is
+no on-disk bytecode cache: compiling every template costs about 20 ms, and a cache keyed on less
+than the exact code that compiled it (Jinja folds filter calls on literals at compile time) would
+let `generate` write old text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
+import math
 import re
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +36,7 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 import jinja2
+import jinja2.sandbox
 
 from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant
 from doppler_gen.errors import TemplateError
@@ -48,6 +60,12 @@ _ENV_OPTIONS = {
     "autoescape": False,
     "auto_reload": False,
 }
+
+# per variant: a runaway template (a huge loop, endless recursion) fails instead of hanging
+# `generate`, `check` and every pre-commit hook, or exhausting memory
+RENDER_TIME_LIMIT_S = 10.0
+OUTPUT_LIMIT_BYTES = 4 * 1024 * 1024  # the largest kernel today is about 10 KB
+_POWER_LIMIT_BITS = 4096  # `**` in a template: no WGSL constant needs more
 
 Origin = tuple[str, int]  # (template path relative to the project root, 1-based line)
 
@@ -138,19 +156,14 @@ class Renderer:
 
     def __init__(self, project: Project) -> None:
         self.project = project
-        self.env = self._environment(jinja2.FileSystemLoader(str(project.templates_dir)))
+        self.env = self._environment(jinja2.FunctionLoader(self._plain_source))
         self._marked_env: jinja2.Environment | None = None
         self._file_ids: dict[str, int] = {}
         self._source_cache: dict[str, str] = {}
         self._sources_of: dict[str, tuple[str, ...]] = {}
 
-    def _environment(self, loader: jinja2.BaseLoader, cache: bool = True) -> jinja2.Environment:
-        env = jinja2.Environment(
-            loader=loader,
-            bytecode_cache=_bytecode_cache() if cache else None,
-            undefined=jinja2.StrictUndefined,
-            **_ENV_OPTIONS,
-        )
+    def _environment(self, loader: jinja2.BaseLoader) -> jinja2.Environment:
+        env = _Sandbox(loader=loader, undefined=jinja2.StrictUndefined, **_ENV_OPTIONS)
         env.globals["fail"] = _template_fail
         env.globals["QUANT_BITS"] = dict(QUANT_BITS)
         env.filters["u32"] = _wgsl_u32
@@ -161,6 +174,7 @@ class Renderer:
 
     def render(self, variant: Variant, *, with_origins: bool = False) -> RenderedKernel:
         """Render every pass of one variant; raises TemplateError pointing at the template line."""
+        variant.require_metadata()
         passes = tuple(
             self.render_pass(variant, spec, with_origins=with_origins)
             for spec in variant.template.passes
@@ -218,7 +232,10 @@ class Renderer:
             if name in seen:
                 continue
             seen.add(name)
-            text = _JINJA_COMMENT_RE.sub("", self._read(name))
+            try:
+                text = _JINJA_COMMENT_RE.sub("", self._read(name))
+            except jinja2.TemplateNotFound:
+                raise TemplateError(f"template {TEMPLATES_DIR}/{name} not found") from None
             pending.extend(_REFERENCE_RE.findall(text))
         return tuple(sorted(seen))
 
@@ -250,7 +267,7 @@ class Renderer:
     ) -> str:
         try:
             template = env.get_template(spec.source)
-            return template.render(context)
+            return _limited_render(template, context)
         except jinja2.TemplateSyntaxError as exc:
             raise _syntax_error(exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
@@ -261,10 +278,23 @@ class Renderer:
             ) from None
         except _TemplateFailure as exc:
             where = _template_frame(exc.__traceback__, self.project.templates_dir)
+            where = where or variant.template.source_path
             raise TemplateError(f"{exc} (variant {variant.name})", location=where) from None
         except (jinja2.UndefinedError, jinja2.TemplateRuntimeError) as exc:
             where = _template_frame(exc.__traceback__, self.project.templates_dir)
             raise TemplateError(f"{exc.message} (variant {variant.name})", location=where) from None
+        except RecursionError as exc:
+            where = _template_frame(exc.__traceback__, self.project.templates_dir)
+            raise TemplateError(
+                f"recursion too deep: a macro or include calls itself without end "
+                f"(variant {variant.name})",
+                location=where or variant.template.source_path,
+            ) from None
+        except MemoryError:
+            raise TemplateError(
+                f"ran out of memory rendering (variant {variant.name})",
+                location=variant.template.source_path,
+            ) from None
         except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
             where = _template_frame(exc.__traceback__, self.project.templates_dir)
             raise TemplateError(
@@ -272,15 +302,19 @@ class Renderer:
             ) from None
 
     def _read(self, name: str) -> str:
+        """The text of template ``name``: read once, so what renders is what is hashed.
+
+        Only regular files that resolve inside templates/ can be read: a symlink (to a file or
+        a directory) that leads out of templates/ is refused, so every byte a template can
+        reach lies in templates/, where the `check` memo hashes it. Raises TemplateNotFound for
+        a missing name (Jinja reports it at the including line) and TemplateError otherwise.
+        """
         if name not in self._source_cache:
-            path = self.project.templates_dir / name
-            try:
-                self._source_cache[name] = path.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                raise TemplateError(f"template {TEMPLATES_DIR}/{name} not found") from None
-            except (OSError, UnicodeDecodeError) as exc:
-                raise TemplateError(f"cannot read {TEMPLATES_DIR}/{name}: {exc}") from None
+            self._source_cache[name] = _read_template(self.project.templates_dir, name)
         return self._source_cache[name]
+
+    def _plain_source(self, name: str) -> tuple[str, str, Callable[[], bool]]:
+        return self._read(name), self._filename(name), lambda: True
 
     def _filename(self, name: str) -> str:
         return str(self.project.templates_dir / name)
@@ -292,11 +326,10 @@ class Renderer:
     ) -> list[Origin | None] | None:
         """Per normalized body line, the template line it came from; None if unavailable."""
         if self._marked_env is None:
-            self._marked_env = self._environment(
-                jinja2.FunctionLoader(self._marked_source), cache=False
-            )
+            self._marked_env = self._environment(jinja2.FunctionLoader(self._marked_source))
         try:
-            marked = self._marked_env.get_template(spec.source).render(context)
+            template = self._marked_env.get_template(spec.source)
+            marked = _limited_render(template, context)
         except Exception:  # the real render succeeded; a map is a convenience, never a blocker
             return None
         names = {index: name for name, index in self._file_ids.items()}
@@ -385,28 +418,133 @@ def normalize(lines: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 # -- template helpers -----------------------------------------------------------------------
 
 
-def _bytecode_cache() -> jinja2.BytecodeCache | None:
-    """Compiled templates cached under the user's cache directory.
-
-    Compiling the templates is most of what `check` costs, and a pre-commit hook runs it often.
-    Jinja rejects an entry whose template source changed; the directory name fingerprints what
-    else shapes the compiled code (the Jinja and doppler-gen versions and the environment's
-    options), so a new version or option never reads an old entry.
-    """
-    from doppler_gen import __version__
-
-    fingerprint = hashlib.sha256(
-        f"{jinja2.__version__}|{__version__}|{sorted(_ENV_OPTIONS.items())}".encode()
-    ).hexdigest()[:16]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = os.path.join(base, "doppler-gen", f"jinja-{fingerprint}")
+def _read_template(templates_dir: Path, name: str) -> str:
+    """Read ``templates/NAME``, refusing anything outside templates/ (see ``Renderer._read``)."""
+    pieces = [piece for piece in name.replace("\\", "/").split("/") if piece not in ("", ".")]
+    if not pieces or ".." in pieces:
+        raise jinja2.TemplateNotFound(name)
+    relative = "/".join(pieces)
+    shown = f"{TEMPLATES_DIR}/{relative}"
+    path = templates_dir.joinpath(*pieces)
     try:
-        os.makedirs(directory, exist_ok=True)
-        if not os.access(directory, os.W_OK):
-            return None
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(directory)
+        resolved = path.resolve(strict=True)
+        inside = resolved.is_relative_to(templates_dir.resolve(strict=True))
+    except FileNotFoundError:
+        raise jinja2.TemplateNotFound(name) from None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        raise TemplateError(f"cannot read: {exc}", location=shown) from None
+    if not inside:
+        raise TemplateError(
+            f"resolves outside {TEMPLATES_DIR}/ through a symlink (to {resolved}); templates "
+            f"may only read files inside {TEMPLATES_DIR}/: move the files there",
+            location=shown,
+        )
+    if not resolved.is_file():
+        raise jinja2.TemplateNotFound(name)  # a directory, FIFO or device is no template
+    try:
+        data = resolved.read_bytes()
+    except OSError as exc:
+        raise TemplateError(f"cannot read: {exc.strerror or exc}", location=shown) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise TemplateError(
+            f"not valid UTF-8: byte 0x{data[exc.start]:02x} at column {column}",
+            location=f"{shown}:{line}",
+        ) from None
+
+
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's sandbox, plus bounds on ``*`` and ``**`` so one expression cannot exhaust memory.
+
+    Immutable: a template cannot modify a list or dict it did not build (such as the shared
+    ``QUANT_BITS``), so no variant's output can depend on what an earlier variant did.
+    """
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            _check_power(left, right)
+        else:
+            _check_repeat(left, right)
+        return super().call_binop(context, operator, left, right)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_power(base: Any, exponent: Any) -> None:
+    if not (_is_int(base) and _is_int(exponent) and abs(base) > 1 and exponent > 0):
+        return
+    if exponent * math.log2(abs(base)) > _POWER_LIMIT_BITS:
+        raise _TemplateFailure(
+            f"{base} ** {exponent} has more than {_POWER_LIMIT_BITS} bits; refused"
+        )
+
+
+def _check_repeat(left: Any, right: Any) -> None:
+    for sequence, count in ((left, right), (right, left)):
+        repeatable = isinstance(sequence, str | list | tuple) and _is_int(count)
+        if repeatable and len(sequence) * count > OUTPUT_LIMIT_BYTES:
+            raise _TemplateFailure(
+                f"repeating a sequence of {len(sequence)} items {count} times exceeds the "
+                f"output limit of {OUTPUT_LIMIT_BYTES} bytes"
+            )
+
+
+class _RenderTimeout(Exception):
+    """Raised (from SIGALRM) when a variant renders for longer than the time limit."""
+
+
+def _limited_render(template: jinja2.Template, context: dict[str, Any]) -> str:
+    """``template.render(context)`` within the time limit and the output size cap."""
+    chunks: list[str] = []
+    size = 0
+    deadline = time.monotonic() + RENDER_TIME_LIMIT_S
+    limit = f"{RENDER_TIME_LIMIT_S:g} s"
+    try:
+        with _alarm(RENDER_TIME_LIMIT_S):
+            for chunk in template.generate(context):
+                size += len(chunk)
+                if size > OUTPUT_LIMIT_BYTES:
+                    raise _TemplateFailure(
+                        f"output exceeds {OUTPUT_LIMIT_BYTES} bytes (runaway loop?)"
+                    )
+                if time.monotonic() > deadline:  # where no alarm can be set (not main thread)
+                    raise _RenderTimeout()
+                chunks.append(chunk)
+    except _RenderTimeout as exc:  # keep the template frames: they say where it ran away
+        failure = _TemplateFailure(f"rendering took longer than {limit} (runaway loop?)")
+        raise failure.with_traceback(exc.__traceback__) from None
+    return "".join(chunks)
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Any:
+    """Raise _RenderTimeout in the main thread after ``seconds`` (no-op in other threads)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:  # someone else's timer was running: let it go off as it would have
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
 
 
 class _TemplateFailure(Exception):

@@ -4,9 +4,10 @@ The knobs are (a) every integer ``override`` constant of the variant's WGSL, ove
 from 16 up to its default plus the default (never above: the template sizes workgroup arrays from
 the default), and (b) every template parameter variants.toml lists under
 ``[templates.NAME.tunable]`` (the variant is re-rendered with the value). Constraints between
-knobs (the tiled kernel needs BLOCK_SIZE == WORKGROUP_SIZE, say) are not written down anywhere
-Python could read, so they are not guessed: every combination is enumerated, and one that fails
-quick validation is reported "invalid" with the reason instead of being timed. Candidates are
+knobs are the family's (``Family.constraints``): a candidate that breaks one is reported
+"invalid" with the reason and neither validated nor timed. Constraints a family does not declare
+are not guessed: every other combination is enumerated, and one that fails quick validation is
+reported "invalid" with the reason instead of being timed. Candidates are
 ordered by how far they are from the current configuration (template parameters before
 override constants, as the template's author declared those tunable), so that ``--max-candidates``
 cuts the most exotic ones first, and the report says when it cut.
@@ -20,6 +21,8 @@ regenerated so ``doppler-gen check`` stays clean.
 from __future__ import annotations
 
 import itertools
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +39,7 @@ from doppler_gen.runtime.measure import BenchRow, Settings, cpu_warning, measure
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.shapes import parse_shape
+from doppler_gen.shipped import load_committed
 
 MIN_SWEEP_VALUE = 16
 INTEGER_TYPES = ("u32", "i32")
@@ -301,15 +305,24 @@ class TuneRequest:
     allow_cpu: bool = False
     max_candidates: int = 32
     settings: Settings = field(default_factory=Settings)
+    from_templates: bool = False  # the current configuration from a fresh render, not generated/
 
 
 class CandidateRenderer:
     """Renders a variant with candidate template parameters, once per parameter set."""
 
-    def __init__(self, project: Project, variant: Variant) -> None:
+    def __init__(
+        self,
+        project: Project,
+        variant: Variant,
+        committed: tuple[RenderedKernel, dict[str, Any]] | None = None,
+    ) -> None:
         self.variant = variant
         self.renderer = Renderer(project)
         self._cache: dict[Any, tuple[RenderedKernel, dict[str, Any]]] = {}
+        if committed is not None:  # the current parameters run the committed kernel (shipped)
+            own = {k: v for k, v in variant.params.items() if k in variant.template.tunable}
+            self._cache[tuple(sorted(own.items()))] = committed
 
     def render(self, params: Mapping[str, ParamValue]) -> tuple[RenderedKernel, dict[str, Any]]:
         """The kernel and manifest entry; the variant's own overrides are dropped (the candidate
@@ -348,7 +361,11 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             f"--shape {shape.label!r} is for {shape.family} kernels; {variant.name} is "
             f"{variant.template.family}"
         )
-    renderer = CandidateRenderer(project, variant)
+    committed = None
+    if not request.from_templates:  # stale generated/ exits 1 before anything runs
+        kernels, entries = load_committed(project, (variant.name,))
+        committed = (kernels[0], entries[0])
+    renderer = CandidateRenderer(project, variant, committed)
     candidates = enumerate_candidates(
         variant.params, variant.overrides, variant.template.tunable, renderer.entry
     )
@@ -445,6 +462,9 @@ def evaluate(
         reason = report.reason.splitlines()[0] if report.reason else ""
         return CandidateResult(candidate, label, status, reason, contract=contract)
     row = measure(device, kernel, entry, shape, settings, constants=constants)
+    if row.status == "FAIL":  # wrong at the tune shape (sampled rows vs float64): never timed
+        reason = f"at {shape.label}: {row.reason}"
+        return CandidateResult(candidate, label, "invalid", reason, row, contract)
     reason = row.reason if row.status != "ok" else ""
     return CandidateResult(candidate, label, "PASS", reason, row, contract)
 
@@ -524,6 +544,8 @@ def winner_line(run: TuneRun) -> str:
 
 
 def written_line(written: dict[str, Any]) -> str:
+    if written.get("refused"):
+        return f"--write refused (nothing written): {written['message']}"
     if not written.get("changed"):
         return f"--write: {written.get('message', 'nothing to write')}"
     files = ", ".join(written["files"]) or "no generated file changed"
@@ -596,9 +618,14 @@ def write_winner(
 
 
 def _atomic(path: Path, text: str) -> None:
+    """Replace the file's text atomically, through a symlink (the link stays a link) and keeping
+    the file's permission bits."""
     from doppler_gen.outputs import atomic_write
 
-    atomic_write(path, text)
+    target = path.resolve()
+    mode = stat.S_IMODE(target.stat().st_mode)
+    atomic_write(target, text)
+    os.chmod(target, mode)
 
 
 def _verify(

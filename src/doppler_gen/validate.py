@@ -1,8 +1,11 @@
 """`doppler-gen validate`: compile every variant and check it against the float64 reference.
 
-Kernels are rendered fresh from the templates (the same text `generate` writes, plus the source
-map that puts compile errors at template lines). One device is opened for the whole run and each
-variant is compiled once; cases are generated deterministically from the seed.
+The kernels are the committed generated/ files and manifest entries, first proven equal to a
+fresh render (``shipped``; a stale tree exits 1 with check's verdict), or with
+``--from-templates`` a fresh render; either way with the source map that puts compile errors at
+template lines. One device is opened for the whole run and each variant is compiled once; cases
+are generated deterministically from the seed: the feature matrix of ``cases`` plus the size
+cases of the tier (``tiers``), large outputs compared on sampled rows (``sampling``).
 
 A variant is PASS only when every case ran and passed; FAIL when any case failed, a compile
 error occurred or a case left NaN/Inf in the output; SKIP (with the reason) when the device
@@ -41,6 +44,7 @@ from doppler_gen.runtime.verify import (
     tier_of,
     validate_variant,
 )
+from doppler_gen.shipped import load_kernels
 
 
 @dataclass
@@ -52,6 +56,7 @@ class ValidationRun:
     tier: str
     variants: list[VariantReport]
     seconds: float
+    source: str = "committed generated/"
 
     @property
     def quick(self) -> bool:
@@ -70,6 +75,7 @@ class ValidationRun:
             "seed": self.seed,
             "quick": self.quick,
             "tier": self.tier,
+            "kernels": self.source,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "variants": [v.as_dict() for v in self.variants],
@@ -96,15 +102,6 @@ def backend_names(choice: str) -> list[str]:
     return list(ALL_BACKENDS) if choice == "all" else [choice]
 
 
-def _render(
-    project: Project, patterns: tuple[str, ...]
-) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
-    """The selected variants, rendered with source maps, and their manifest entries."""
-    renderer = Renderer(project)
-    kernels = [renderer.render(v, with_origins=True) for v in select(project, patterns)]
-    return kernels, [variant_entry(k, parse_kernel(k)) for k in kernels]
-
-
 def validate(
     project: Project,
     patterns: tuple[str, ...] = (),
@@ -117,10 +114,17 @@ def validate(
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
+    large: bool = False,
+    fail_fast: bool = False,
+    from_templates: bool = False,
 ) -> ValidationRun:
-    """Validate the selected variants; never raises for a kernel failure (that is a report)."""
-    tier = tier_of(quick, tier)
-    kernels, entries = _render(project, patterns)
+    """Validate the selected variants; never raises for a kernel failure (that is a report).
+
+    Runs the committed generated/ kernels after proving them fresh (``shipped``; a stale tree
+    raises StaleTree, exit 1), or a fresh render with ``from_templates``.
+    """
+    tier = tier_of(quick, tier, large)
+    kernels, entries = load_kernels(project, patterns, from_templates=from_templates)
     return _run_backend(
         get_backend(backend_name),
         kernels,
@@ -131,6 +135,16 @@ def validate(
         seed=seed,
         storage_overrun=storage_overrun,
         progress=progress,
+        fail_fast=fail_fast,
+        source=_source(from_templates),
+    )
+
+
+def _source(from_templates: bool) -> str:
+    return (
+        "fresh render of templates/ (--from-templates)"
+        if from_templates
+        else "committed generated/"
     )
 
 
@@ -146,6 +160,8 @@ def _run_backend(
     storage_overrun: bool,
     progress: Progress | None,
     outputs: Outputs | None = None,
+    fail_fast: bool = False,
+    source: str = "committed generated/",
 ) -> ValidationRun:
     """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
     started = time.perf_counter()
@@ -164,6 +180,7 @@ def _run_backend(
                     progress=progress,
                     storage_overrun=storage_overrun,
                     outputs=kept,
+                    fail_fast=fail_fast,
                 )
             )
     finally:
@@ -176,6 +193,7 @@ def _run_backend(
         tier,
         reports,
         time.perf_counter() - started,
+        source,
     )
 
 
@@ -233,6 +251,7 @@ class CrossRun:
             "seed": first.seed,
             "quick": first.quick,
             "tier": first.tier,
+            "kernels": first.source,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "runs": {r.backend: r.as_dict() for r in self.runs},
@@ -252,6 +271,9 @@ def validate_all(
     seed: int = 0,
     storage_overrun: bool = False,
     progress: Progress | None = None,
+    large: bool = False,
+    fail_fast: bool = False,
+    from_templates: bool = False,
 ) -> CrossRun:
     """Validate on every implementation in ``backends``, then compare their outputs pairwise.
 
@@ -259,9 +281,9 @@ def validate_all(
     fails at once with its one-line install hint instead of after a long first run.
     """
     started = time.perf_counter()
-    tier = tier_of(quick, tier)
+    tier = tier_of(quick, tier, large)
     implementations = [get_backend(name) for name in backends]
-    kernels, entries = _render(project, patterns)
+    kernels, entries = load_kernels(project, patterns, from_templates=from_templates)
     runs, outputs = [], []
     for backend in implementations:
         kept: Outputs = {}
@@ -277,6 +299,8 @@ def validate_all(
                 storage_overrun=storage_overrun,
                 progress=progress,
                 outputs=kept,
+                fail_fast=fail_fast,
+                source=_source(from_templates),
             )
         )
         outputs.append(kept)
@@ -372,8 +396,8 @@ def _summary(run: ValidationRun) -> str:
     total_cases = sum(len(v.cases) for v in run.variants)
     return (
         f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
-        f"({total_cases} cases, {run.seconds:.1f}s) on {run.adapter} "
-        f"[{run.backend}, limits {run.limits_profile}]"
+        f"({total_cases} cases, {run.tier} tier, {run.seconds:.1f}s) on {run.adapter} "
+        f"[{run.backend}, limits {run.limits_profile}; {run.source}]"
     )
 
 
@@ -447,6 +471,7 @@ def case_count(
     quick: bool = False,
     seed: int,
     tier: str | None = None,
+    large: bool = False,
 ) -> int:
     """How many cases a run will go through (for the progress bar)."""
     renderer = Renderer(project)
@@ -454,5 +479,5 @@ def case_count(
     for variant in select(project, patterns):
         kernel = renderer.render(variant)
         entry = variant_entry(kernel, parse_kernel(kernel))
-        total += len(case_specs(entry, quick=quick, tier=tier, seed=seed))
+        total += len(case_specs(entry, quick=quick, tier=tier_of(quick, tier, large), seed=seed))
     return total

@@ -99,6 +99,7 @@ class RowsumFamily(Family):
         entry: Mapping[str, Any],
         compute_dtype: Any = np.float64,
         stats: dict[str, float] | None = None,
+        sample: Any = None,
     ) -> np.ndarray:
         x = data.reference_inputs["x"].astype(compute_dtype)
         return (x * x).sum(axis=1)

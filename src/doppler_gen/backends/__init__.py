@@ -26,7 +26,7 @@ from doppler_gen.errors import BackendUnavailable
 # name -> "module:class"; resolved lazily by get_backend.
 BACKENDS: dict[str, str] = {
     "wgpu": "doppler_gen.backends.wgpu_backend:WgpuBackend",
-    "dawn": "doppler_gen.backends.dawn_backend:DawnBackend",
+    "dawn": "doppler_gen.backends.dawn:DawnBackend",
 }
 
 

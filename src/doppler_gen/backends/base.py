@@ -252,6 +252,17 @@ class Pipeline:
         return f"<{type(self).__name__} {self.label!r} entry {self.entry_point!r}>"
 
 
+# Passes encoded into one command buffer at most: a million warm-up passes in one buffer grow
+# host memory without bound, so warm-ups are submitted in batches of this many.
+MAX_PASSES_PER_COMMAND_BUFFER = 256
+
+
+def warmup_batches(warmup: int) -> list[int]:
+    """Sizes of the command buffers ``warmup`` untimed passes are encoded into, in order."""
+    full, rest = divmod(max(0, warmup), MAX_PASSES_PER_COMMAND_BUFFER)
+    return [MAX_PASSES_PER_COMMAND_BUFFER] * full + ([rest] if rest else [])
+
+
 @dataclass(frozen=True)
 class Step:
     """One compute pass of a run: a pipeline, its bind group 0 and its workgroup count."""

@@ -36,6 +36,7 @@ from doppler_gen.backends.base import (
     owned,
     pad_bytes,
     pass_times,
+    warmup_batches,
 )
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -389,9 +390,9 @@ class WgpuDevice(Device):
         label = self._label(steps)
         with self._gpu_errors(f"timing {label!r}"):
             encoded = self._encoded(steps)
-            if warmup:
+            for batch in warmup_batches(warmup):  # bounded command buffers, however many
                 encoder = self.native.create_command_encoder()
-                for _ in range(warmup):
+                for _ in range(batch):
                     for pipeline, bind_group, workgroups in encoded:
                         self._encode_pass(encoder, pipeline, bind_group, workgroups)
                 self.native.queue.submit([encoder.finish()])

@@ -33,7 +33,7 @@ import numpy as np
 
 from doppler_gen.families.base import CaseData, Family
 from doppler_gen.shapes import ShapeSyntaxError
-from doppler_gen.tolerance import f32_tolerance
+from doppler_gen.tolerance import F32_UNIT_ROUNDOFF
 
 MASKED_SCORE = -3.402823e38
 """The finite score the tiered kernels give a masked key (not -inf); see ``masked_row``."""
@@ -280,6 +280,8 @@ def tiled_attention(
     page_table: np.ndarray | None = None,
     compute_dtype: Any = np.float64,
     stats: dict[str, float] | None = None,
+    query_rows: np.ndarray | None = None,
+    head_rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """Reference for ``attention``, ``attention_f16`` and ``attention_f16kv``.
 
@@ -287,6 +289,8 @@ def tiled_attention(
     ``[rows, num_kv_heads, head_dim]``. Returns ``[query_len, num_heads, head_dim]`` in
     ``compute_dtype``. ``stats``, when given, receives the problem's magnitudes over the keys
     that count (see :func:`_record_bounds`), which the f32 tolerance is built from.
+    ``query_rows``/``head_rows`` (index arrays) restrict the result to those rows, ``[queries, heads,
+    head_dim]``: a sampled comparison (see ``sampling``) then pays only for the rows it compares.
     """
     dtype = _check_compute_dtype(compute_dtype)
     fields = _read_uniforms(u, _TILED_U32)
@@ -296,11 +300,12 @@ def tiled_attention(
     k = _check_kv_buffer(k, kv_heads, head_dim, "k")
     v = _check_kv_buffer(v, kv_heads, head_dim, "v")
     kv_len = _tiled_kv_len(fields, kv_len_buffer)
+    abs_query = _positions(fields["start_pos"], q.shape[0], "query")
+    q, abs_query, kv_head_of = _select_rows(q, abs_query, kv_head_of, query_rows, head_rows)
     out = np.zeros(q.shape, dtype=dtype)
     if kv_len == 0 or q.shape[0] == 0:
         return out
     abs_key = _positions(fields["kv_start"], kv_len, "key")
-    abs_query = _positions(fields["start_pos"], q.shape[0], "query")
     rows = _tiled_rows(fields, abs_key, page_table)
     keys = _gather(k, rows, kv_head_of, "k", dtype)
     values = _gather(v, rows, kv_head_of, "v", dtype)
@@ -311,6 +316,23 @@ def tiled_attention(
     scores = _scores(query, keys, fields["scale"], fields["attn_softcap"], dtype)
     probs = _softmax_excluding(scores, masked[None])
     return np.matmul(probs, values).transpose(1, 0, 2).astype(dtype)
+
+
+def _select_rows(
+    q: np.ndarray,
+    abs_query: np.ndarray,
+    kv_head_of: np.ndarray,
+    queries: np.ndarray | None,
+    heads: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Only the requested query rows and query heads (each head keeps its own KV head)."""
+    if queries is not None:
+        index = np.asarray(queries, np.int64)
+        q, abs_query = q[index], abs_query[index]
+    if heads is not None:
+        index = np.asarray(heads, np.int64)
+        q, kv_head_of = q[:, index], kv_head_of[index]
+    return q, abs_query, kv_head_of
 
 
 # --- tiered -----------------------------------------------------------------------------------
@@ -382,6 +404,7 @@ def tiered_attention(
     quantized: bool = False,
     compute_dtype: Any = np.float64,
     stats: dict[str, float] | None = None,
+    head_rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """Reference for ``attention_decode_tiered_{f16,f16kv,int8_f16kv,int4_f16kv}``.
 
@@ -390,7 +413,8 @@ def tiered_attention(
     tier already dequantized (:func:`doppler_gen.families.quant.dequantize_kv`), ``[cold rows,
     num_kv_heads, head_dim]``. ``q`` is ``[num_heads, head_dim]`` or ``[1, num_heads,
     head_dim]``; the result has ``q``'s rank and is in ``compute_dtype``. ``seq_len`` and
-    ``packed_stride`` are not read: neither changes the math.
+    ``packed_stride`` are not read: neither changes the math. ``head_rows`` (an index
+    array) restricts the result to those query heads (a sampled comparison).
     """
     dtype = _check_compute_dtype(compute_dtype)
     if masked_row not in MASKED_ROW_CONTRACTS:
@@ -399,6 +423,8 @@ def tiered_attention(
     heads, kv_heads, head_dim = fields["num_heads"], fields["num_kv_heads"], fields["head_dim"]
     kv_head_of = _kv_head_of(heads, kv_heads)
     query = _as_single_query(q, heads, head_dim)
+    if head_rows is not None:
+        query, kv_head_of = query[head_rows], kv_head_of[head_rows]
     k_hot = _check_kv_buffer(k_hot, kv_heads, head_dim, "k_hot")
     v_hot = _check_kv_buffer(v_hot, kv_heads, head_dim, "v_hot")
     k_cold = _check_kv_buffer(k_cold, kv_heads, head_dim, "k_cold")
@@ -481,6 +507,7 @@ class CaseSpec:
     cold_layout: int = 0  # 0 contiguous, 2 paged (f16 cold only)
     cold_page_size: int = 0
     extra_stride: int = 0  # quantized cold: packed_stride beyond the minimum
+    magnitude_span: float = 0.0  # cold K/V row magnitudes span this many decades (int scales too)
     seed: int = 0
 
 
@@ -493,7 +520,19 @@ def paged_buffer(rng: np.random.Generator, logical: int, page_size: int) -> tupl
     pages = max(1, math.ceil(logical / page_size))
     physical = pages + 1
     table = rng.permutation(physical)[:pages].astype(np.uint32)
+    if pages > 1 and np.array_equal(table, np.arange(pages)):
+        table = np.roll(table, 1)  # never the identity: a page table that is ignored must fail
     return table, physical * page_size
+
+
+def row_gains(rng: np.random.Generator, span: float, shape: tuple[int, ...]) -> np.ndarray | float:
+    """Per-(row, kv_head) factors log-uniform over ``span`` decades around 1 (1.0 when 0).
+
+    Draws nothing when ``span`` is 0, so cases without it keep their exact tensors.
+    """
+    if span <= 0:
+        return 1.0
+    return 10.0 ** rng.uniform(-span / 2, span / 2, (*shape[:2], 1))
 
 
 # --- benchmark shapes -------------------------------------------------------------------------
@@ -622,6 +661,15 @@ def _shape_error(text: str, message: str) -> ShapeSyntaxError:
     return ShapeSyntaxError(f"--shape {text!r}: {message}")
 
 
+def f32_tolerance(v_max: float, head_dim: int, logits: float, keys: int) -> float:
+    """The f32 attention bound of the README's tolerance policy (see ``tolerance.py``)."""
+    return (
+        max(v_max, 1e-30)
+        * F32_UNIT_ROUNDOFF
+        * (16 + 2 * math.sqrt(head_dim) * logits + 2 * math.sqrt(keys))
+    )
+
+
 # --- the shared family behaviour ----------------------------------------------------------------
 
 
@@ -634,6 +682,14 @@ class AttentionFamily(Family):
     # the binding that carries each dtype metadata key
     dtype_bindings: ClassVar[Mapping[str, Any]] = {}
     baseline_name = "SDPA"
+    methodology: ClassVar[Mapping[str, str]] = {
+        "flops": "4 * attended (query, key) pairs * heads * head_dim; causal prefill counts the "
+        "unmasked triangle only; softmax not counted",
+        "baseline": "torch.nn.functional.scaled_dot_product_attention in the variant's K/V "
+        "storage dtype (one dtype for Q, K, V; int8/int4 cold tiers compare with f16, torch has "
+        "no quantized SDPA), causal only for prefill (bottom-right mask when q < kv), GQA via "
+        "enable_gqa",
+    }
 
     def interface_problems(
         self, variant: Any, meta: Mapping[str, Any], passes: list[tuple[Any, Any]]

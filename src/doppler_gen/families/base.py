@@ -17,17 +17,29 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+# binding roles: what the runtime does with a binding (re-exported for family modules)
+from doppler_gen.families.roles import AUXILIARY, INPUT, OUTPUT, ROLES, SCRATCH, UNIFORM
 from doppler_gen.tolerance import f16_tolerance
 
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "u32": np.uint32, "i32": np.int32}
-
-# binding roles: what the runtime does with a binding
-INPUT = "input"  # filled from the case
-OUTPUT = "output"  # NaN-poisoned, read back and judged
-SCRATCH = "scratch"  # intermediate between passes: sized by the template, NaN-poisoned
-UNIFORM = "uniform"  # packed from the case's uniform values by field name
-AUXILIARY = "auxiliary"  # a small input (lengths, page tables) that is not tensor traffic
-ROLES = (INPUT, OUTPUT, SCRATCH, UNIFORM, AUXILIARY)
+__all__ = [
+    "AUXILIARY",
+    "INPUT",
+    "NUMPY_DTYPES",
+    "OUTPUT",
+    "ROLES",
+    "SCRATCH",
+    "TIERS",
+    "UNIFORM",
+    "Baseline",
+    "CaseData",
+    "Family",
+    "Shape",
+    "Spec",
+    "element_types",
+    "rounded",
+    "seeded",
+]
 
 TIERS = ("quick", "default", "large")
 
@@ -79,6 +91,8 @@ class Family(ABC):
     shape_help: ClassVar[Mapping[str, str]] = {}  # kind -> one line for --help
     default_shapes: tuple[str, ...] = ()
     baseline_name = "torch"
+    # what bench's JSON says about this family's FLOP count and torch baseline
+    methodology: ClassVar[Mapping[str, str]] = {}
 
     # -- generate ------------------------------------------------------------------------------
 
@@ -119,8 +133,21 @@ class Family(ABC):
         entry: Mapping[str, Any],
         compute_dtype: Any = np.float64,
         stats: dict[str, float] | None = None,
+        sample: Any = None,
     ) -> np.ndarray:
-        """The expected output; float64 is the reference, float32 the f16 error baseline."""
+        """The expected output; float64 is the reference, float32 the f16 error baseline.
+
+        With a ``sample`` (from ``row_sample``), only the sampled rows, in the layout
+        ``sampling.sampled_rows`` cuts from the kernel's output.
+        """
+
+    def row_sample(self, data: CaseData) -> Any:
+        """The output rows a comparison covers (``sampling.RowSample``); None: every row.
+
+        A float64 reference of every row of a model-sized output costs far more than the
+        kernel; the kernel's whole output is still checked for NaN/Inf.
+        """
+        return None
 
     def f32_tolerance(self, data: CaseData, ref: np.ndarray, stats: Mapping[str, float]) -> float:
         """The absolute tolerance of an f32 output (a rounding-error bound vs float64)."""
@@ -133,10 +160,11 @@ class Family(ABC):
         out_dtype: str,
         ref: np.ndarray,
         stats: Mapping[str, float],
+        sample: Any = None,
     ) -> tuple[float, str]:
         """(tolerance, policy); f16 outputs: twice a numpy-f32 implementation's error + floor."""
         if out_dtype == "f16":
-            baseline = self.reference(data, entry, np.float32).astype(np.float16)
+            baseline = self.reference(data, entry, np.float32, sample=sample).astype(np.float16)
             error = float(np.max(np.abs(baseline.astype(np.float64) - ref))) if ref.size else 0.0
             ref_max = float(np.max(np.abs(ref))) if ref.size else 0.0
             return f16_tolerance(error, ref_max), "f16: 2x numpy-f32 baseline + floor"
@@ -171,3 +199,13 @@ def seeded(seed: int) -> np.random.Generator:
 def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
     """``values`` in a WGSL element type's numpy dtype: the reference sees the rounded values."""
     return values.astype(NUMPY_DTYPES[dtype])
+
+
+def element_types(entry: Mapping[str, Any]) -> dict[str, str]:
+    """Binding name -> WGSL element type, over every pass of a manifest entry."""
+    return {
+        b["name"]: b["element_type"]
+        for p in entry["passes"]
+        for b in p["bindings"]
+        if b["element_type"]
+    }

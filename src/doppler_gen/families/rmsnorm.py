@@ -89,6 +89,11 @@ class RmsNormFamily(Family):
     }
     default_shapes = ("rmsnorm:rows=2048,size=4096",)
     baseline_name = "rms_norm"
+    methodology: ClassVar[Mapping[str, str]] = {
+        "flops": "4 * rows * size (square and add, then two multiplies per element)",
+        "baseline": "torch.nn.functional.rms_norm (eps 1e-5) in the variant's dtype, else "
+        "x * rsqrt(mean(x^2) + eps) * weight",
+    }
 
     def interface_problems(
         self, variant: Any, meta: Mapping[str, Any], passes: list[tuple[Any, Any]]
@@ -108,7 +113,7 @@ class RmsNormFamily(Family):
         if tier == "large":
             fixed += _LARGE
         rng = seeded(seed + 3)
-        count = 4 if tier == "quick" else 28
+        count = 4 if tier == "quick" else 48
         randoms = [
             RmsNormSpec(
                 f"random #{i}",
@@ -160,6 +165,7 @@ class RmsNormFamily(Family):
         entry: Mapping[str, Any],
         compute_dtype: Any = np.float64,
         stats: dict[str, float] | None = None,
+        sample: Any = None,
     ) -> np.ndarray:
         """eps is rounded to f32 first: that is what the uniform holds."""
         x = data.reference_inputs["x"].astype(compute_dtype)

@@ -21,16 +21,18 @@ from doppler_gen.families.attention import (
     CaseSpec,
     normal,
     paged_buffer,
+    row_gains,
     tiered_attention,
 )
-from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, rounded
+from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, element_types, rounded
 from doppler_gen.families.quant import dequantize_kv, packed_stride_for, quantize_kv
-from doppler_gen.families.tiled import element_types
+from doppler_gen.families.tiers import tiered_sizes
 from doppler_gen.formats import QUANT_BITS
+from doppler_gen.sampling import RowSample, choose_sample
 
 
 def tiered_specs(
-    max_head_dim: int, max_kv_len: int, *, cold: str, quick: bool, seed: int, large: bool = False
+    max_head_dim: int, max_kv_len: int, *, cold: str, quick: bool, seed: int
 ) -> list[CaseSpec]:
     """Tiered-family cases (one decode query per head)."""
     hd = max_head_dim
@@ -255,9 +257,6 @@ def tiered_specs(
     rng = np.random.default_rng(seed + 1)
     count = 3 if quick else 24
     randoms = [_random_tiered(rng, i, hd, max_kv_len, paged) for i in range(count)]
-    if large:  # the default matrix, then as many random cases again from their own stream
-        more = np.random.default_rng(seed + 8)
-        randoms += [_random_tiered(more, count + i, hd, max_kv_len, paged) for i in range(count)]
     specs = (fixed[::3] if quick else fixed) + randoms
     return [replace(s, seed=seed * 1000 + 500 + i) for i, s in enumerate(specs)]
 
@@ -327,8 +326,11 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
     if quantized:
         bits = QUANT_BITS[cold]
         stride = packed_stride_for(hd, bits) + spec.extra_stride
-        kq = quantize_kv(normal(rng, (cold_rows, kv_heads, hd)), bits, packed_stride=stride)
-        vq = quantize_kv(normal(rng, (cold_rows, kv_heads, hd)), bits, packed_stride=stride)
+        shape = (cold_rows, kv_heads, hd)
+        k_raw = normal(rng, shape) * row_gains(rng, spec.magnitude_span, shape)
+        v_raw = normal(rng, shape) * row_gains(rng, spec.magnitude_span, shape)
+        kq = quantize_kv(k_raw, bits, packed_stride=stride)
+        vq = quantize_kv(v_raw, bits, packed_stride=stride)
         uniforms["packed_stride"] = stride
         buffers.update(K_cold=kq.packed, V_cold=vq.packed, scales_k=kq.scales, scales_v=vq.scales)
         reference.update(k_cold=dequantize_kv(kq), v_cold=dequantize_kv(vq))
@@ -336,8 +338,9 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
         table = np.zeros(1, np.uint32)
         if spec.cold_layout == 2:
             table, cold_rows = paged_buffer(rng, spec.cold_len, spec.cold_page_size)
-        k_cold = rounded(normal(rng, (cold_rows, kv_heads, hd)), "f16")
-        v_cold = rounded(normal(rng, (cold_rows, kv_heads, hd)), "f16")
+        shape = (cold_rows, kv_heads, hd)
+        k_cold = rounded(normal(rng, shape) * row_gains(rng, spec.magnitude_span, shape), "f16")
+        v_cold = rounded(normal(rng, shape) * row_gains(rng, spec.magnitude_span, shape), "f16")
         uniforms.update(
             cold_page_size=spec.cold_page_size,
             cold_layout=spec.cold_layout,
@@ -377,15 +380,16 @@ class TieredFamily(AttentionFamily):
     default_shapes = ("tiered:cold=1536,hot=512,h=32,kvh=8,d=64",)
 
     def specs(self, entry: Mapping[str, Any], tier: str, seed: int) -> list[CaseSpec]:
+        """The feature matrix (its subset for ``quick``), then the tier's size cases."""
         meta = entry["metadata"]
-        return tiered_specs(
+        features = tiered_specs(
             int(meta["max_head_dim"]),
             int(meta["max_kv_len"]),
             cold=str(entry["params"]["cold"]),
             quick=tier == "quick",
             seed=seed,
-            large=tier == "large",
         )
+        return features + tiered_sizes(entry, tier, seed)
 
     def head_dim_limit(self, entry: Mapping[str, Any], constants: Mapping[str, Any]) -> int:
         """One invocation per head_dim element: WORKGROUP_SIZE also caps head_dim."""
@@ -409,6 +413,7 @@ class TieredFamily(AttentionFamily):
         entry: Mapping[str, Any],
         compute_dtype: Any = np.float64,
         stats: dict[str, float] | None = None,
+        sample: RowSample | None = None,
     ) -> np.ndarray:
         r = data.reference_inputs
         return tiered_attention(
@@ -423,7 +428,14 @@ class TieredFamily(AttentionFamily):
             quantized=r["quantized"],
             compute_dtype=compute_dtype,
             stats=stats,
+            head_rows=None if sample is None else sample.heads,
         )
+
+    def row_sample(self, data: CaseData) -> RowSample | None:
+        """Sampled heads of a large output (one query per head; see ``sampling``)."""
+        spec = data.spec
+        keys = spec.cold_len + spec.hot_len
+        return choose_sample(1, spec.num_heads, spec.seed, keys=keys)
 
 
 FAMILY = TieredFamily()

@@ -21,16 +21,27 @@ import numpy as np
 from doppler_gen.families.attention import (
     AttentionFamily,
     CaseSpec,
+    kv_vector_width,
     normal,
     paged_buffer,
     tiled_attention,
 )
-from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, rounded
+from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, element_types, rounded
+from doppler_gen.families.tiers import tiled_sizes
+from doppler_gen.sampling import RowSample, choose_sample
 
 
-def tiled_specs(
-    max_head_dim: int, *, quick: bool, seed: int, large: bool = False
-) -> list[CaseSpec]:
+def vector_head_dims(specs: list[CaseSpec], width: int) -> list[CaseSpec]:
+    """The cases a kernel reading K/V as vec``width`` can run: its contract needs head_dim to be
+    a multiple of ``width`` (other head dims are refused before dispatch). The head_dim sweep
+    keeps its multiples of ``width``; any other case gets its head_dim rounded up."""
+    if width == 1:
+        return specs
+    kept = [s for s in specs if not s.name.startswith("head_dim ") or s.head_dim % width == 0]
+    return [replace(s, head_dim=-(-s.head_dim // width) * width) for s in kept]
+
+
+def tiled_specs(max_head_dim: int, *, quick: bool, seed: int) -> list[CaseSpec]:
     """Tiled-family cases: fixed feature cases, then seeded random mixtures."""
     hd = max_head_dim
     fixed = [
@@ -145,9 +156,6 @@ def tiled_specs(
     rng = np.random.default_rng(seed)
     count = 4 if quick else 26
     randoms = [_random_tiled(rng, i, hd) for i in range(count)]
-    if large:  # the default matrix, then as many random cases again from their own stream
-        more = np.random.default_rng(seed + 7)
-        randoms += [_random_tiled(more, count + i, hd) for i in range(count)]
     specs = (fixed[::3] if quick else fixed) + randoms
     return [replace(s, seed=seed * 1000 + i) for i, s in enumerate(specs)]
 
@@ -253,12 +261,10 @@ class TiledFamily(AttentionFamily):
     default_shapes = ("prefill:q=2048,kv=2048,h=32,kvh=8,d=64", "decode:kv=8192,h=32,kvh=8,d=64")
 
     def specs(self, entry: Mapping[str, Any], tier: str, seed: int) -> list[CaseSpec]:
-        return tiled_specs(
-            int(entry["metadata"]["max_head_dim"]),
-            quick=tier == "quick",
-            seed=seed,
-            large=tier == "large",
-        )
+        """The feature matrix (its subset for ``quick``), then the tier's size cases."""
+        hd = int(entry["metadata"]["max_head_dim"])
+        features = tiled_specs(hd, quick=tier == "quick", seed=seed)
+        return vector_head_dims(features + tiled_sizes(entry, tier, seed), kv_vector_width(entry))
 
     def build(self, spec: CaseSpec, entry: Mapping[str, Any]) -> CaseData:
         return build_tiled(spec, element_types(entry))
@@ -273,6 +279,7 @@ class TiledFamily(AttentionFamily):
         entry: Mapping[str, Any],
         compute_dtype: Any = np.float64,
         stats: dict[str, float] | None = None,
+        sample: RowSample | None = None,
     ) -> np.ndarray:
         r = data.reference_inputs
         return tiled_attention(
@@ -284,17 +291,14 @@ class TiledFamily(AttentionFamily):
             page_table=r["page_table"],
             compute_dtype=compute_dtype,
             stats=stats,
+            query_rows=None if sample is None else sample.queries,
+            head_rows=None if sample is None else sample.heads,
         )
 
-
-def element_types(entry: Mapping[str, Any]) -> dict[str, str]:
-    """Binding name -> WGSL element type, over every pass of a manifest entry."""
-    return {
-        b["name"]: b["element_type"]
-        for p in entry["passes"]
-        for b in p["bindings"]
-        if b["element_type"]
-    }
+    def row_sample(self, data: CaseData) -> RowSample | None:
+        """Sampled (query, head) rows of a large output (see ``sampling``); None: all."""
+        spec = data.spec
+        return choose_sample(spec.query_len, spec.num_heads, spec.seed, keys=spec.kv_len)
 
 
 FAMILY = TiledFamily()

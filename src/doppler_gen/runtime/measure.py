@@ -9,7 +9,8 @@ element must be finite), then ``repeats`` timed runs of all its passes on the sa
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +23,14 @@ from doppler_gen.families.base import Shape
 from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.runner import KernelRunner, Refusal
 from doppler_gen.runtime.session import static_skip
+from doppler_gen.tolerance import Verdict
 
 MIN_REPEATS = 20
+# Caps on --repeats / --warmup: every timed pass needs two timestamp slots and every pass is
+# queued GPU work, so unbounded values grow memory and run for days (the CLI's limits mirror
+# these; tests/test_errors.py checks that they agree).
+MAX_REPEATS = 10_000
+MAX_WARMUP = 1_000
 
 
 @dataclass(frozen=True)
@@ -76,8 +83,17 @@ class Settings:
                 f"--repeats {self.repeats}: at least {MIN_REPEATS} runs are needed for a median "
                 "and spread"
             )
+        if self.repeats > MAX_REPEATS:
+            raise DopplerGenError(f"--repeats {self.repeats}: at most {MAX_REPEATS}")
         if self.warmup < 0:
             raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
+        if self.warmup > MAX_WARMUP:
+            raise DopplerGenError(f"--warmup {self.warmup}: at most {MAX_WARMUP}")
+
+    @property
+    def dispatches(self) -> int:
+        """Dispatches per measurement: the finite-output check, the warm-ups, the timed runs."""
+        return 1 + self.warmup + self.repeats
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -94,7 +110,7 @@ class BenchRow:
     timing: Timing | None = None
     bytes_moved: int = 0
     flops: int = 0
-    sdpa_dtype: str | None = None  # the dtype torch SDPA runs in for this row
+    baseline_dtype: str | None = None  # the dtype the family's torch baseline runs in
     passes: dict[str, Timing] = field(default_factory=dict)  # per pass, multi-pass variants
 
     @property
@@ -123,10 +139,20 @@ def measure(
     shape: Shape,
     settings: Settings,
     constants: dict[str, float] | None = None,
+    on_first: Callable[[float], None] | None = None,
 ) -> BenchRow:
-    """Check once (finite output), then time ``settings.repeats`` runs on the same buffers."""
+    """Judge one run at the shape, then time ``settings.repeats`` runs on the same buffers.
+
+    The judged run is on NaN-poisoned outputs and scratch: every output element must be finite
+    and the family's sampled rows within the validation tolerance of float64, else FAIL and no
+    time (a fast wrong kernel must never look like a win).
+
+    ``on_first`` receives the wall seconds of the first (checked) run, before timing.
+    """
     family = get_family(entry["family"])
-    row = BenchRow(kernel.variant.name, shape.label, "n/a", sdpa_dtype=family.baseline_dtype(entry))
+    row = BenchRow(
+        kernel.variant.name, shape.label, "n/a", baseline_dtype=family.baseline_dtype(entry)
+    )
     skip, note = static_skip(entry, device, storage_overrun=settings.storage_overrun)
     if skip:
         row.reason = skip
@@ -139,7 +165,7 @@ def measure(
             return row
         row.bytes_moved = prepared.bytes_moved
         row.flops = shape.flops()
-        _time(runner, prepared, settings, row)
+        _time(runner, prepared, settings, row, on_first)
     except ShaderCompileError as error:
         row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
     except DopplerGenError as error:
@@ -149,21 +175,38 @@ def measure(
     return row
 
 
-def _time(runner: KernelRunner, prepared: Any, settings: Settings, row: BenchRow) -> None:
+def _time(
+    runner: KernelRunner,
+    prepared: Any,
+    settings: Settings,
+    row: BenchRow,
+    on_first: Callable[[float], None] | None = None,
+) -> None:
+    started = time.perf_counter()
     output = runner.run(prepared)
-    bad = int(output.size - np.isfinite(output).sum())
-    if bad:
-        row.status = "FAIL"
-        row.reason = (
-            f"{bad} of {output.size} outputs NaN/Inf after one run on NaN-poisoned "
-            f"output; not timed (run `doppler-gen validate {row.variant}`)"
-        )
+    if on_first is not None:
+        on_first(time.perf_counter() - started)
+    verdict = runner.judge(prepared, output)
+    if not verdict.passed:  # a fast wrong kernel must never look like a win
+        row.status, row.reason = "FAIL", wrong_output_reason(verdict, row.variant)
         return
     runs = runner.timed(prepared, repeats=settings.repeats, warmup=settings.warmup)
     row.status, row.timing = "ok", Timing(tuple(r.total_ns for r in runs))
     names = [p["name"] for p in runner.entry["passes"]]
     if len(names) > 1:
         row.passes = per_pass(names, runs)
+
+
+def wrong_output_reason(verdict: Verdict, variant: str) -> str:
+    """Why a measured output is FAIL: NaN/Inf left, or the worst sampled error over tolerance."""
+    if verdict.non_finite:
+        what = f"{verdict.non_finite} outputs NaN/Inf after one run on NaN-poisoned outputs"
+    else:
+        what = (
+            f"wrong output: max abs error {verdict.max_abs_error:.3g} > tolerance "
+            f"{verdict.tolerance:.3g} at index {list(verdict.worst_index)} ({verdict.policy})"
+        )
+    return f"{what}; not timed (run `doppler-gen validate {variant}`)"
 
 
 def per_pass(names: Sequence[str], runs: Sequence[PassTimes]) -> dict[str, Timing]:

@@ -15,8 +15,6 @@ the family's float64 reference and tolerance.
 
 from __future__ import annotations
 
-import math
-import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ import numpy as np
 
 from doppler_gen.backends import Buffer, Device, PassTimes, Pipeline, Step
 from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.expressions import parse as parse_expression
 from doppler_gen.families import get_family
 from doppler_gen.families.base import (
     NUMPY_DTYPES,
@@ -36,7 +35,8 @@ from doppler_gen.families.base import (
     Family,
 )
 from doppler_gen.render import RenderedKernel, RenderedPass
-from doppler_gen.tolerance import Verdict, judge
+from doppler_gen.sampling import judge_sampled
+from doppler_gen.tolerance import Verdict
 
 _PACK = {"u32": "<I", "i32": "<i", "f32": "<f"}
 
@@ -98,15 +98,17 @@ def pack_uniforms(layout: Mapping[str, Any], values: Mapping[str, float]) -> byt
     return bytes(data)
 
 
-def evaluate_dispatch(rule: str, names: Mapping[str, float]) -> int:
-    """Evaluate a dispatch or size rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``."""
-    unknown = set(re.findall(r"[A-Za-z_]\w*", rule)) - set(names) - {"ceil"}
-    if unknown:
-        raise DopplerGenError(
-            f"dispatch rule {rule!r} uses unknown names {', '.join(sorted(unknown))}"
-        )
-    value = eval(rule, {"__builtins__": {}}, {"ceil": math.ceil, **names})
-    return int(value)
+def evaluate_dispatch(rule: str, names: Mapping[str, float], what: str = "dispatch rule") -> int:
+    """Evaluate a dispatch or size rule like ``ceil(query_len / BLOCK_SIZE) * num_heads``.
+
+    The same whitelisted grammar and evaluator that checked the rule when variants.toml was
+    loaded (doppler_gen.expressions): no Python ``eval``, exact division, bounded values.
+    """
+    value = parse_expression(rule, what=what).evaluate(names)
+    if value < 0:
+        unit = "workgroups" if what == "dispatch rule" else "elements"
+        raise DopplerGenError(f"{what} {rule!r} gives {value} {unit} for these values")
+    return value
 
 
 def poison_bytes(element_type: str, count: int) -> bytes:
@@ -217,7 +219,7 @@ class KernelRunner:
         """Bytes of each scratch buffer for one case (its size expression times the element)."""
         sizes = {}
         for scratch in self.entry["scratch"]:
-            count = evaluate_dispatch(scratch["size"], names)
+            count = evaluate_dispatch(scratch["size"], names, f"scratch size {scratch['name']}")
             itemsize = np.dtype(NUMPY_DTYPES[scratch["element_type"]]).itemsize
             sizes[scratch["name"]] = max(count, 1) * itemsize
         return sizes
@@ -349,12 +351,18 @@ class KernelRunner:
     # -- judge --------------------------------------------------------------------------------
 
     def judge(self, prepared: Prepared, output: np.ndarray) -> Verdict:
-        """The output against the family's float64 reference, within its tolerance."""
+        """The output against the family's float64 reference, within its tolerance.
+
+        Large outputs are compared on the rows the family samples (``sampling``); NaN/Inf
+        anywhere in the output fails whatever the sample.
+        """
+        data = prepared.data
+        sample = self.family.row_sample(data)
         stats: dict[str, float] = {}
-        ref = self.family.reference(prepared.data, self.entry, stats=stats)
+        ref = self.family.reference(data, self.entry, stats=stats, sample=sample)
         out_type = self.output_binding()["element_type"]
-        tol, policy = self.family.tolerance(prepared.data, self.entry, out_type, ref, stats)
-        return judge(output, ref, tol, policy)
+        tol, policy = self.family.tolerance(data, self.entry, out_type, ref, stats, sample)
+        return judge_sampled(output, ref, sample, tol, policy)
 
     def run_case(self, spec: Any, *, keep_output: bool = False) -> CaseResult:
         """Prepare (or refuse), run and judge one case; ``keep_output`` keeps the output array."""

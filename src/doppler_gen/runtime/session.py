@@ -76,18 +76,23 @@ def static_skip(
             "(--storage-overrun)"
         )
         return None, note
-    invocations = max(_product(p["workgroup_size_default"]) for p in entry.get("passes") or [entry])
+    invocations = max(pass_invocations(p) for p in entry.get("passes") or [entry])
     limit = device.limits.get("max-compute-invocations-per-workgroup", 256)
     if invocations > limit:
         return f"needs {invocations} invocations per workgroup; limit {limit}", ""
     return None, ""
 
 
-def _product(values: Iterable[int]) -> int:
-    result = 1
-    for value in values:
-        result *= value
-    return result
+def pass_invocations(record: Mapping[str, Any]) -> int:
+    """Invocations per workgroup of one pass with its recorded pipeline constants: a variant
+    that sets WORKGROUP_SIZE = 1024 needs 1024, whatever the WGSL default."""
+    constants = record.get("pipeline_constants", {})
+    invocations = 1
+    for expression, default in zip(
+        record["workgroup_size"], record["workgroup_size_default"], strict=True
+    ):
+        invocations *= int(constants.get(str(expression), default))
+    return invocations
 
 
 def _missing_features(missing: list[str], device: Device) -> str:

@@ -74,9 +74,11 @@ def _case_dict(case: CaseResult) -> dict[str, Any]:
     }
 
 
-def tier_of(quick: bool, tier: str | None) -> str:
-    """The case tier asked for: ``tier`` itself, else quick or default by ``quick``."""
-    chosen = tier or ("quick" if quick else "default")
+def tier_of(quick: bool, tier: str | None, large: bool = False) -> str:
+    """The case tier asked for: ``tier`` itself, else quick, large or default by the flags."""
+    if quick and large:
+        raise DopplerGenError("--quick and --large are exclusive")
+    chosen = tier or ("quick" if quick else "large" if large else "default")
     if chosen not in TIERS:
         raise DopplerGenError(f"unknown case tier {chosen!r} (known: {', '.join(TIERS)})")
     return chosen
@@ -101,6 +103,7 @@ def validate_variant(
     storage_overrun: bool = False,
     constants: dict[str, float] | None = None,
     outputs: dict[CaseSpec, np.ndarray] | None = None,
+    fail_fast: bool = False,
 ) -> VariantReport:
     """Validate one variant; ``outputs`` (when given) receives each case's output by spec."""
     name = kernel.variant.name
@@ -115,7 +118,7 @@ def validate_variant(
     report = VariantReport(name, "PASS", note)
     try:
         runner.compile()
-        for spec in specs:
+        for index, spec in enumerate(specs):
             result = runner.run_case(spec, keep_output=outputs is not None)
             if outputs is not None and result.output is not None:
                 outputs[spec] = result.output
@@ -123,6 +126,10 @@ def validate_variant(
             report.cases.append(result)
             if progress:
                 progress(name, 1)
+            if fail_fast and not result.passed:  # --fail-fast: the rest is not run
+                if progress:
+                    progress(name, len(specs) - index - 1)
+                break
     except ShaderCompileError as error:
         refusal = limit_refusal(error) if note else None
         if refusal:
@@ -140,6 +147,8 @@ def validate_variant(
         report.status, report.reason = "FAIL", str(error)
     else:
         _judge_report(report)
+        if len(report.cases) < len(specs):
+            report.reason += f"; stopped there (--fail-fast): {len(specs)} cases in the tier"
     report.seconds = time.perf_counter() - started
     return report
 

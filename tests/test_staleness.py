@@ -1,0 +1,230 @@
+"""`check` never calls a stale tree up to date: one test per way it once could.
+
+1. a symlinked directory under templates/ (the memo did not look inside, Jinja did);
+2. a tree that changed while `check` ran (the memo recorded the digest of a tree it never saw),
+   and a failing full check that left the old memo in place;
+3. code that changed under an unchanged version string (the Jinja bytecode cache, and the memo,
+   were keyed on versions);
+4. templates that run Python or read the environment (the memo cannot see what they read).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, edit, run_cli
+
+from doppler_gen import check_memo, outputs, render
+
+LIB_FILE = "templates/lib/attention_common.wgsl.j2"
+LIB_ANCHOR = "// Causal mask"
+
+
+def memo_file(root: Path) -> Path:
+    return root / ".doppler-gen" / "check-memo"
+
+
+def assert_confirmed_from_memo(root: Path) -> None:
+    result = run_cli(root, "check")
+    assert result.exit_code == 0, result.output
+    assert "unchanged since the last full check" in result.stdout
+
+
+def assert_not_up_to_date(root: Path, code: int = 1) -> str:
+    result = run_cli(root, "check")
+    assert result.exit_code == code, result.output + result.stderr
+    assert "up to date" not in result.stdout
+    return result.stderr
+
+
+# -- 1. symlinks under templates/ ------------------------------------------------------------------
+
+
+def test_symlinked_directory_leading_out_of_templates_is_refused(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """The issue's repro: templates/lib moved elsewhere and symlinked back."""
+    elsewhere = tmp_path / "elsewhere" / "lib"
+    elsewhere.parent.mkdir()
+    shutil.move(fresh_project / "templates/lib", elsewhere)
+    (fresh_project / "templates/lib").symlink_to(elsewhere, target_is_directory=True)
+    for step in range(2):  # before and after an edit through the symlink: never "up to date"
+        line = assert_one_line_error(assert_not_up_to_date(fresh_project, code=2))
+        assert "templates/lib/" in line and "outside templates/ through a symlink" in line, line
+        if step == 0:
+            edit(elsewhere / "attention_common.wgsl.j2", LIB_ANCHOR, "// causal mask")
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2 and "outside templates/" in result.stderr
+
+
+def test_symlinked_file_leading_out_of_templates_is_refused(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "secret.j2"
+    outside.write_text("{% macro x() %}{% endmacro %}\n", encoding="utf-8")
+    lib = fresh_project / LIB_FILE
+    shutil.move(lib, outside)
+    lib.symlink_to(outside)
+    line = assert_one_line_error(assert_not_up_to_date(fresh_project, code=2))
+    assert f"{LIB_FILE}: resolves outside templates/" in line, line
+
+
+def test_retargeted_symlink_inside_templates_is_seen(fresh_project: Path) -> None:
+    """A symlink that stays inside templates/ is fine, and the memo covers where it points."""
+    templates = fresh_project / "templates"
+    shutil.copytree(templates / "lib", templates / "lib_a")
+    shutil.copytree(templates / "lib", templates / "lib_b")
+    edit(templates / "lib_b/attention_common.wgsl.j2", LIB_ANCHOR, "// causal mask")
+    shutil.rmtree(templates / "lib")
+    (templates / "lib").symlink_to("lib_a", target_is_directory=True)
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    (templates / "lib").unlink()
+    (templates / "lib").symlink_to("lib_b", target_is_directory=True)
+    stderr = assert_not_up_to_date(fresh_project)
+    assert "generated/ is out of date" in stderr
+
+
+# -- 2. the memo and concurrent edits --------------------------------------------------------------
+
+
+def test_tree_swapped_during_check_is_not_remembered(fresh_project: Path, monkeypatch) -> None:
+    """check digests stale state A, the tree becomes clean state B before it is compared: A's
+    digest must not be saved as clean."""
+    lib = fresh_project / LIB_FILE
+    clean = lib.read_text(encoding="utf-8")
+    stale = clean.replace(LIB_ANCHOR, "// causal mask")
+    lib.write_text(stale, encoding="utf-8")  # state A: a template edit without generate
+    real_plan = outputs.plan
+
+    def swap_then_plan(*args, **kwargs):
+        lib.write_text(clean, encoding="utf-8")  # state B, after check took A's digest
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(outputs, "plan", swap_then_plan)
+    swapped = run_cli(fresh_project, "check")
+    assert swapped.exit_code == 0  # B is clean: true when it compared
+    assert not memo_file(fresh_project).exists()  # but A's digest was not recorded
+    monkeypatch.setattr(outputs, "plan", real_plan)
+    lib.write_text(stale, encoding="utf-8")
+    assert_not_up_to_date(fresh_project)
+
+
+def test_unchanged_tree_during_check_is_remembered(fresh_project: Path) -> None:
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert memo_file(fresh_project).is_file()
+    assert_confirmed_from_memo(fresh_project)
+
+
+def test_failing_full_check_deletes_the_memo(fresh_project: Path, monkeypatch) -> None:
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
+    assert memo_file(fresh_project).is_file()
+    # the renderer's output changes without any hashed file changing (as an environment
+    # variable read by a template once could): the full check fails...
+    monkeypatch.setattr(render, "_wgsl_u32", lambda value: f"{value}u + 0u")
+    assert run_cli(fresh_project, "check", "--full").exit_code == 1
+    assert not memo_file(fresh_project).exists()
+    # ...so the next plain check renders again instead of trusting the old memo
+    assert run_cli(fresh_project, "check").exit_code == 1
+
+
+def test_config_error_during_full_check_deletes_the_memo(fresh_project: Path) -> None:
+    assert run_cli(fresh_project, "check").exit_code == 0
+    edit(fresh_project / "templates/attention.wgsl.j2", "fn is_masked(", "{{ nope }}fn is_masked(")
+    assert run_cli(fresh_project, "check").exit_code == 2
+    assert not memo_file(fresh_project).exists()
+
+
+# -- 3. code that changes under the same version ---------------------------------------------------
+
+
+def test_filter_change_is_seen_though_jinja_folds_it_at_compile_time(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """`{{ 1.44 | wgsl_float }}` is computed when the template compiles; no cache of compiled
+    templates may outlive a change of the filter."""
+    edit(
+        fresh_project / "templates/attention.wgsl.j2",
+        "fn is_masked(",
+        "const LOG2E: f32 = {{ 1.4426950408889634 | wgsl_float }};\nfn is_masked(",
+    )
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
+    monkeypatch.setattr(render, "_wgsl_float", lambda value: f"{float(value):.3f}")
+    result = run_cli(fresh_project, "check", "--full")
+    assert result.exit_code == 1, result.output
+    assert "+const LOG2E: f32 = 1.443;" in result.stdout
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    kernel = (fresh_project / "generated/attention.wgsl").read_text(encoding="utf-8")
+    assert "const LOG2E: f32 = 1.443;" in kernel
+
+
+@pytest.mark.parametrize("package", check_memo.CODE_PACKAGES)
+def test_memo_is_keyed_on_the_code_not_on_versions(
+    fresh_project: Path, tmp_path: Path, monkeypatch, package: str
+) -> None:
+    """An edit of any file of doppler-gen, Jinja or MarkupSafe, with the same version string,
+    changes the digest: the code that runs is hashed, not its package metadata."""
+    real = check_memo._package_dir(package)
+    assert real is not None and (real / "__init__.py").is_file()
+    copy = Path(shutil.copytree(real, tmp_path / package))
+    monkeypatch.setattr(
+        check_memo,
+        "_package_dir",
+        lambda name, real_dir=check_memo._package_dir: copy if name == package else real_dir(name),
+    )
+    before = check_memo.tree_digest(fresh_project)
+    source = sorted(copy.glob("*.py"))[-1]
+    source.write_bytes(source.read_bytes() + b"\n# an edit that keeps the version\n")
+    assert check_memo.tree_digest(fresh_project) != before
+
+
+def test_memo_lives_in_the_project(fresh_project: Path, tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert memo_file(fresh_project).is_file()
+    assert (fresh_project / ".doppler-gen/.gitignore").read_text().splitlines()[-1] == "*"
+    assert not home.exists()  # nothing written outside the project
+
+
+# -- 4. templates are sandboxed --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        '{{ cycler.__init__.__globals__.os.popen("touch PWNED").read() }}',
+        '{{ fail.__globals__["os"].system("touch PWNED") }}',
+        '{{ "".__class__.__mro__[1].__subclasses__() }}',
+        "{{ self._TemplateReference__context.environment }}",
+        '{{ range.__self__.__import__("os").environ["HOME"] }}',
+        '{{ QUANT_BITS.update({"int4": 2}) }}',  # no state shared between variants
+    ],
+)
+def test_templates_cannot_reach_python(fresh_project: Path, monkeypatch, expression: str) -> None:
+    monkeypatch.chdir(fresh_project)
+    template = fresh_project / "templates/attention.wgsl.j2"
+    edit(template, "fn is_masked(", f"// {expression}\nfn is_masked(")
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        assert line.startswith("error: templates/attention.wgsl.j2:"), line
+    assert not (fresh_project / "PWNED").exists()
+
+
+@pytest.mark.parametrize("name", ["../variants.toml", "/etc/passwd", "lib/../../variants.toml"])
+def test_templates_cannot_include_files_outside_templates(fresh_project: Path, name: str) -> None:
+    edit(
+        fresh_project / "templates/attention.wgsl.j2",
+        "fn is_masked(",
+        f'{{% include "{name}" %}}\nfn is_masked(',
+    )
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert "not found in templates/" in line, line
