@@ -107,7 +107,9 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
         for op, schema in registry["operations"].items()
     }
     assert placed == EXPECTED_IDS
-    assert registry["notExported"] == ["rmsnorm", "rmsnorm_f16"]  # no doppler_id declared
+    # no doppler_id declared: rmsnorm and the decode kernels of issue 12 (not yet in Doppler's registry)
+    not_exported = [n for n in registry["notExported"] if not n.startswith("attention_decode_")]
+    assert not_exported == ["rmsnorm", "rmsnorm_f16"]
     tiers = {vid: v["variantMetadata"].get("tier") for _, vid, v, _, _ in resolved(registry)}
     assert tiers["prefill"] == tiers["prefill_f16kv"] == "tiled_large"
     assert tiers["prefill_small_f16kv"] == tiers["decode_small_f16kv"] == "tiled_small"
@@ -115,7 +117,7 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
 
 
 def test_metadata_comes_from_the_manifest(exported: dict[str, Any], entries: dict) -> None:
-    by_file = {Path(e["file"]).name: e for e in entries.values()}
+    by_file = {Path(e["file"]).name: e for e in entries.values() if "file" in e}  # single pass
     for _, vid, variant, _, _ in resolved(exported["registry.json"]):
         entry = by_file[variant["wgsl"]]
         meta = entry["metadata"]
@@ -208,7 +210,9 @@ def test_digest_of_a_generated_kernel(pristine_project: Path, exported: dict[str
 
 def test_export_is_deterministic(pristine_project: Path, entries: dict[str, Any]) -> None:
     sources = {
-        e["file"]: (pristine_project / e["file"]).read_text("utf-8") for e in entries.values()
+        p["file"]: (pristine_project / p["file"]).read_text("utf-8")
+        for e in entries.values()
+        for p in e["passes"]
     }
     first = export_files(entries, sources)
     shuffled = dict(reversed(list(entries.items())))
@@ -253,7 +257,8 @@ def test_a_variant_without_doppler_id_is_generated_but_listed_as_not_exported(
     )
     assert run_cli(fresh_project, "generate").exit_code == 0
     registry = json.loads((fresh_project / "generated/doppler/registry.json").read_text())
-    assert registry["notExported"] == ["attention_f16", "rmsnorm", "rmsnorm_f16"]
+    not_exported = [n for n in registry["notExported"] if not n.startswith("attention_decode_")]
+    assert not_exported == ["attention_f16", "rmsnorm", "rmsnorm_f16"]
     assert "prefill_f16" not in registry["operations"]["attention"]["variants"]
     digests = json.loads((fresh_project / "generated/doppler/digests.json").read_text())
     assert "attention_f16.wgsl#main" not in digests["digests"]
