@@ -1,17 +1,26 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bdb9c404774a32de30374e039aedad8ccd5e3a07709c06c00eb1e69ae6f6060e
+// source-hash: sha256:23b8db25465a682621100bd2959cb9cd199928a16e1605da7e480c9aae3cd106
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
-// One workgroup per query head; one invocation per head-dim element. Scores for every key
-// (cold first, then hot) are kept in workgroup memory, then softmax-normalised at once.
+// One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
+// invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
+// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// and every group keeps its own online-softmax state (running max, running sum, accumulator
+// slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
+// the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.
+// Requires head_dim <= MAX_HEAD_DIM and LANES_PER_KEY <= WORKGROUP_SIZE <= MAX_WORKGROUP_SIZE,
+// else the kernel returns without writing.
 // Fully masked row: average of V over all keys (masked scores are -3.4e38).
 
 enable f16;
 
-const MAX_KV_LEN: u32 = 2048u;
-const MAX_WORKGROUP_SIZE: u32 = 256u;
+const MAX_KV_LEN: u32 = 131072u;
+const MAX_HEAD_DIM: u32 = 256u;
+const MAX_WORKGROUP_SIZE: u32 = 1024u;
+const DIMS_PER_LANE: u32 = 8u;
 const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
@@ -45,11 +54,38 @@ struct Uniforms {
 @group(0) @binding(6) var<storage, read_write> output: array<f16>;
 @group(0) @binding(7) var<storage, read> cold_page_table: array<u32>;
 
-var<workgroup> shared_scores: array<f32, MAX_KV_LEN>;
-var<workgroup> shared_partial: array<f32, MAX_WORKGROUP_SIZE>;
-var<workgroup> shared_max: f32;
-var<workgroup> shared_sum: f32;
-var<workgroup> shared_acc: array<f32, MAX_WORKGROUP_SIZE>;
+// Four f32 per invocation: its partial dots (elements 0-1 and 2-3 alternate between steps, so
+// one barrier a step suffices), then the merge of the groups' softmax states
+var<workgroup> exchange: array<f32, 4u * MAX_WORKGROUP_SIZE>;
+
+fn get4(i: u32) -> vec4<f32> {
+    return vec4<f32>(exchange[4u * i], exchange[4u * i + 1u], exchange[4u * i + 2u], exchange[4u * i + 3u]);
+}
+
+fn set4(i: u32, value: vec4<f32>) {
+    exchange[4u * i] = value.x;
+    exchange[4u * i + 1u] = value.y;
+    exchange[4u * i + 2u] = value.z;
+    exchange[4u * i + 3u] = value.w;
+}
+// Per-invocation state: which lane group (key slot) and head-dim slice this invocation owns,
+// its slice of q, and its group's online-softmax state (running max and sum, accumulator slice)
+var<private> tid: u32;
+var<private> lanes: u32;           // lanes per key (a power of two)
+var<private> num_groups: u32;      // lane groups in the workgroup
+var<private> key_group: u32;       // this lane's group
+var<private> group_lane: u32;      // this lane's index within its group
+var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes leftover invocations
+var<private> dim0: u32;            // first head-dim element this lane owns
+var<private> lane_live: bool;      // in a group and dim0 < head_dim
+var<private> kv_head: u32;
+var<private> run_max: f32;
+var<private> run_sum: f32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
+var<private> q_0: vec4<f32>;
+var<private> q_1: vec4<f32>;
+var<private> acc_0: vec4<f32>;
+var<private> acc_1: vec4<f32>;
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -90,46 +126,8 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Element `tid` of cold K row (key_pos, kv_head_idx), f16 storage
-fn read_cold_k(
-    key_pos: u32,
-    kv_head_idx: u32,
-    tid: u32
-) -> f32 {
-    let row = get_cold_pos(key_pos);
-    let offset = row * u.num_kv_heads * u.head_dim + kv_head_idx * u.head_dim + tid;
-    return f32(K_cold[offset]);
-}
-
-// Element `tid` of cold V row (key_pos, kv_head_idx), f16 storage
-fn read_cold_v(
-    key_pos: u32,
-    kv_head_idx: u32,
-    tid: u32
-) -> f32 {
-    let row = get_cold_pos(key_pos);
-    let offset = row * u.num_kv_heads * u.head_dim + kv_head_idx * u.head_dim + tid;
-    return f32(V_cold[offset]);
-}
-
-// Element `tid` of hot {K,V} row hot_pos
-fn read_hot_k(hot_pos: u32, kv_head_idx: u32, tid: u32) -> f32 {
-    let offset = get_hot_pos(hot_pos) * u.num_kv_heads * u.head_dim + kv_head_idx * u.head_dim + tid;
-    return f32(K_hot[offset]);
-}
-
-fn read_hot_v(hot_pos: u32, kv_head_idx: u32, tid: u32) -> f32 {
-    let offset = get_hot_pos(hot_pos) * u.num_kv_heads * u.head_dim + kv_head_idx * u.head_dim + tid;
-    return f32(V_hot[offset]);
-}
-
-// Reduce the per-invocation products in shared_partial to the key's score (invocation 0 only),
-// apply scale, softcap and mask, and store it at score_idx
-fn store_score(head_dim: u32, score_idx: u32, abs_key: u32) {
-    var dot: f32 = 0.0;
-    for (var d: u32 = 0u; d < head_dim; d++) {
-        dot += shared_partial[d];
-    }
+// Scale, softcap and mask a key's q.k dot into its score
+fn finish_score(dot: f32, abs_key: u32) -> f32 {
     var s = dot * u.scale;
     if (u.attn_softcap > 0.0) {
         s = tanh(s / u.attn_softcap) * u.attn_softcap;
@@ -137,7 +135,118 @@ fn store_score(head_dim: u32, score_idx: u32, abs_key: u32) {
     if (is_masked(abs_key)) {
         s = MASKED_SCORE;
     }
-    shared_scores[score_idx] = s;
+    return s;
+}
+
+// Sum two key slots' partial q.k dots over each lane group
+fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
+    let pick = 2u * exchange_half;
+    exchange_half = exchange_half ^ 1u;
+    exchange[4u * tid + pick] = partial.x;
+    exchange[4u * tid + pick + 1u] = partial.y;
+    workgroupBarrier();
+    var sum = vec2<f32>(0.0);
+    if (in_group) {
+        let base = 4u * key_group * lanes + pick;
+        for (var i: u32 = 0u; i < lanes; i++) {
+            sum += vec2<f32>(exchange[base + 4u * i], exchange[base + 4u * i + 1u]);
+        }
+    }
+    return sum;
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.cold_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.cold_len;
+    var kh0_0 = vec4<f16>();
+    var vh0_0 = vec4<f16>();
+    var kh0_1 = vec4<f16>();
+    var vh0_1 = vec4<f16>();
+    if (live0 && lane_live) {
+        let row0 = (get_cold_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        kh0_0 = vec4<f16>(K_cold[row0 + 0u], K_cold[row0 + 1u], K_cold[row0 + 2u], K_cold[row0 + 3u]);
+        kh0_1 = vec4<f16>(K_cold[row0 + 4u], K_cold[row0 + 5u], K_cold[row0 + 6u], K_cold[row0 + 7u]);
+        vh0_0 = vec4<f16>(V_cold[row0 + 0u], V_cold[row0 + 1u], V_cold[row0 + 2u], V_cold[row0 + 3u]);
+        vh0_1 = vec4<f16>(V_cold[row0 + 4u], V_cold[row0 + 5u], V_cold[row0 + 6u], V_cold[row0 + 7u]);
+    }
+    var kh1_0 = vec4<f16>();
+    var vh1_0 = vec4<f16>();
+    var kh1_1 = vec4<f16>();
+    var vh1_1 = vec4<f16>();
+    if (live1 && lane_live) {
+        let row1 = (get_cold_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        kh1_0 = vec4<f16>(K_cold[row1 + 0u], K_cold[row1 + 1u], K_cold[row1 + 2u], K_cold[row1 + 3u]);
+        kh1_1 = vec4<f16>(K_cold[row1 + 4u], K_cold[row1 + 5u], K_cold[row1 + 6u], K_cold[row1 + 7u]);
+        vh1_0 = vec4<f16>(V_cold[row1 + 0u], V_cold[row1 + 1u], V_cold[row1 + 2u], V_cold[row1 + 3u]);
+        vh1_1 = vec4<f16>(V_cold[row1 + 4u], V_cold[row1 + 5u], V_cold[row1 + 6u], V_cold[row1 + 7u]);
+    }
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], key0);
+    let score1 = finish_score(dots0[1], key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.hot_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.hot_len;
+    var kh0_0 = vec4<f16>();
+    var vh0_0 = vec4<f16>();
+    var kh0_1 = vec4<f16>();
+    var vh0_1 = vec4<f16>();
+    if (live0 && lane_live) {
+        let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+    }
+    var kh1_0 = vec4<f16>();
+    var vh1_0 = vec4<f16>();
+    var kh1_1 = vec4<f16>();
+    var vh1_1 = vec4<f16>();
+    if (live1 && lane_live) {
+        let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+    }
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], u.hot_start + key0);
+    let score1 = finish_score(dots0[1], u.hot_start + key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
@@ -146,89 +255,115 @@ fn main(
     @builtin(workgroup_id) workgroup_id: vec3<u32>,
 ) {
     let head_idx = workgroup_id.x;
-    let tid = local_id.x;
     let head_dim = u.head_dim;
-    let cold_len = u.cold_len;
-    let hot_len = u.hot_len;
-    let total_len = cold_len + hot_len;
-    let kv_head_idx = get_kv_head_idx(head_idx);
+    let total_len = u.cold_len + u.hot_len;
 
-    if (WORKGROUP_SIZE > MAX_WORKGROUP_SIZE || head_dim > WORKGROUP_SIZE || total_len > MAX_KV_LEN) {
+    // Lanes per key: the smallest power of two covering head_dim at DIMS_PER_LANE each
+    var lanes_per_key: u32 = 1u;
+    while (lanes_per_key * DIMS_PER_LANE < head_dim) {
+        lanes_per_key = lanes_per_key * 2u;
+    }
+    if (WORKGROUP_SIZE > MAX_WORKGROUP_SIZE || head_dim > MAX_HEAD_DIM ||
+        lanes_per_key > WORKGROUP_SIZE || total_len > MAX_KV_LEN) {
         return;
     }
 
-    let valid = tid < head_dim;
-
-    var q_val: f32 = 0.0;
-    if (valid) {
-        q_val = f32(Q[head_idx * head_dim + tid]);
-        shared_acc[tid] = 0.0;
+    tid = local_id.x;
+    lanes = lanes_per_key;
+    num_groups = WORKGROUP_SIZE / lanes_per_key;
+    key_group = tid / lanes;
+    group_lane = tid - key_group * lanes;
+    in_group = key_group < num_groups;
+    dim0 = group_lane * DIMS_PER_LANE;
+    lane_live = in_group && dim0 < head_dim;
+    kv_head = get_kv_head_idx(head_idx);
+    run_max = MASKED_SCORE;
+    run_sum = 0.0;
+    exchange_half = 0u;
+    let q_base = head_idx * head_dim + dim0;
+    acc_0 = vec4<f32>(0.0);
+    q_0 = vec4<f32>(0.0);
+    acc_1 = vec4<f32>(0.0);
+    q_1 = vec4<f32>(0.0);
+    if (lane_live) {
+        if (dim0 + 0u < head_dim) { q_0[0] = f32(Q[q_base + 0u]); }
+        if (dim0 + 1u < head_dim) { q_0[1] = f32(Q[q_base + 1u]); }
+        if (dim0 + 2u < head_dim) { q_0[2] = f32(Q[q_base + 2u]); }
+        if (dim0 + 3u < head_dim) { q_0[3] = f32(Q[q_base + 3u]); }
+        if (dim0 + 4u < head_dim) { q_1[0] = f32(Q[q_base + 4u]); }
+        if (dim0 + 5u < head_dim) { q_1[1] = f32(Q[q_base + 5u]); }
+        if (dim0 + 6u < head_dim) { q_1[2] = f32(Q[q_base + 6u]); }
+        if (dim0 + 7u < head_dim) { q_1[3] = f32(Q[q_base + 7u]); }
     }
 
-    // Scores of the cold keys (absolute positions 0 .. cold_len-1)
-    for (var k_pos: u32 = 0u; k_pos < cold_len; k_pos++) {
-        var k_val: f32 = 0.0;
-        if (valid) {
-            k_val = read_cold_k(k_pos, kv_head_idx, tid);
-        }
-        shared_partial[tid] = q_val * k_val;
-        workgroupBarrier();
-        if (tid == 0u) {
-            store_score(head_dim, k_pos, k_pos);
-        }
-        workgroupBarrier();
+    // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
+    let groups = WORKGROUP_SIZE / lanes_per_key;
+    let keys_per_step = groups * 2u;
+    let shuffle_width = 0u;  // 0: reduce through workgroup memory
+    for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
+        cold_step(first, shuffle_width);
+    }
+    for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
+        hot_step(first, shuffle_width);
     }
 
-    // Scores of the hot keys (absolute positions hot_start ..), stored after the cold ones
-    for (var k_pos: u32 = 0u; k_pos < hot_len; k_pos++) {
-        var k_val: f32 = 0.0;
-        if (valid) {
-            k_val = read_hot_k(k_pos, kv_head_idx, tid);
-        }
-        shared_partial[tid] = q_val * k_val;
-        workgroupBarrier();
-        if (tid == 0u) {
-            store_score(head_dim, cold_len + k_pos, u.hot_start + k_pos);
-        }
-        workgroupBarrier();
-    }
-
-    // Softmax over all scores: max, then exp and sum (invocation 0)
-    if (tid == 0u) {
-        var max_score: f32 = MASKED_SCORE;
-        for (var k: u32 = 0u; k < total_len; k++) {
-            max_score = max(max_score, shared_scores[k]);
-        }
-        var sum_exp: f32 = 0.0;
-        for (var k: u32 = 0u; k < total_len; k++) {
-            let w = exp(shared_scores[k] - max_score);
-            shared_scores[k] = w;
-            sum_exp += w;
-        }
-        shared_sum = sum_exp;
+    let block = lanes_per_key;
+    // One representative group per block of lanes publishes its (max, sum)
+    let reps = WORKGROUP_SIZE / block;
+    let rep = tid / block;
+    let is_rep = rep < reps && tid - rep * block < lanes_per_key;
+    workgroupBarrier();
+    if (is_rep && group_lane == 0u) {
+        exchange[4u * rep] = run_max;
+        exchange[4u * rep + 1u] = run_sum;
     }
     workgroupBarrier();
+    var row_max = MASKED_SCORE;
+    var row_sum = 0.0;
+    for (var r: u32 = 0u; r < reps; r++) {
+        let m = max(row_max, exchange[4u * r]);
+        row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+        row_max = m;
+    }
+    var inv_sum = select(0.0, 1.0 / row_sum, row_sum > 0.0);
+    // This block's share of the softmax, relative to the row max
+    let weight = exp(run_max - row_max);
+    let out_base = head_idx * head_dim + dim0;
+    let slot = rep * lanes_per_key + group_lane;
 
-    let sum_exp = shared_sum;
-    let inv_sum = select(0.0, 1.0 / sum_exp, sum_exp > 0.0);
-
-    // Weighted sum of V, one head-dim element per invocation
-    if (valid) {
-        var acc: f32 = 0.0;
-        for (var score_idx: u32 = 0u; score_idx < total_len; score_idx++) {
-            var v_val: f32 = 0.0;
-            if (score_idx < cold_len) {
-                v_val = read_cold_v(score_idx, kv_head_idx, tid);
-            } else {
-                v_val = read_hot_v(score_idx - cold_len, kv_head_idx, tid);
-            }
-            acc += shared_scores[score_idx] * v_val;
-        }
-        shared_acc[tid] = acc * inv_sum;
+    // Accumulator elements 0..3: the representatives', summed by the first group
+    workgroupBarrier();
+    if (is_rep) {
+        set4(slot, acc_0 * weight);
     }
     workgroupBarrier();
+    if (key_group == 0u && lane_live) {
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        total = total * inv_sum;
+        if (dim0 + 0u < head_dim) { output[out_base + 0u] = f16(total[0]); }
+        if (dim0 + 1u < head_dim) { output[out_base + 1u] = f16(total[1]); }
+        if (dim0 + 2u < head_dim) { output[out_base + 2u] = f16(total[2]); }
+        if (dim0 + 3u < head_dim) { output[out_base + 3u] = f16(total[3]); }
+    }
 
-    if (valid) {
-        output[head_idx * head_dim + tid] = f16(shared_acc[tid]);
+    // Accumulator elements 4..7: the representatives', summed by the first group
+    workgroupBarrier();
+    if (is_rep) {
+        set4(slot, acc_1 * weight);
+    }
+    workgroupBarrier();
+    if (key_group == 0u && lane_live) {
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        total = total * inv_sum;
+        if (dim0 + 4u < head_dim) { output[out_base + 4u] = f16(total[0]); }
+        if (dim0 + 5u < head_dim) { output[out_base + 5u] = f16(total[1]); }
+        if (dim0 + 6u < head_dim) { output[out_base + 6u] = f16(total[2]); }
+        if (dim0 + 7u < head_dim) { output[out_base + 7u] = f16(total[3]); }
     }
 }

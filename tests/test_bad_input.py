@@ -489,6 +489,18 @@ def test_missing_variants_toml(tmp_path: Path) -> None:
     assert "variants.toml" in line and "not found" in line
 
 
+@pytest.mark.parametrize("command", [("check",), ("check", "--full"), ("generate",)])
+def test_a_fifo_as_variants_toml_is_one_line_not_a_hang(fresh_project: Path, command) -> None:
+    """Reading a FIFO blocks until a writer comes: a pre-commit hook would hang forever."""
+    config = fresh_project / "variants.toml"
+    config.unlink()
+    os.mkfifo(config)
+    result = run_process(fresh_project, *command)  # a real process: a hang is a timeout
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = assert_one_line_error(result.stderr)
+    assert "variants.toml: not a regular file" in line
+
+
 def test_unreadable_generated_wgsl_is_one_line(fresh_project: Path) -> None:
     """A template that renders WGSL the interface reader cannot evaluate: exit 2, no traceback."""
     before = snapshot(fresh_project / "generated")
@@ -618,8 +630,64 @@ def _runaway(root: Path, text: str) -> str:
         ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}// {{ f(0) }}", "recursion too deep"),
         ('// {{ "x" * 200000000 }}', "exceeds the output limit of 4194304 bytes"),
         ("// {{ 7 ** 99999 }}", "7 ** 99999 has more than 4096 bits"),
+        # a width builds the whole string before the output cap sees it (300 MB, 1.2 GB RSS)
+        ('// {{ "a"|center(300000000) }}', "a width or size of 300000000 exceeds the output"),
+        ('// {{ "a"|indent(300000000, true) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "a".rjust(300000000) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "%300000000d" % 1 }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "%*d" % (300000000, 1) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "%.300000000f"|format(1) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "{:0>300000000}".format(1) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "{:>{}}".format(1, 300000000) }}', "a width or size of 300000000 exceeds"),
+        ('// {{ "{:>{w}}".format_map({"w": 300000000}) }}', "a width or size of 300000000"),
+        ('{% set s = ("a" * 4000)|replace("a", "b" * 40000) %}', "replacing gives 160000000"),
+        ('{% set s = ("a" * 4000).replace("a", "b" * 40000) %}', "replacing gives 160000000"),
+        ('{% set s = ("a\\n" * 4000)|indent(40000) %}', "indenting 4001 lines by 40000 exceeds"),
+        # doubling in a loop: 2**27 bytes at 27 steps, 2**33 (8 GB) at 33
+        (
+            '{% set ns = namespace(s="x") %}{% for i in range(27) %}'
+            "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+            "concatenating 8388608 items exceeds the output limit",
+        ),
+        (
+            '{% set ns = namespace(s="x") %}{% for i in range(27) %}'
+            "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+            "concatenating 8388608 items exceeds the output limit",
+        ),
+        (
+            "{% set ns = namespace(s=[1]) %}{% for i in range(27) %}"
+            "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+            "concatenating 8388608 items exceeds the output limit",
+        ),
+        (
+            "{% macro d(s, n) %}{{ d(s ~ s, n - 1) if n else s|length }}{% endmacro %}"
+            '// {{ d("x", 27) }}',
+            "concatenating 8388608 items exceeds the output limit",
+        ),
     ],
-    ids=["huge-range", "time-limit", "recursion", "huge-repeat", "huge-power"],
+    ids=[
+        "huge-range",
+        "time-limit",
+        "recursion",
+        "huge-repeat",
+        "huge-power",
+        "center",
+        "indent",
+        "rjust",
+        "percent",
+        "percent-star",
+        "format-filter",
+        "str-format",
+        "str-format-nested",
+        "format-map",
+        "replace-filter",
+        "replace-method",
+        "indent-lines",
+        "doubling-plus",
+        "doubling-tilde",
+        "doubling-list",
+        "doubling-recursion",
+    ],
 )
 def test_runaway_template(fresh_project: Path, monkeypatch, text: str, expected: str) -> None:
     from doppler_gen import render
@@ -637,6 +705,43 @@ def test_runaway_template(fresh_project: Path, monkeypatch, text: str, expected:
         assert location_of(line) == where, line
         assert len(line) < 400
     assert snapshot(fresh_project / "generated") == before
+
+
+def test_memory_beyond_every_other_bound_is_one_line(fresh_project: Path, monkeypatch) -> None:
+    """Many strings, each within the bounds, joined or listed: the address-space cap stops it."""
+    import resource
+
+    from doppler_gen import render
+
+    monkeypatch.setattr(render, "RENDER_MEMORY_LIMIT_BYTES", 64 << 20)
+    before = snapshot(fresh_project / "generated")
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    text = '{% set s = range(200)|map("center", 1000000)|join %}'  # 200 MB
+    where = _runaway(fresh_project, text)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: {where}: rendering needs more than 64 MiB of memory"), line
+    assert snapshot(fresh_project / "generated") == before
+    assert resource.getrlimit(resource.RLIMIT_AS) == limits  # restored after the render
+
+
+def test_large_values_are_not_widths(fresh_project: Path) -> None:
+    """Only sizes are bounded: a u32 maximum formats as before, in every way of formatting."""
+    text = (
+        '// {{ "%du"|format(4294967295) }} {{ "{}u".format(4294967295) }} {{ "%du" % 4294967295 }}'
+        ' {{ "{:08.3f}".format(1.5) }} {{ 4294967295 % 7 }} {{ "a" ~ 1 ~ [2] }} {{ 1 + 2 }}'
+        ' {{ [1] + [2] }} {{ "abca"|replace("a", "xy") }} {{ "abca"|replace("a", "x", 1) }}'
+        ' {{ "abca".replace("a", "z") }} {{ "a\\nb"|indent(2)|replace("\\n", "|") }}'
+    )
+    _runaway(fresh_project, text)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output + result.stderr
+    kernel = (fresh_project / "generated" / "attention.wgsl").read_text(encoding="utf-8")
+    assert (
+        "// 4294967295u 4294967295u 4294967295u 0001.500 3 a1[2] 3 [1, 2] xybcxy xbca zbcz a|  b\n"
+        in kernel
+    )
 
 
 def test_runaway_output_names_the_template(fresh_project: Path, monkeypatch) -> None:

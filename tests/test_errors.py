@@ -133,7 +133,11 @@ def test_json_usage_errors_are_a_json_object_on_stdout(fresh_project: Path) -> N
 
 # -- --root on every subcommand ---------------------------------------------------------------------
 
-SUBCOMMANDS = ["generate", "check", "list", "show", "validate", "doctor", "bench", "tune"]
+SUBCOMMANDS = ["generate", "check", "export", "list", "show", "validate", "doctor", "bench", "tune"]
+
+
+def test_the_subcommand_list_is_every_subcommand() -> None:
+    assert sorted(SUBCOMMANDS) == sorted(cli.commands)  # a new command must be listed above
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -224,8 +228,8 @@ def test_show_into_a_closed_pipe_exits_0_quietly(fresh_project: Path) -> None:
     ("words", "expected"),
     [
         (
-            "show attention_decode_tiered_i",
-            {"attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"},
+            "show attention_decode_tiered_int8",
+            {"attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int8_f16kv_sg"},
         ),
         ("validate attention_f16", {"attention_f16", "attention_f16kv"}),
         ("tune attention_sm", {"attention_small_f16kv"}),

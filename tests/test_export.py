@@ -16,9 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_one_line_error, edit, line_of, run_cli, snapshot
+from conftest import (
+    REPO_ROOT,
+    assert_one_line_error,
+    edit,
+    project_snapshot,
+    run_cli,
+    snapshot,
+)
 from test_manifest import extract, js_uniform_writers, scalar_layout
 
+from doppler_gen.config import load_project
 from doppler_gen.errors import InterfaceError
 from doppler_gen.export import (
     content_digest,
@@ -38,7 +46,7 @@ JS_WRITERS = {
     "attention_tiered": "createTieredAttentionUniformBuffer",
     "attention_tiered_quant": "createTieredQuantAttentionUniformBuffer",
 }
-# the declared placement of today's variants (variants.toml), written out by hand
+# the declared placement of the seed host's variants (variants.toml), written out by hand
 EXPECTED_IDS = {
     "attention": {
         "prefill": "attention.wgsl",
@@ -79,6 +87,25 @@ def resolved(registry: dict[str, Any]):
             yield op, vid, variant, bindings, uniforms
 
 
+def resolved_passes(registry: dict[str, Any]):
+    """(operation, id, variant, pass, bindings, uniforms) for each pass the host dispatches: a
+    single-pass variant is its own pass; a multi-pass one lists its passes, each with its
+    bindings and uniforms."""
+    for op, vid, variant, bindings, uniforms in resolved(registry):
+        if "passes" not in variant:
+            yield op, vid, variant, variant, bindings, uniforms
+            continue
+        for record in variant["passes"]:
+            yield op, vid, variant, record, record["bindings"], record["uniforms"]
+
+
+def kernel_files(variant: dict[str, Any]) -> str | tuple[str, ...]:
+    """The generated file a registry entry points at, or its passes' files in order."""
+    if "passes" in variant:
+        return tuple(p["wgsl"] for p in variant["passes"])
+    return variant["wgsl"]
+
+
 # -- golden ----------------------------------------------------------------------------------------
 
 
@@ -103,13 +130,25 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
     registry = exported["registry.json"]
     assert registry["generator"] == "doppler-gen"
     placed = {
-        op: {vid: v["wgsl"] for vid, v in schema["variants"].items()}
+        op: {vid: kernel_files(v) for vid, v in schema["variants"].items()}
         for op, schema in registry["operations"].items()
     }
-    assert placed == EXPECTED_IDS
-    # no doppler_id declared: rmsnorm and the decode kernels of issue 12 (not yet in Doppler's registry)
-    not_exported = [n for n in registry["notExported"] if not n.startswith("attention_decode_")]
-    assert not_exported == ["rmsnorm", "rmsnorm_f16"]
+    for operation, ids in EXPECTED_IDS.items():
+        assert {vid: placed[operation].get(vid) for vid in ids} == ids, operation
+    # every id variants.toml declares is placed at its variant's file, and nothing else is
+    declared: dict[str, dict[str, str]] = {}
+    not_exported = []
+    for variant in load_project(REPO_ROOT).variants:
+        if variant.doppler is None:  # the rmsnorm variants: no Doppler registry slot yet
+            not_exported.append(variant.name)
+            continue
+        for vid in variant.doppler.ids:
+            names = tuple(Path(o).name for o in variant.outputs)
+            declared.setdefault(variant.doppler.operation, {})[vid] = (
+                names if variant.template.multi_pass else names[0]
+            )
+    assert placed == declared
+    assert registry["notExported"] == not_exported == ["rmsnorm", "rmsnorm_f16"]
     tiers = {vid: v["variantMetadata"].get("tier") for _, vid, v, _, _ in resolved(registry)}
     assert tiers["prefill"] == tiers["prefill_f16kv"] == "tiled_large"
     assert tiers["prefill_small_f16kv"] == tiers["decode_small_f16kv"] == "tiled_small"
@@ -117,26 +156,40 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
 
 
 def test_metadata_comes_from_the_manifest(exported: dict[str, Any], entries: dict) -> None:
-    by_file = {Path(e["file"]).name: e for e in entries.values() if "file" in e}  # single pass
-    for _, vid, variant, _, _ in resolved(exported["registry.json"]):
-        entry = by_file[variant["wgsl"]]
+    by_file = {Path(p["file"]).name: (e, p) for e in entries.values() for p in e["passes"]}
+    for _, vid, variant, record, _, _ in resolved_passes(exported["registry.json"]):
+        entry, manifest_pass = by_file[record["wgsl"]]
         meta = entry["metadata"]
-        assert variant["entryPoint"] == entry["entry_point"] == "main"
-        assert variant["workgroup"] == entry["workgroup_size_default"], vid
+        assert record["entryPoint"] == manifest_pass["entry_point"] == "main"
+        # the default workgroup size, with the variant's pipeline constants applied
+        constants = entry["pipeline_constants"]
+        workgroup = [
+            constants.get(expr, default)
+            for expr, default in zip(
+                manifest_pass["workgroup_size"],
+                manifest_pass["workgroup_size_default"],
+                strict=True,
+            )
+        ]
+        assert record["workgroup"] == workgroup, vid
+        if record is not variant:  # a pass of a multi-pass variant: its own storage
+            assert record["requiredShared"] == manifest_pass["workgroup_storage_bytes"], vid
         assert variant["requires"] == entry["requires"]
         assert (variant["inputDtype"], variant["kvDtype"], variant["outputDtype"]) == (
             meta["q_dtype"],
             meta["kv_dtype"],
             meta["out_dtype"],
         )
-        assert variant["wgslOverrides"] == entry["pipeline_constants"] == {}
+        assert record["wgslOverrides"] == entry["pipeline_constants"]
         extra = variant["variantMetadata"]
         assert extra["maxHeadDim"] == meta["max_head_dim"]
         assert extra.get("maxKVLen") == meta["max_kv_len"]
         assert extra["requiredShared"] == entry["workgroup_storage_bytes"]
-        if entry["family"] == "tiled":  # dispatch ceil(query_len / BLOCK_SIZE) * num_heads
-            assert extra["queryBlockSize"] == entry["params"]["block_size"], vid
-        else:
+        block = re.match(r"ceil\(query_len / (\w+)\)", entry["passes"][0]["dispatch"])
+        if block:  # e.g. ceil(query_len / BLOCK_SIZE) * num_heads: the override's default
+            defaults = {o["name"]: o["default"] for o in entry["overrides"]}
+            assert extra["queryBlockSize"] == defaults[block.group(1)], vid
+        else:  # one workgroup per query, or per head
             assert "queryBlockSize" not in extra
 
 
@@ -148,8 +201,8 @@ def test_layouts_match_an_independent_reading_of_the_wgsl(
 ) -> None:
     kinds = {("uniform", "read"): "uniform", ("storage", "read"): "read-only-storage"}
     kinds[("storage", "read_write")] = "storage"
-    for _, vid, variant, bindings, uniforms in resolved(exported["registry.json"]):
-        wgsl = extract((pristine_project / "generated" / variant["wgsl"]).read_text("utf-8"))
+    for _, vid, _, record, bindings, uniforms in resolved_passes(exported["registry.json"]):
+        wgsl = extract((pristine_project / "generated" / record["wgsl"]).read_text("utf-8"))
         assert bindings == [
             {
                 "index": b["binding"],
@@ -169,7 +222,7 @@ def test_layouts_match_an_independent_reading_of_the_wgsl(
 def test_layouts_match_the_bytes_the_seed_js_host_writes(exported: dict[str, Any]) -> None:
     writers = js_uniform_writers()
     seen = set()
-    for op, vid, _, _, uniforms in resolved(exported["registry.json"]):
+    for op, vid, _, _, _, uniforms in resolved_passes(exported["registry.json"]):
         size, sets = writers[JS_WRITERS[op]]
         assert [(f["offset"], f["type"]) for f in uniforms["fields"]] == sets, (op, vid)
         assert uniforms["size"] == size, (op, vid)
@@ -198,7 +251,7 @@ def test_digest_of_a_generated_kernel(pristine_project: Path, exported: dict[str
     expected = hashlib.sha256(data.replace(b"\r\n", b"\n") + b"\n@@entry:main").hexdigest()
     digests = exported["digests.json"]["digests"]
     assert digests["attention_f16kv.wgsl#main"] == expected
-    files = {v["wgsl"] for _, _, v, _, _ in resolved(exported["registry.json"])}
+    files = {p["wgsl"] for _, _, _, p, _, _ in resolved_passes(exported["registry.json"])}
     assert set(digests) == {f"{name}#main" for name in files}
     for key, value in digests.items():
         kernel = (pristine_project / "generated" / key.split("#")[0]).read_bytes()
@@ -229,22 +282,71 @@ def test_check_reports_stale_missing_and_orphaned_exports(fresh_project: Path) -
     (export / "digests.json").unlink()
     (export / "old.json").write_text('{"generator": "doppler-gen"}\n', encoding="utf-8")
     (export / "notes.json").write_text('{"mine": true}\n', encoding="utf-8")
-    before = snapshot(fresh_project)
+    before = project_snapshot(fresh_project)
     result = run_cli(fresh_project, "check")
-    assert snapshot(fresh_project) == before
+    assert project_snapshot(fresh_project) == before
     assert result.exit_code == 1, result.output
     assert "stale:    generated/doppler/registry.json\n" in result.stdout
     assert '\n-        "size": 64\n+        "size": 80\n' in result.stdout
     assert "missing:  generated/doppler/digests.json\n" in result.stdout
-    assert "orphaned: generated/doppler/old.json (no variant produces it)\n" in result.stdout
+    assert "orphaned: generated/doppler/old.json (no variant produces it; not as" in result.stdout
     assert "notes.json" not in result.stdout  # not ours: never reported, never removed
     assert "out of date (3 file(s))" in result.stderr
 
+    # the manifest records no sha256 for exports: an orphan there may be a hand-made copy
+    refused = run_cli(fresh_project, "generate")
+    assert refused.exit_code == 2, refused.output
+    assert "generated/doppler/old.json" in assert_one_line_error(refused.stderr)
+    assert project_snapshot(fresh_project) == before
+    (export / "old.json").unlink()
     generated = run_cli(fresh_project, "generate")
     assert generated.exit_code == 0, generated.output
-    assert "removed   generated/doppler/old.json" in generated.stdout
     assert (export / "notes.json").exists()
     assert run_cli(fresh_project, "check").exit_code == 0
+
+
+def test_a_hand_made_copy_of_the_registry_is_never_deleted(fresh_project: Path) -> None:
+    export = fresh_project / "generated" / "doppler"
+    backup = export / "registry.backup"
+    shutil.copyfile(export / "registry.json", backup)  # says "generator": "doppler-gen" too
+    before = project_snapshot(fresh_project)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert "generated/doppler/registry.backup" in line and "move or delete" in line
+    assert project_snapshot(fresh_project) == before
+
+
+@pytest.mark.parametrize("command", ["generate", "check"])
+def test_a_symlinked_export_directory_leading_out_of_the_project_is_refused(
+    fresh_project: Path, tmp_path: Path, command: str
+) -> None:
+    outside = tmp_path / "elsewhere"
+    shutil.move(fresh_project / "generated" / "doppler", outside)
+    (outside / "theirs.json").write_text('{"generator": "doppler-gen"}\n', encoding="utf-8")
+    (fresh_project / "generated" / "doppler").symlink_to(outside)
+    before, theirs = project_snapshot(fresh_project), snapshot(outside)
+    result = (
+        run_cli(fresh_project, command, "--full")
+        if command == "check"
+        else (run_cli(fresh_project, command))
+    )
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith("error: generated/doppler: resolves to ") and "outside" in line
+    assert project_snapshot(fresh_project) == before and snapshot(outside) == theirs
+
+
+def test_an_export_directory_that_is_a_file_is_one_line(fresh_project: Path) -> None:
+    shutil.rmtree(fresh_project / "generated" / "doppler")
+    (fresh_project / "generated" / "doppler").write_text("mine\n", encoding="utf-8")
+    before = project_snapshot(fresh_project)
+    for args in (("generate",), ("check", "--full")):
+        result = run_cli(fresh_project, *args)
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        assert line == "error: generated/doppler: exists but is not a directory (a regular file)"
+    assert project_snapshot(fresh_project) == before
 
 
 def test_a_variant_without_doppler_id_is_generated_but_listed_as_not_exported(
@@ -325,20 +427,24 @@ def test_bad_doppler_declarations(
 ) -> None:
     toml = fresh_project / "variants.toml"
     old, new = change
+    edited_line = None  # the error names the needle's last line up to the edit
     if old == 'doppler_id = "decode_tiered_int4_f16kv"\n':  # the last occurrence: the int4 variant
         text = toml.read_text("utf-8")
         head, _, tail = text.rpartition(old)
         toml.write_text(head + new + tail, encoding="utf-8")
+        edited_line = head.count("\n") + 1
     else:
         edit(toml, old, new)
     text = toml.read_text("utf-8")
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if needle in line]
+    expected = max(n for n in lines if edited_line is None or n <= edited_line)
     before = snapshot(fresh_project / "generated")
     for command in ("generate", "check", "export"):
         result = run_cli(fresh_project, command)
         assert result.exit_code == 2, (command, result.output)
         line = assert_one_line_error(result.stderr)
         assert message in line, line
-        assert line.startswith(f"error: variants.toml:{line_of(text, needle, -1)}: "), line
+        assert line.startswith(f"error: variants.toml:{expected}: "), line
     assert snapshot(fresh_project / "generated") == before
 
 
@@ -360,7 +466,9 @@ def test_check_against_an_identical_checkout(pristine_project: Path, tmp_path: P
     directory = checkout(pristine_project, tmp_path)
     result = run_cli(pristine_project, "export", "--check-against", str(directory))
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"{directory} matches the export (9 variants)\n"
+    registry = json.loads((directory / "registry.json").read_text(encoding="utf-8"))
+    count = sum(len(op["variants"]) for op in registry["operations"].values())
+    assert result.stdout == f"{directory} matches the export ({count} variants)\n"
 
 
 def test_check_against_lists_each_planted_difference_on_its_own_line(
@@ -415,7 +523,7 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
         attention["baseBindings"] = attention["baseBindings"][:5]  # kv_len, page_table dropped
         attention["variants"]["prefill"]["workgroup"] = [32, 1, 1]
         attention["variants"]["decode_f16kv"] = {"wgsl": "attention_f16kv.wgsl"}  # not declared
-        attention["variants"]["decode_streaming"] = {"wgsl": "attention_streaming.wgsl"}  # not ours
+        attention["variants"]["decode_streaming"] = {"wgsl": "upstream_streaming.wgsl"}  # not ours
         quant = registry["operations"]["attention_tiered_quant"]["variants"]
         quant["decode_tiered_int4_f16kv"]["variantMetadata"].pop("maxKVLen")
 
@@ -431,7 +539,7 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
         ) in lines
     assert (
         "attention_tiered_quant.decode_tiered_int4_f16kv: variantMetadata.maxKVLen: registry "
-        "absent, WGSL 2048"
+        "absent, WGSL 131072"
     ) in lines
     assert any(line.startswith("attention.decode_f16kv: extra: ") for line in lines)
     assert not any("decode_streaming" in line for line in lines)
@@ -440,7 +548,12 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
         "entry point" in lines
     )
     assert not any("stale digest" in line for line in lines)  # sha256: prefix accepted
-    assert len(lines) == len(set(lines)) == 1 + 2 * 5 + 1 + 1 + 1
+    exported = json.loads((pristine_project / "generated/doppler/registry.json").read_text())
+    # each single-pass variant lost bindings 5 and 6 (a multi-pass one lists its passes' own)
+    variants = exported["operations"]["attention"]["variants"].values()
+    tiled = sum("passes" not in v for v in variants)
+    assert 0 < tiled < len(variants)
+    assert len(lines) == len(set(lines)) == 1 + 2 * tiled + 1 + 1 + 1
 
 
 @pytest.mark.parametrize(

@@ -162,7 +162,7 @@ OVERRIDE_VARIANT = 'params = { kv_dtype = "f16", block_size = 16 }'
     [
         ("WORKGROUP_SIZE = 64.5", "override WORKGROUP_SIZE = 64.5: u32 needs an integer"),
         ("WORKGROUP_SIZE = -4", "override WORKGROUP_SIZE = -4: out of range for u32"),
-        ("WORKGROUP_SIZE = 4294967296", "out of range for u32 (0 to 4.29497e+09)"),
+        ("WORKGROUP_SIZE = 4294967296", "out of range for u32 (0 to 4294967295)"),
         ("WORKGROUP_SIZE = nan", "override WORKGROUP_SIZE = nan is not a finite number"),
         ("WORKGROUP_SIZE = inf", "override WORKGROUP_SIZE = inf is not a finite number"),
         ("WORKGROUP_SIZE = -inf", "override WORKGROUP_SIZE = -inf is not a finite number"),

@@ -64,8 +64,8 @@ def extract(text: str) -> dict[str, Any]:
     code = strip(text)
     bindings = []
     for group, binding, space, access, name, wgsl_type in _BINDING.findall(code):
-        # array<f16>, or array<vec4<f16>> (read four at a time; the host fills it with f16)
-        element = re.fullmatch(r"array<\s*(?:vec[234]<\s*)?(\w+)\s*>?\s*>", wgsl_type)
+        # the scalar the host fills: array<vec4<f16>> is filled with f16 like array<f16>
+        element = re.fullmatch(r"array<\s*(?:vec[234]<\s*(\w+)\s*>|(\w+))\s*>", wgsl_type)
         bindings.append(
             {
                 "group": int(group),
@@ -74,7 +74,7 @@ def extract(text: str) -> dict[str, Any]:
                 "access": access or "read",
                 "name": name,
                 "type": re.sub(r"\s+", "", wgsl_type),
-                "element_type": element.group(1) if element else None,
+                "element_type": (element.group(1) or element.group(2)) if element else None,
             }
         )
     structs = {name: _FIELD.findall(body) for name, body in _STRUCT.findall(code)}
@@ -87,12 +87,12 @@ def extract(text: str) -> dict[str, Any]:
     for var_name, wgsl_type in _WORKGROUP_VAR.findall(code):
         if len(re.findall(rf"\b{var_name}\b", code)) < 2:
             continue  # declared, never used: WebGPU counts only what the entry point uses
-        array = re.fullmatch(r"array<\s*(?:vec([24])<(\w+)>|(\w+))\s*,\s*([^>]+)>", wgsl_type)
+        array = re.fullmatch(r"array<\s*(?:vec([24])<\s*(\w+)\s*>|(\w+))\s*,\s*([^>]+)>", wgsl_type)
         atomic = re.fullmatch(r"atomic<\s*(\w+)\s*>", wgsl_type)
         if array:
-            lanes = int(array.group(1) or 1)
-            element = SCALAR_SIZES[array.group(2) or array.group(3)] * lanes
-            size = element * product(array.group(4), names)
+            lanes, vector_scalar, scalar, count = array.groups()
+            element = SCALAR_SIZES[vector_scalar or scalar] * int(lanes or 1)
+            size = element * product(count, names)
         else:
             size = SCALAR_SIZES[atomic.group(1) if atomic else wgsl_type]
         storage += -(-size // 16) * 16

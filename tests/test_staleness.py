@@ -1,6 +1,7 @@
 """`check` never calls a stale tree up to date: one test per way it once could.
 
-1. a symlinked directory under templates/ (the memo did not look inside, Jinja did);
+1. a symlinked directory under templates/ (the memo did not look inside, Jinja did), and a
+   symlinked variants.toml or generated file or directory (the memo hashed only the link text);
 2. a tree that changed while `check` ran (the memo recorded the digest of a tree it never saw),
    and a failing full check that left the old memo in place;
 3. code that changed under an unchanged version string (the Jinja bytecode cache, and the memo,
@@ -85,6 +86,39 @@ def test_retargeted_symlink_inside_templates_is_seen(fresh_project: Path) -> Non
     (templates / "lib").symlink_to("lib_b", target_is_directory=True)
     stderr = assert_not_up_to_date(fresh_project)
     assert "generated/ is out of date" in stderr
+
+
+# -- 1b. symlinked inputs and outputs elsewhere in the project ------------------------------------
+
+
+def test_symlinked_variants_toml_edited_through_the_link_is_seen(fresh_project: Path) -> None:
+    """`tune --write` supports a symlinked variants.toml; the memo hashed only the link text."""
+    (fresh_project / "variants.toml").rename(fresh_project / "kernels.toml")
+    (fresh_project / "variants.toml").symlink_to("kernels.toml")
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    edit(fresh_project / "kernels.toml", "block_size = 16", "block_size = 32")
+    assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
+
+
+def test_symlinked_generated_file_edited_through_the_link_is_seen(fresh_project: Path) -> None:
+    kernel = fresh_project / "generated" / "attention.wgsl"
+    kernel.rename(fresh_project / "attention.wgsl")
+    kernel.symlink_to("../attention.wgsl")
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    edit(fresh_project / "attention.wgsl", "fn main(", "fn main (")
+    assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
+
+
+def test_symlinked_export_directory_edited_through_the_link_is_seen(fresh_project: Path) -> None:
+    export = fresh_project / "generated" / "doppler"
+    export.rename(fresh_project / "doppler-export")
+    export.symlink_to("../doppler-export", target_is_directory=True)
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    edit(fresh_project / "doppler-export" / "registry.json", '"size": 80', '"size": 64')
+    assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
 
 
 # -- 2. the memo and concurrent edits --------------------------------------------------------------

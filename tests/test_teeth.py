@@ -31,6 +31,7 @@ TIERED = "templates/attention_decode_tiered.wgsl.j2"
 DECODE = "templates/lib/attention_decode.wgsl.j2"
 SPLIT_REDUCE = "templates/attention_decode_split_reduce.wgsl.j2"
 RMSNORM = "templates/rmsnorm.wgsl.j2"
+TIERED_LIB = "templates/lib/tiered_decode.wgsl.j2"
 
 SMALL = "attention_small_f16kv"  # the tiled variant inside lavapipe's limits
 SG = "attention_decode_sg_d64_f16kv"  # one-dispatch decode, subgroup reductions
@@ -83,8 +84,8 @@ MUTATIONS = [
     (
         "int8-sign-extension-dropped",
         COLD,
-        "    if (q >= {{ 2 ** (bits - 1) }}) { q -= {{ 2 ** bits }}; }\n",
-        "",
+        "let offset_binary = packed_val ^ {{",
+        "let offset_binary = packed_val;\n    let sign_flip_dropped = {{",
         ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"],
     ),
     (
@@ -230,9 +231,9 @@ SIZE_MUTATIONS = [
     ),
     (
         "tiered-head-index-aliases-above-32-heads",
-        TIERED,
-        'common.load_f32("Q", "head_idx * head_dim + tid", q_dtype)',
-        'common.load_f32("Q", "(head_idx % 32u) * head_dim + tid", q_dtype)',
+        TIERED_LIB,
+        "let q_base = {{ head }} * head_dim + dim0;",
+        "let q_base = ({{ head }} % 32u) * head_dim + dim0;",
         [TIERED_INT8],
     ),
     (
@@ -273,8 +274,8 @@ SIZE_MUTATIONS = [
     (
         "tiered-hot-start-beyond-4095-dropped-in-mask",
         TIERED,
-        "store_score(head_dim, cold_len + k_pos, u.hot_start + k_pos);",
-        "store_score(head_dim, cold_len + k_pos, (u.hot_start & 4095u) + k_pos);",
+        '"u.hot_start + ", "get_hot_pos"',  # the absolute key position the mask sees
+        '"(u.hot_start & 4095u) + ", "get_hot_pos"',
         ["attention_decode_tiered_f16kv"],
     ),
     (

@@ -135,7 +135,7 @@ def test_metadata_records_what_a_host_needs() -> None:
     manifest = json.loads((REPO_ROOT / "generated/manifest.json").read_text())["variants"]
     for name in TIERED:
         meta = manifest[name]["metadata"]
-        assert meta["max_kv_len"] == 2048
+        assert meta["max_kv_len"] == 131072
         assert meta["workgroup_size"] == [256, 1, 1]
         assert meta["requires"] == ["shader-f16"]
         assert meta["masked_row"] == "mean_v"
@@ -245,5 +245,76 @@ def test_the_zero_contract_is_a_template_parameter_the_validator_holds_it_to(
             seed=7,
         )
         assert not runner.run_case(spec).passed
+    finally:
+        device.close()
+
+
+LONG_COLD = CaseSpec(
+    "long cold tier, GQA 4, head_dim 128",
+    num_heads=4,
+    num_kv_heads=1,
+    cold_len=5000,
+    hot_len=100,
+    hot_start=5000,
+    hot_window=128,
+    start_pos=5099,
+    head_dim=128,
+    seed=3,
+)
+RAGGED = CaseSpec(
+    "head_dim 13, window",
+    num_heads=3,
+    num_kv_heads=1,
+    cold_len=77,
+    hot_len=5,
+    hot_start=80,
+    hot_window=8,
+    start_pos=84,
+    sliding_window=40,
+    head_dim=13,
+    seed=5,
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+@pytest.mark.parametrize(
+    "name", ["attention_decode_tiered_f16kv", "attention_decode_tiered_int4_f16kv_sg"]
+)
+def test_any_workgroup_size_up_to_the_maximum_runs_correctly(name: str) -> None:
+    """WORKGROUP_SIZE only sets how many lane groups run side by side: narrow, non-power-of-two
+    and the widest sizes give the reference result, on a cold tier far beyond 2048 keys."""
+    project = load_project(REPO_ROOT)
+    kernel = Renderer(project).render(project.variant(name), with_origins=True)
+    entry = variant_entry(kernel, parse_kernel(kernel))
+    device = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
+    try:
+        for size in (32, 96, 1024):
+            runner = KernelRunner(device, kernel, entry, {"WORKGROUP_SIZE": size})
+            for spec in (LONG_COLD, RAGGED):
+                result = runner.run_case(spec)
+                assert result.passed, (size, spec.name, result.refused, result.verdict)
+    finally:
+        device.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+def test_the_workgroup_size_limits_are_refused_before_dispatch() -> None:
+    """head_dim is split over at most WORKGROUP_SIZE lanes of DIMS_PER_LANE elements, and the
+    exchange buffer holds MAX_WORKGROUP_SIZE lanes: beyond either, the case is refused."""
+    project = load_project(REPO_ROOT)
+    name = "attention_decode_tiered_int8_f16kv"
+    kernel = Renderer(project).render(project.variant(name), with_origins=True)
+    entry = variant_entry(kernel, parse_kernel(kernel))
+    assert entry["constants"]["DIMS_PER_LANE"] == 8
+    device = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
+    try:
+        wide = CaseSpec("d256", cold_len=3, hot_len=2, hot_window=2, start_pos=4, head_dim=256)
+        assert KernelRunner(device, kernel, entry, {"WORKGROUP_SIZE": 32}).run_case(wide).passed
+        narrow = KernelRunner(device, kernel, entry, {"WORKGROUP_SIZE": 16}).run_case(wide)
+        assert narrow.refused and "head_dim 256 exceeds the kernel's maximum 128" in narrow.refused
+        huge = KernelRunner(device, kernel, entry, {"WORKGROUP_SIZE": 2048}).run_case(wide)
+        assert huge.refused and "exceeds the kernel's MAX_WORKGROUP_SIZE 1024" in huge.refused
     finally:
         device.close()

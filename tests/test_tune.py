@@ -332,7 +332,7 @@ def test_tune_json_on_lavapipe(tmp_path: Path) -> None:
 def test_tune_write_records_the_winner_and_check_stays_clean(
     fresh_project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Timings are made deterministic (time = WORKGROUP_SIZE µs) so that max_head_dim=64 wins;
+    """Timings are made deterministic (time = max_head_dim µs) so that max_head_dim=64 wins;
     validation and the dispatches themselves are real."""
     import doppler_gen.tune as tune_module
 
@@ -341,7 +341,8 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
     def measure(*args: Any, constants: dict[str, float] | None = None, **kwargs: Any) -> Any:
         row = real_measure(*args, constants=constants, **kwargs)
         if row.timing is not None and constants:
-            row.timing = Timing(tuple([constants["WORKGROUP_SIZE"] * 1e3] * row.timing.runs))
+            max_head_dim = args[2]["params"]["max_head_dim"]
+            row.timing = Timing(tuple([max_head_dim * 1e3] * row.timing.runs))
         return row
 
     monkeypatch.setattr(tune_module, "measure", measure)

@@ -141,9 +141,17 @@ class _NoDispatch:
         (
             "attention_decode_tiered_int8_f16kv",
             CaseSpec(
-                "too long", cold_len=2000, hot_len=49, hot_start=2000, hot_window=64, start_pos=2048
+                "too long",
+                num_heads=1,
+                num_kv_heads=1,
+                head_dim=8,
+                cold_len=131000,
+                hot_len=73,
+                hot_start=131000,
+                hot_window=128,
+                start_pos=131072,
             ),
-            "KV length 2049 (cold 2000 + hot 49) exceeds MAX_KV_LEN 2048",
+            "KV length 131073 (cold 131000 + hot 73) exceeds MAX_KV_LEN 131072",
         ),
     ],
 )
@@ -220,12 +228,12 @@ def test_compile_error_is_shown_at_the_template_line(tmp_path: Path) -> None:
 @needs_adapter
 @pytest.mark.gpu
 def test_unwritten_output_is_caught_by_the_nan_sentinel(tmp_path: Path) -> None:
-    old = "        output[head_idx * head_dim + tid] ="
+    old = "    let out_base = head_idx * head_dim + dim0;"
     root = _mutated(
         tmp_path,
-        "templates/attention_decode_tiered.wgsl.j2",
+        "templates/lib/tiered_decode.wgsl.j2",
         old,
-        "        if (head_idx == 0u) { return; }\n" + old,
+        "    if (head_idx == 0u) { return; }\n" + old,
     )
     run = validate(load_project(root), ("attention_decode_tiered_f16kv",), quick=True)
     report = run.variants[0]

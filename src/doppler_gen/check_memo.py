@@ -4,7 +4,8 @@
 sha256 over *everything* the result depends on:
 - variants.toml;
 - every file under templates/ and generated/, with names and contents (an orphan or a hand edit
-  changes it), and every symlink there with its target. The renderer reads only files that
+  changes it), and every symlink there (and variants.toml, if it is one) with its target text
+  and the content of the file or directory it resolves to. The renderer reads only files that
   resolve inside templates/ (``render``), so hashing the tree plus its links covers all it can
   read;
 - the content of the code that renders: doppler-gen's own sources and the Jinja and MarkupSafe
@@ -63,9 +64,12 @@ def _package_dir(name: str) -> Path | None:
     return Path(origin).parent if origin else None
 
 
-def _update(digest: Any, label: str, name: str, path: Path) -> None:
+def _update(digest: Any, label: str, name: str, path: Path, seen: set[Path]) -> None:
+    """Hash one entry; a symlink also by what it points at (`check` and `generate` read
+    variants.toml, outputs and generated/doppler/ through links)."""
+    link = path.is_symlink()
     try:
-        if path.is_symlink():
+        if link:
             data = os.readlink(path).encode("utf-8", "surrogateescape")
             label = f"{label}-link"
         elif path.is_file():
@@ -78,17 +82,36 @@ def _update(digest: Any, label: str, name: str, path: Path) -> None:
         label = f"{label}-unreadable"
     digest.update(f"\0{label}:{name}:{len(data)}\0".encode("utf-8", "surrogateescape"))
     digest.update(data)
+    if link:
+        _update_target(digest, label, name, path, seen)
+
+
+def _update_target(digest: Any, label: str, name: str, link: Path, seen: set[Path]) -> None:
+    """Hash the file or directory tree a symlink resolves to (once: links may form a cycle)."""
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling or a loop: the link text is hashed already
+        return
+    if target in seen:
+        return
+    seen.add(target)
+    if not target.is_dir():
+        _update(digest, f"{label}>", name, target, seen)
+        return
+    for sub, path in _entries(target):
+        _update(digest, f"{label}>", f"{name}/{sub}", path, seen)
 
 
 def tree_digest(root: Path) -> str:
     """sha256 over every input of generation and every output, with their relative names."""
     digest = hashlib.sha256()
     digest.update(f"python {sys.version} {sys.implementation.cache_tag}\n".encode())
+    seen: set[Path] = set()
     config = root / CONFIG_NAME
-    _update(digest, "config", CONFIG_NAME, config)
+    _update(digest, "config", CONFIG_NAME, config, seen)
     for label in (TEMPLATES_DIR, GENERATED_DIR):
         for name, path in _entries(root / label):
-            _update(digest, label, name, path)
+            _update(digest, label, name, path, seen)
     for package in CODE_PACKAGES:
         directory = _package_dir(package)
         if directory is None:
@@ -96,7 +119,7 @@ def tree_digest(root: Path) -> str:
             continue
         for name, path in _entries(directory):
             if not name.endswith((".pyc", ".pyo")):
-                _update(digest, package, name, path)
+                _update(digest, package, name, path, seen)
     return digest.hexdigest()
 
 

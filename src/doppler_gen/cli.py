@@ -332,6 +332,7 @@ def _check_json(status: Any, fix: str, memo: bool = False) -> dict[str, Any]:
     "registry and digest table) and list every difference; exit 1 if there is any.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@common_options
 @pass_state
 @handle_errors
 def export(state: State, against: Path | None, as_json: bool) -> None:

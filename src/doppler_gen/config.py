@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import stat
 import tomllib
 import unicodedata
 from collections.abc import Mapping
@@ -255,6 +256,9 @@ def load_project(root: Path) -> Project:
     """Read and validate ``root/variants.toml``."""
     path = root / CONFIG_NAME
     try:
+        # a FIFO or device would block the read forever (and with it every pre-commit hook)
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(f"{path}: not a regular file; doppler-gen refuses to read it")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None

@@ -342,6 +342,10 @@ def check_overrides(variant: Variant, module: Module) -> None:
             )
 
 
+def _bound(value: int | float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
 def override_problem(wgsl_type: str, value: int | float, *, size: bool) -> str | None:
     """Why ``value`` cannot be the pipeline constant of a WGSL ``wgsl_type`` override, or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -352,7 +356,8 @@ def override_problem(wgsl_type: str, value: int | float, *, size: bool) -> str |
         return f"{wgsl_type} needs an integer"
     low, high = _OVERRIDE_RANGES.get(wgsl_type, (-math.inf, math.inf))
     if not low <= value <= high:
-        return f"out of range for {wgsl_type} ({low:g} to {high:g})"
+        # integer bounds exactly (4294967295, not 4.29497e+09); float bounds are approximate anyway
+        return f"out of range for {wgsl_type} ({_bound(low)} to {_bound(high)})"
     if size and value < 1:
         return "it sizes the dispatch or the workgroup, so it must be at least 1"
     return None

@@ -189,15 +189,29 @@ def generated_directory(project: Project) -> Path:
         raise OutputError(
             f"exists but is not a directory ({_kind(directory)})", location=GENERATED_DIR
         )
+    _refuse_outside(project, directory, GENERATED_DIR)
+    export = project.root / EXPORT_DIR
+    if export.is_symlink() and not export.exists():
+        raise OutputError(
+            f"is a symlink to {os.readlink(export)}, which does not exist", location=EXPORT_DIR
+        )
+    if export.exists() and not export.is_dir():
+        raise OutputError(f"exists but is not a directory ({_kind(export)})", location=EXPORT_DIR)
+    # generated/doppler/ is written and cleaned like generated/: the same containment rule
+    _refuse_outside(project, export, EXPORT_DIR)
+    return directory
+
+
+def _refuse_outside(project: Project, directory: Path, location: str) -> None:
+    """Refuse a directory that resolves (through symlinks) outside the project root."""
     if directory.exists():
         resolved, root = directory.resolve(), project.root.resolve()
         if not resolved.is_relative_to(root):
             raise OutputError(
                 f"resolves to {resolved}, outside the project root {root}: doppler-gen refuses "
                 "to write or remove files there",
-                location=GENERATED_DIR,
+                location=location,
             )
-    return directory
 
 
 def _kind(path: Path) -> str:
@@ -252,10 +266,9 @@ def compare(plan: Plan) -> Status:
             status.stale[relative] = unified_diff(relative, shown, expected)
     status.leftovers = leftovers(plan.project)
     if plan.full:
-        status.orphaned = orphans(plan)
-        status.foreign = foreign_orphans(plan, status.orphaned)
         # generated/doppler/: only JSON files doppler-gen wrote (`generator` key) count
-        status.orphaned += orphaned_exports(root, plan.files)
+        status.orphaned = orphans(plan) + orphaned_exports(root, plan.files)
+        status.foreign = foreign_orphans(plan, status.orphaned)
     return status
 
 
@@ -299,7 +312,9 @@ def foreign_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
 
     Deletable: a non-hidden ``*.wgsl`` whose sha256 is what the manifest on disk records for a
     variant written at that path. A hand-edited copy, a renamed file, a ``notes.txt`` or a
-    hidden file that merely starts with the header is not.
+    hidden file that merely starts with the header is not. Nor is an orphan in
+    generated/doppler/: the manifest records no sha256 for the export, so a JSON file there that
+    says ``"generator": "doppler-gen"`` may be a hand-made copy (``registry.backup.json``).
     """
     recorded = {
         (record.get("file"), record.get("sha256"))
@@ -309,8 +324,6 @@ def foreign_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
     }
     foreign = []
     for relative in orphaned:
-        if relative.startswith(f"{EXPORT_DIR}/"):
-            continue  # orphaned_exports only lists JSON documents doppler-gen wrote
         name = Path(relative).name
         data = read_output(plan.project.root, relative) or b""
         ours = (relative, hashlib.sha256(data).hexdigest()) in recorded
@@ -324,7 +337,7 @@ def removable_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
     refused = foreign_orphans(plan, orphaned)
     if refused:
         raise OutputError(
-            f"{len(refused)} file(s) carry the generated header, but no variant produces them "
+            f"{len(refused)} file(s) are marked as generated, but no variant produces them "
             f"and they are not what doppler-gen wrote there: {', '.join(refused)}; move or "
             "delete them, then run `doppler-gen generate` again",
             location=f"{GENERATED_DIR}/",

@@ -21,21 +21,25 @@ let `generate` write old text.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
+import os
 import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
 import jinja2
+import jinja2.compiler
+import jinja2.nodes
 import jinja2.sandbox
 
 from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant
@@ -66,6 +70,9 @@ _ENV_OPTIONS = {
 RENDER_TIME_LIMIT_S = 10.0
 OUTPUT_LIMIT_BYTES = 4 * 1024 * 1024  # the largest kernel today is about 10 KB
 _POWER_LIMIT_BITS = 4096  # `**` in a template: no WGSL constant needs more
+# address space one render may add (Linux): what escapes every other bound, such as
+# `range(99999)|map("center", 4000000)|join` (400 GB), fails instead of exhausting the machine
+RENDER_MEMORY_LIMIT_BYTES = 1 << 30
 
 Origin = tuple[str, int]  # (template path relative to the project root, 1-based line)
 
@@ -166,6 +173,8 @@ class Renderer:
         env = _Sandbox(loader=loader, undefined=jinja2.StrictUndefined, **_ENV_OPTIONS)
         env.globals["fail"] = _template_fail
         env.globals["QUANT_BITS"] = dict(QUANT_BITS)
+        for name in _WIDTH_FILTERS:  # a width argument allocates before any output cap sees it
+            env.filters[name] = _bounded_filter(env.filters[name])
         env.filters["u32"] = _wgsl_u32
         env.filters["wgsl_float"] = _wgsl_float
         return env
@@ -463,14 +472,147 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     ``QUANT_BITS``), so no variant's output can depend on what an earlier variant did.
     """
 
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**":
             _check_power(left, right)
+        elif operator == "+":  # doubling a string or list in a loop or a recursive macro
+            _check_length(left, right)
+        elif operator == "%":
+            if isinstance(left, str):  # "%999999999d" % 1 builds a 1 GB string
+                _check_format(left, _PRINTF_WIDTHS, right if isinstance(right, tuple) else (right,))
         else:
             _check_repeat(left, right)
         return super().call_binop(context, operator, left, right)
+
+    def call(self, context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """Bounds the sizes given to str methods: ``"a".center(10**9)``."""
+        text = getattr(obj, "__self__", None)
+        if isinstance(text, str):
+            if getattr(obj, "__name__", "") == "replace":
+                _check_replace(text, *args, **kwargs)
+            # center, ljust, rjust, zfill, expandtabs: the integer is the size
+            _check_sizes((*args, *kwargs.values()))
+        return super().call(context, obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """str.format / format_map, which the sandbox wraps: ``"{:>999999999}".format(1)``."""
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        text = value.__self__
+
+        def bounded(*args: Any, **kwargs: Any) -> str:
+            mapping = args[0].values() if args and isinstance(args[0], Mapping) else ()
+            _check_format(text, _FORMAT_WIDTHS, (*args, *kwargs.values(), *mapping))
+            return wrapped(*args, **kwargs)
+
+        return bounded
+
+    def bounded_join(self, parts: Iterable[Any]) -> str:
+        """``a ~ b`` (see _BoundedCodeGenerator), bounded like ``+``."""
+        strings = [str(part) for part in parts]
+        _check_length(*strings)
+        return "".join(strings)
+
+
+class _BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
+    """Compiles ``~`` to the sandbox's bounded join (Jinja's own join has no hook)."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
+        self.write("environment.bounded_join((")
+        for argument in node.nodes:
+            self.visit(argument, frame)
+            self.write(", ")
+        self.write("))")
+
+
+_Sandbox.code_generator_class = _BoundedCodeGenerator
+
+
+def _check_length(*parts: Any) -> None:
+    """Refuse concatenating strings, lists or tuples into more items than the output limit."""
+    if all(isinstance(part, str | list | tuple) for part in parts):
+        total = sum(len(part) for part in parts)
+        if total > OUTPUT_LIMIT_BYTES:
+            raise _TemplateFailure(
+                f"concatenating {total} items exceeds the output limit of {OUTPUT_LIMIT_BYTES} "
+                "bytes"
+            )
+
+
+# filters whose integer arguments size the string they build (`format` is printf-style)
+_WIDTH_FILTERS = ("center", "indent", "format", "replace")
+# width and precision of a printf-style (`%`) and of a str.format conversion; `*` or a nested
+# `{}` takes the width from the arguments
+_PRINTF_WIDTHS = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\d+|\*)?(?:\.(\d+|\*))?")
+_FORMAT_WIDTHS = re.compile(r"\{[^{}:]*:(?:[^{}]?[<>=^])?[-+ ]?z?#?0?(\d+|\{)?[,_]?(?:\.(\d+|\{))?")
+
+
+def _check_sizes(values: Iterable[Any]) -> None:
+    """Refuse a size larger than the output limit: it would build a string that large before
+    the output cap could stop it."""
+    for value in values:
+        if _is_int(value) and abs(value) > OUTPUT_LIMIT_BYTES:
+            raise _TemplateFailure(
+                f"a width or size of {value} exceeds the output limit of {OUTPUT_LIMIT_BYTES} bytes"
+            )
+
+
+def _check_format(text: str, widths: re.Pattern[str], arguments: Iterable[Any]) -> None:
+    """The literal widths of a format string, and its arguments where a width comes from them
+    (a plain integer argument, e.g. 4294967295 for `{}u`, is a value, not a size)."""
+    found = [n for group in widths.findall(text) for n in group if n]
+    _check_sizes(int(n) for n in found if n.isdigit())
+    if any(not n.isdigit() for n in found):
+        _check_sizes(arguments)
+
+
+def _bounded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter with its size arguments (or, for `format`, its format string) bounded."""
+
+    @functools.wraps(function)
+    def bounded(value: Any, *args: Any, **kwargs: Any) -> Any:
+        arguments = (*args, *kwargs.values())
+        if function.__name__ == "do_format":
+            if isinstance(value, str):
+                _check_format(value, _PRINTF_WIDTHS, arguments)
+        elif function.__name__ == "do_replace":  # value is the eval context here
+            _check_replace(*args, **kwargs)
+        else:
+            _check_sizes(arguments)
+            if function.__name__ == "do_indent":
+                _check_indent(value, *args)
+        return function(value, *args, **kwargs)
+
+    return bounded
+
+
+def _check_indent(text: Any, width: Any = 4, *_: Any) -> None:
+    """Indenting every line of ``text`` by ``width`` would exceed the output limit."""
+    lines = text.count("\n") + 1 if isinstance(text, str) else 0
+    if _is_int(width) and lines * width > OUTPUT_LIMIT_BYTES:
+        raise _TemplateFailure(
+            f"indenting {lines} lines by {width} exceeds the output limit of "
+            f"{OUTPUT_LIMIT_BYTES} bytes"
+        )
+
+
+def _check_replace(text: Any, old: Any = "", new: Any = "", count: Any = -1, *_: Any) -> None:
+    """``text.replace(old, new)`` would build a string over the output limit: refuse it first
+    (4000 × "a" replaced by 40 000 × "b" is 160 MB)."""
+    if not (isinstance(text, str) and isinstance(old, str) and isinstance(new, str)):
+        return
+    found = text.count(old) if old else len(text) + 1
+    if _is_int(count) and count >= 0:
+        found = min(found, count)
+    total = len(text) + found * (len(new) - len(old))
+    if total > OUTPUT_LIMIT_BYTES:
+        raise _TemplateFailure(
+            f"replacing gives {total} characters, over the output limit of "
+            f"{OUTPUT_LIMIT_BYTES} bytes"
+        )
 
 
 def _is_int(value: Any) -> bool:
@@ -507,7 +649,7 @@ def _limited_render(template: jinja2.Template, context: dict[str, Any]) -> str:
     deadline = time.monotonic() + RENDER_TIME_LIMIT_S
     limit = f"{RENDER_TIME_LIMIT_S:g} s"
     try:
-        with _alarm(RENDER_TIME_LIMIT_S):
+        with _alarm(RENDER_TIME_LIMIT_S), _memory_limit(RENDER_MEMORY_LIMIT_BYTES):
             for chunk in template.generate(context):
                 size += len(chunk)
                 if size > OUTPUT_LIMIT_BYTES:
@@ -520,7 +662,53 @@ def _limited_render(template: jinja2.Template, context: dict[str, Any]) -> str:
     except _RenderTimeout as exc:  # keep the template frames: they say where it ran away
         failure = _TemplateFailure(f"rendering took longer than {limit} (runaway loop?)")
         raise failure.with_traceback(exc.__traceback__) from None
+    except MemoryError as exc:
+        failure = _TemplateFailure(
+            f"rendering needs more than {RENDER_MEMORY_LIMIT_BYTES >> 20} MiB of memory "
+            "(runaway template?)"
+        )
+        raise failure.with_traceback(exc.__traceback__) from None
     return "".join(chunks)
+
+
+@contextlib.contextmanager
+def _memory_limit(extra: int) -> Any:
+    """Cap the process's address space at its current size plus ``extra`` (then restore it).
+
+    Linux and the main thread only (the limit is per process; `render` runs there); elsewhere,
+    or where a tighter limit is set already, nothing changes.
+    """
+    previous = _address_space_limit(extra)
+    if previous is None:
+        yield
+        return
+    import resource
+
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, previous)
+
+
+def _address_space_limit(extra: int) -> tuple[int, int] | None:
+    """Set RLIMIT_AS to the current size plus ``extra``; returns the old limits, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm", encoding="ascii") as stream:
+            used = int(stream.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = used + extra
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        if soft != resource.RLIM_INFINITY and soft <= limit:
+            return None
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    return soft, hard
 
 
 @contextlib.contextmanager

@@ -14,8 +14,8 @@ The attention families' kinds:
   and to 2048 when both are omitted.
 * ``decode:kv=8192,h=32,kvh=8,d=64`` runs on the tiled kernels: one query after ``kv`` keys.
 * ``tiered:cold=1536,hot=512,h=32,kvh=8,d=64`` runs on the tiered decode kernels: one query
-  after ``cold`` contiguous cold-tier keys and a hot ring of ``hot`` keys (2048 in all: the tiered
-  kernels' MAX_KV_LEN).
+  after ``cold`` contiguous cold-tier keys and a hot ring of ``hot`` keys (2048 in all by
+  default).
 
 ``h`` is the number of query heads, ``kvh`` of K/V heads (GQA when smaller; must divide ``h``),
 ``d`` the head dimension. The defaults are a Llama-like model (32 query heads, 8 K/V heads,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -719,7 +719,8 @@ class AttentionFamily(Family):
             if found != meta["max_kv_len"]:
                 yield f"max_kv_len = {meta['max_kv_len']} but the WGSL's MAX_KV_LEN is {found}"
 
-    def head_dim_limit(self, entry: Mapping[str, Any], constants: Mapping[str, Any]) -> int:
+    def head_dim_limit(self, entry: Mapping[str, Any], constants: Mapping[str, Any]) -> int | str:
+        """The largest head_dim the kernel runs (or why it runs none at these constants)."""
         return int(entry["metadata"]["max_head_dim"])
 
     def kv_total(self, spec: CaseSpec) -> tuple[int, str]:
@@ -734,6 +735,8 @@ class AttentionFamily(Family):
         constants: Mapping,
     ) -> str | None:
         limit = self.head_dim_limit(entry, constants)
+        if isinstance(limit, str):
+            return limit
         if spec.head_dim > limit:
             return f"head_dim {spec.head_dim} exceeds the kernel's maximum {limit}"
         width = kv_vector_width(entry)
@@ -781,16 +784,32 @@ class AttentionFamily(Family):
 def kv_vector_width(entry: Mapping[str, Any]) -> int:
     """Elements per load of the K binding in any pass (4 for ``array<vec4<f16>>``).
 
-    A kernel that reads K/V as vec4 needs head_dim to be a multiple of 4; the manifest's
+    A kernel that reads K/V as vecN needs head_dim to be a multiple of N; the manifest's
     ``element_type`` stays the scalar (the host fills the buffer the same way).
     """
-    for pass_entry in entry.get("passes") or [entry]:
-        for binding in pass_entry.get("bindings", []):
+    for record in entry.get("passes") or [entry]:
+        for binding in record.get("bindings", []):
             if binding["name"] in ("K", "K_hot"):
                 match = re.match(r"array<vec([234])<", binding["type"])
                 if match:
                     return int(match.group(1))
     return 1
+
+
+def fit_head_dims(specs: list[CaseSpec], entry: Mapping[str, Any]) -> list[CaseSpec]:
+    """Cases whose head_dim a vecN kernel cannot take (a refusal fails the case) get the next
+    multiple of N, named so the report says so."""
+    width = kv_vector_width(entry)
+    if width == 1:
+        return specs
+    top = int(entry["metadata"]["max_head_dim"])
+    fitted = []
+    for spec in specs:
+        if spec.head_dim % width:
+            dim = min(-(-spec.head_dim // width) * width, top - top % width)
+            spec = replace(spec, name=f"{spec.name} (head_dim {dim}: vec{width} K/V)", head_dim=dim)
+        fitted.append(spec)
+    return fitted
 
 
 def sdpa_call(torch: Any, s: AttentionShape, dtype_name: str) -> tuple[Any, str]:

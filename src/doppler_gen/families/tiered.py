@@ -19,6 +19,7 @@ import numpy as np
 from doppler_gen.families.attention import (
     AttentionFamily,
     CaseSpec,
+    fit_head_dims,
     normal,
     paged_buffer,
     row_gains,
@@ -389,13 +390,26 @@ class TieredFamily(AttentionFamily):
             quick=tier == "quick",
             seed=seed,
         )
-        return features + tiered_sizes(entry, tier, seed)
+        return fit_head_dims(features + tiered_sizes(entry, tier, seed), entry)
 
-    def head_dim_limit(self, entry: Mapping[str, Any], constants: Mapping[str, Any]) -> int:
-        """One invocation per head_dim element: WORKGROUP_SIZE also caps head_dim."""
+    def head_dim_limit(self, entry: Mapping[str, Any], constants: Mapping[str, Any]) -> int | str:
+        """The largest head_dim the kernel runs at its WORKGROUP_SIZE.
+
+        A kernel declaring DIMS_PER_LANE splits head_dim over a power-of-two lane group of at
+        most WORKGROUP_SIZE lanes, DIMS_PER_LANE elements each; the seed's kernel needs one
+        invocation per element (head_dim <= WORKGROUP_SIZE).
+        """
         limit = int(entry["metadata"]["max_head_dim"])
         size = constants.get("WORKGROUP_SIZE")
-        return min(limit, int(size)) if size is not None else limit
+        if size is None:
+            return limit
+        size = int(size)
+        if "DIMS_PER_LANE" not in constants:
+            return min(limit, size)
+        largest = constants.get("MAX_WORKGROUP_SIZE")
+        if largest is not None and size > largest:
+            return f"WORKGROUP_SIZE {size} exceeds the kernel's MAX_WORKGROUP_SIZE {largest}"
+        return min(limit, (1 << (size.bit_length() - 1)) * int(constants["DIMS_PER_LANE"]))
 
     def kv_total(self, spec: CaseSpec) -> tuple[int, str]:
         return spec.cold_len + spec.hot_len, f" (cold {spec.cold_len} + hot {spec.hot_len})"

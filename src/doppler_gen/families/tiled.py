@@ -21,7 +21,7 @@ import numpy as np
 from doppler_gen.families.attention import (
     AttentionFamily,
     CaseSpec,
-    kv_vector_width,
+    fit_head_dims,
     normal,
     paged_buffer,
     tiled_attention,
@@ -29,16 +29,6 @@ from doppler_gen.families.attention import (
 from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, element_types, rounded
 from doppler_gen.families.tiers import tiled_sizes
 from doppler_gen.sampling import RowSample, choose_sample
-
-
-def vector_head_dims(specs: list[CaseSpec], width: int) -> list[CaseSpec]:
-    """The cases a kernel reading K/V as vec``width`` can run: its contract needs head_dim to be
-    a multiple of ``width`` (other head dims are refused before dispatch). The head_dim sweep
-    keeps its multiples of ``width``; any other case gets its head_dim rounded up."""
-    if width == 1:
-        return specs
-    kept = [s for s in specs if not s.name.startswith("head_dim ") or s.head_dim % width == 0]
-    return [replace(s, head_dim=-(-s.head_dim // width) * width) for s in kept]
 
 
 def tiled_specs(max_head_dim: int, *, quick: bool, seed: int) -> list[CaseSpec]:
@@ -265,7 +255,7 @@ class TiledFamily(AttentionFamily):
         """The feature matrix (its subset for ``quick``), then the tier's size cases."""
         hd = int(entry["metadata"]["max_head_dim"])
         features = tiled_specs(hd, quick=tier == "quick", seed=seed)
-        return vector_head_dims(features + tiled_sizes(entry, tier, seed), kv_vector_width(entry))
+        return fit_head_dims(features + tiled_sizes(entry, tier, seed), entry)
 
     def build(self, spec: CaseSpec, entry: Mapping[str, Any]) -> CaseData:
         return build_tiled(spec, element_types(entry))

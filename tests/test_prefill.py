@@ -1,0 +1,261 @@
+"""The prefill family (templates/attention_prefill.wgsl.j2, templates/attention_streaming.wgsl.j2).
+
+The new kernels keep the seed tiled interface (a host binds them exactly like `attention`), each
+tier fits the limits it is named after, the seed-named variants stay byte-identical, bad tile
+parameters are refused at generate time, and planted bugs in the new templates fail validation.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, assert_one_line_error, edit, run_process, snapshot
+from gpu_support import adapter_problem
+
+from doppler_gen.backends import get_backend, select_adapter
+from doppler_gen.config import load_project
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.families.attention import CaseSpec
+from doppler_gen.manifest import parse_kernel, variant_entry
+from doppler_gen.outputs import plan, write
+from doppler_gen.render import Renderer
+from doppler_gen.runtime.runner import KernelRunner
+from doppler_gen.validate import open_run_device, validate
+from doppler_gen.wgsl import Module, parse_module
+
+PREFILL = "templates/attention_prefill.wgsl.j2"
+STREAMING = "templates/attention_streaming.wgsl.j2"
+LIB = "templates/lib/attention_prefill.wgsl.j2"
+WEBGPU_DEFAULT_STORAGE = 16384
+WEBGPU_DEFAULT_INVOCATIONS = 256
+
+
+def _variants(prefix: str) -> list[str]:
+    return [v.name for v in load_project(REPO_ROOT).variants if v.name.startswith(prefix)]
+
+
+PREFILL_VARIANTS = _variants("attention_prefill_") + _variants("attention_streaming")
+
+
+def _module(name: str) -> Module:
+    return parse_module((REPO_ROOT / "generated" / f"{name}.wgsl").read_text(encoding="utf-8"))
+
+
+def _host_view(module: Module) -> tuple:
+    """What the host binds: every binding (with its type) and the uniform struct."""
+    return module.bindings, module.structs["Uniforms"].fields
+
+
+def test_there_are_eighteen_prefill_variants() -> None:
+    tiers = {"large": 9, "small": 6}
+    for tier, count in tiers.items():
+        assert len(_variants(f"attention_prefill_{tier}_")) == count
+    assert len(_variants("attention_streaming")) == 3
+
+
+@pytest.mark.parametrize("name", PREFILL_VARIANTS)
+def test_prefill_variants_keep_the_seed_tiled_interface(name: str) -> None:
+    seed = {"f32": "attention", "f16": "attention_f16"}
+    module = _module(name)
+    q_type = next(b for b in module.bindings if b.name == "Q").element_type
+    kv_type = next(b for b in module.bindings if b.name == "K").element_type
+    reference = _module(seed[q_type] if q_type == kv_type else "attention_f16kv")
+    assert _host_view(module) == _host_view(reference)
+    assert module.entry_point == "main"
+
+
+@pytest.mark.parametrize("name", PREFILL_VARIANTS)
+def test_each_tier_fits_its_limits(name: str) -> None:
+    module = _module(name)
+    invocations = module.workgroup_size_values()[0]
+    storage = module.workgroup_storage_bytes
+    entry = load_project(REPO_ROOT).variant(name)
+    if "_small_" in name:
+        assert storage <= WEBGPU_DEFAULT_STORAGE and invocations <= WEBGPU_DEFAULT_INVOCATIONS
+    elif "_large_" in name:
+        assert storage <= 49152  # the H200's maximum
+    else:
+        assert storage == 0 and entry.template.dispatch == "query_len * num_heads"
+    if "streaming" not in name:
+        assert entry.template.dispatch == "ceil(query_len / BLOCK_Q) * num_heads"
+        assert "BLOCK_Q" in module.overrides
+    assert module.constants["MAX_HEAD_DIM"] == entry.metadata["max_head_dim"]
+
+
+def test_seed_named_variants_are_byte_identical_to_the_seed_template() -> None:
+    """The faster kernels are new names beside the seed ones; the seed template is untouched."""
+    for name in ("attention", "attention_f16", "attention_f16kv"):
+        text = (REPO_ROOT / "generated" / f"{name}.wgsl").read_text(encoding="utf-8")
+        assert "templates/attention.wgsl.j2" in text.splitlines()[0]
+        assert "BLOCK_SIZE" in text and "BLOCK_Q" not in text
+
+
+BAD = [
+    (
+        "attention_prefill_small_d64_f16",
+        'q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", storage_budget = 16384, block_q = 128',
+        "workgroup storage; the tier allows 16384 B",
+    ),
+    (
+        "attention_prefill_large_d64",
+        'p_dtype = "f16"',
+        "p_dtype f16 is only for f16-output variants",
+    ),
+    (
+        "attention_prefill_large_d64",
+        "block_q = 64, tile_q = 3",
+        "must be a positive multiple of tile_q",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "params", "message"), BAD)
+def test_bad_tile_parameters_are_refused_at_the_template_line(
+    project_copy: Path, name: str, params: str, message: str
+) -> None:
+    config = project_copy / "variants.toml"
+    text = config.read_text(encoding="utf-8")
+    start = text.index(f'name = "{name}"\n')
+    line_start = text.index("params = {", start)
+    line_end = text.index("\n", line_start)
+    config.write_text(text[:line_start] + f"params = {{ {params} }}" + text[line_end:])
+    before = snapshot(project_copy / "generated")
+    result = run_process(project_copy, "generate")
+    assert result.returncode == 2
+    line = assert_one_line_error(result.stderr)
+    assert PREFILL in line and message in line, line
+    assert snapshot(project_copy / "generated") == before
+
+
+# (id, file, original text, planted text, variant that must fail)
+MUTATIONS = [
+    (
+        "online-rescale-dropped",
+        PREFILL,
+        "acc[{{ i * td4 + j }}] = acc[{{ i * td4 + j }}] * correction;",
+        "acc[{{ i * td4 + j }}] = acc[{{ i * td4 + j }}];",
+        "attention_prefill_small_d64_f16kv",
+    ),
+    (
+        "edge-tiles-not-masked",
+        LIB,
+        "    if (k0 + BLOCK_K > kv_len) {\n        return true;",
+        "    if (k0 + BLOCK_K > kv_len) {\n        return false;",
+        "attention_prefill_small_d64_f16kv",
+    ),
+    (
+        "window-start-off-by-one",
+        LIB,
+        "let lowest = first_abs - u.sliding_window + 1u;",
+        "let lowest = first_abs - u.sliding_window;",
+        "attention_streaming_f16kv",
+    ),
+    (
+        "heavy-first-block-wrong",
+        PREFILL,
+        "let q0 = (blocks - 1u - block) * BLOCK_Q;",
+        "let q0 = (blocks - 1u - block / 2u) * BLOCK_Q;",
+        "attention_prefill_small_d64_f16kv",
+    ),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+@pytest.mark.parametrize(
+    ("file", "old", "new", "variant"), [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS]
+)
+def test_planted_bugs_in_the_prefill_templates_fail_validation(
+    project_copy: Path, file: str, old: str, new: str, variant: str
+) -> None:
+    edit(project_copy / file, old, new)
+    project = load_project(project_copy)
+    write(plan(project))
+    run = validate(project, (variant,), quick=True)
+    assert [v.status for v in run.variants] == ["FAIL"], [v.reason for v in run.variants]
+
+
+@functools.cache
+def _dawn_problem() -> str | None:
+    """None when Dawn (Tint, Chrome's compiler) finds an adapter, else the reason to skip."""
+    if adapter_problem() is not None:
+        return str(adapter_problem())
+    try:
+        select_adapter(get_backend("dawn").adapters(), None)
+    except DopplerGenError as error:
+        return f"no Dawn adapter: {error}"
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_dawn_problem() is not None, reason=str(_dawn_problem()))
+def test_webgpu_default_tiers_compile_and_pass_on_tint() -> None:
+    """Tint is stricter than naga (uniformity, operator precedence): the tiers meant for any
+    browser must pass there, within WebGPU's default limits."""
+    project = load_project(REPO_ROOT)
+    names = ("attention_prefill_small_d64_f16kv", "attention_streaming_f16kv")
+    run = validate(project, names, backend_name="dawn", limits="webgpu-default", quick=True)
+    assert [v.status for v in run.variants] == ["PASS", "PASS"], [v.reason for v in run.variants]
+
+
+ALTERNATE_PATHS = [
+    # prefetch: K/V loads through registers, a ragged last register (544 elements, 128 lanes)
+    ('kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, prefetch = true',
+     "var pre: array<vec4<f16>, 5>;"),
+    # f32 tiles of f16 data, converted once at the load (plain and prefetched loads)
+    ('q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", block_q = 32, block_k = 32, '
+     'tile_q = 4, tile_dtype = "f32"', "var<workgroup> tile_kv: array<vec4<f32>, 544>;"),
+    ('kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, tile_dtype = "f32", '
+     "prefetch = true", "= vec4<f32>(pre[4]);"),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+@pytest.mark.parametrize(("params", "marker"), ALTERNATE_PATHS)
+def test_tunable_code_paths_pass_validation(project_copy: Path, params: str, marker: str) -> None:
+    """`prefetch` and `tile_dtype = "f32"` are tunables no committed variant uses yet: second
+    code paths for the K/V loads, validated here so `tune` starts from correct kernels."""
+    with (project_copy / "variants.toml").open("a") as config:
+        config.write(
+            '\n[[variant]]\nname = "prefill_alt"\ntemplate = "attention_prefill"\n'
+            'output = "generated/prefill_alt.wgsl"\nrequires = ["shader-f16"]\n'
+            f"params = {{ {params}, workgroup_size = 128 }}\n"
+        )
+    project = load_project(project_copy)
+    write(plan(project))
+    assert marker in (project_copy / "generated/prefill_alt.wgsl").read_text(encoding="utf-8")
+    run = validate(project, ("prefill_alt",))
+    assert [v.status for v in run.variants] == ["PASS"], [v.reason for v in run.variants]
+
+
+ODD_CASES = [
+    CaseSpec("head_dim 6, GQA 2", num_heads=4, num_kv_heads=2, query_len=37, kv_len=50,
+             start_pos=13, head_dim=6, seed=1),
+    CaseSpec("head_dim 10, window 9", num_heads=2, num_kv_heads=1, query_len=70, kv_len=70,
+             sliding_window=9, head_dim=10, seed=2),
+    CaseSpec("head_dim 62, paged (3-row pages)", query_len=40, kv_len=90, start_pos=50,
+             kv_layout="paged", page_size=3, head_dim=62, seed=4),
+    CaseSpec("window past kv_start", query_len=20, kv_len=20, kv_start=100, start_pos=110,
+             sliding_window=5, head_dim=8, seed=6),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
+def test_head_dims_that_are_not_multiples_of_4() -> None:
+    """The matrix's head_dims are all multiples of 4; the vec4 tiles must also handle the rest
+    (the tail reads as zeros, is never stored) on each template's code path."""
+    project = load_project(REPO_ROOT)
+    names = ["attention_prefill_small_d64_f16kv", "attention_streaming"]
+    kernels = [Renderer(project).render(project.variant(n), with_origins=True) for n in names]
+    device = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
+    try:
+        for kernel in kernels:
+            runner = KernelRunner(device, kernel, variant_entry(kernel, parse_kernel(kernel)))
+            for spec in ODD_CASES:
+                assert runner.run_case(spec).passed, (kernel.variant.name, spec.name)
+    finally:
+        device.close()
