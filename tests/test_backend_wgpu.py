@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from doppler_gen.backends import (
@@ -274,3 +275,56 @@ def test_doctor_report_and_f16_probe(backend: Backend, adapter: AdapterInfo) -> 
         return
     assert report["f16_probe"]["ok"], report["f16_probe"]["detail"]
     assert "f16 kernel compiles and runs: yes" in text
+
+
+# --------------------------------------------------------------------------- subgroups
+
+# What the generated subgroup kernels carry for Tint (Chrome): naga 0.32 rejects the directive.
+SUBGROUP_WGSL = """enable subgroups;
+
+@group(0) @binding(0) var<storage, read_write> dst: array<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    dst[2u * lid] = lane;
+    dst[2u * lid + 1u] = subgroupShuffleXor(lane, 1u);
+}
+"""
+
+
+def test_naga_source_drops_only_the_subgroups_enable_and_keeps_line_numbers() -> None:
+    from doppler_gen.backends.wgpu_backend import naga_source
+
+    adapted = naga_source(SUBGROUP_WGSL)
+    assert adapted.splitlines()[0] == "// enable subgroups; (removed for naga)"
+    assert adapted.splitlines()[1:] == SUBGROUP_WGSL.splitlines()[1:]
+    assert naga_source("enable f16, subgroups;\nfn f() {}\n") == "enable f16;\nfn f() {}\n"
+    assert naga_source("enable f16;\n") == "enable f16;\n"
+    # a name that merely starts like it, or the word in a comment, is left alone
+    assert naga_source("// enable subgroups; is needed\n") == "// enable subgroups; is needed\n"
+
+
+def test_native_features_name_subgroups_as_wgpu_native_does() -> None:
+    from doppler_gen.backends.wgpu_backend import native_features
+
+    assert native_features(["subgroups", "shader-f16"]) == ["shader-f16", "subgroup"]
+    assert native_features(["timestamp-query"]) == ["timestamp-query"]
+
+
+@pytest.mark.gpu
+def test_kernel_with_enable_subgroups_compiles_and_runs(
+    backend: Backend, adapter: AdapterInfo
+) -> None:
+    if "subgroups" not in adapter.features:
+        pytest.skip(f"adapter {adapter.name} offers no subgroups")
+    dev = backend.open_device(adapter, features=["subgroups"], limits={})
+    try:
+        assert "subgroups" in dev.features
+        pipeline = dev.compile(SUBGROUP_WGSL, label="subgroups")
+        dst = dev.storage_buffer(np.zeros(128, np.uint32), read_write=True)
+        dev.dispatch(pipeline, {0: dst}, (1, 1, 1))
+        got = np.frombuffer(dev.read_buffer(dst), np.uint32).reshape(64, 2)
+        # each invocation got the lane of its xor-1 partner: the shuffle really ran
+        np.testing.assert_array_equal(got[:, 1], got[:, 0] ^ 1)
+    finally:
+        dev.close()

@@ -313,6 +313,14 @@ def test_report_table_shows_ratios_and_n_a_reasons() -> None:
     assert "torch µs" in text and "×torch" in text
 
 
+def test_report_says_for_every_timed_shape_which_side_of_l2_it_is_on() -> None:
+    lines = format_report(_synthetic_run()).splitlines()
+    prefill = next(line for line in lines if line.startswith("attention_f16") and PREFILL in line)
+    decode = next(line for line in lines if line.startswith("attention_f16") and DECODE in line)
+    assert "L2-resident (19.1 of 50 MiB)" in prefill
+    assert "exceeds L2 (2765.7 of 50 MiB)" in decode
+
+
 def test_report_without_torch_says_so_in_the_sdpa_column() -> None:
     text = format_report(_synthetic_run(sdpa=False))
     timed = [

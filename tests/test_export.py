@@ -87,6 +87,25 @@ def resolved(registry: dict[str, Any]):
             yield op, vid, variant, bindings, uniforms
 
 
+def resolved_passes(registry: dict[str, Any]):
+    """(operation, id, variant, pass, bindings, uniforms) for each pass the host dispatches: a
+    single-pass variant is its own pass; a multi-pass one lists its passes, each with its
+    bindings and uniforms."""
+    for op, vid, variant, bindings, uniforms in resolved(registry):
+        if "passes" not in variant:
+            yield op, vid, variant, variant, bindings, uniforms
+            continue
+        for record in variant["passes"]:
+            yield op, vid, variant, record, record["bindings"], record["uniforms"]
+
+
+def kernel_files(variant: dict[str, Any]) -> str | tuple[str, ...]:
+    """The generated file a registry entry points at, or its passes' files in order."""
+    if "passes" in variant:
+        return tuple(p["wgsl"] for p in variant["passes"])
+    return variant["wgsl"]
+
+
 # -- golden ----------------------------------------------------------------------------------------
 
 
@@ -111,7 +130,7 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
     registry = exported["registry.json"]
     assert registry["generator"] == "doppler-gen"
     placed = {
-        op: {vid: v["wgsl"] for vid, v in schema["variants"].items()}
+        op: {vid: kernel_files(v) for vid, v in schema["variants"].items()}
         for op, schema in registry["operations"].items()
     }
     for operation, ids in EXPECTED_IDS.items():
@@ -124,7 +143,10 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
             not_exported.append(variant.name)
             continue
         for vid in variant.doppler.ids:
-            declared.setdefault(variant.doppler.operation, {})[vid] = Path(variant.output).name
+            names = tuple(Path(o).name for o in variant.outputs)
+            declared.setdefault(variant.doppler.operation, {})[vid] = (
+                names if variant.template.multi_pass else names[0]
+            )
     assert placed == declared
     assert registry["notExported"] == not_exported == ["rmsnorm", "rmsnorm_f16"]
     tiers = {vid: v["variantMetadata"].get("tier") for _, vid, v, _, _ in resolved(registry)}
@@ -134,32 +156,36 @@ def test_export_places_the_declared_ids(exported: dict[str, Any]) -> None:
 
 
 def test_metadata_comes_from_the_manifest(exported: dict[str, Any], entries: dict) -> None:
-    by_file = {Path(e["file"]).name: e for e in entries.values()}
-    for _, vid, variant, _, _ in resolved(exported["registry.json"]):
-        entry = by_file[variant["wgsl"]]
+    by_file = {Path(p["file"]).name: (e, p) for e in entries.values() for p in e["passes"]}
+    for _, vid, variant, record, _, _ in resolved_passes(exported["registry.json"]):
+        entry, manifest_pass = by_file[record["wgsl"]]
         meta = entry["metadata"]
-        assert variant["entryPoint"] == entry["entry_point"] == "main"
+        assert record["entryPoint"] == manifest_pass["entry_point"] == "main"
         # the default workgroup size, with the variant's pipeline constants applied
         constants = entry["pipeline_constants"]
         workgroup = [
             constants.get(expr, default)
             for expr, default in zip(
-                entry["workgroup_size"], entry["workgroup_size_default"], strict=True
+                manifest_pass["workgroup_size"],
+                manifest_pass["workgroup_size_default"],
+                strict=True,
             )
         ]
-        assert variant["workgroup"] == workgroup, vid
+        assert record["workgroup"] == workgroup, vid
+        if record is not variant:  # a pass of a multi-pass variant: its own storage
+            assert record["requiredShared"] == manifest_pass["workgroup_storage_bytes"], vid
         assert variant["requires"] == entry["requires"]
         assert (variant["inputDtype"], variant["kvDtype"], variant["outputDtype"]) == (
             meta["q_dtype"],
             meta["kv_dtype"],
             meta["out_dtype"],
         )
-        assert variant["wgslOverrides"] == entry["pipeline_constants"]
+        assert record["wgslOverrides"] == entry["pipeline_constants"]
         extra = variant["variantMetadata"]
         assert extra["maxHeadDim"] == meta["max_head_dim"]
         assert extra.get("maxKVLen") == meta["max_kv_len"]
         assert extra["requiredShared"] == entry["workgroup_storage_bytes"]
-        block = re.match(r"ceil\(query_len / (\w+)\)", entry["metadata"]["dispatch"])
+        block = re.match(r"ceil\(query_len / (\w+)\)", entry["passes"][0]["dispatch"])
         if block:  # e.g. ceil(query_len / BLOCK_SIZE) * num_heads: the override's default
             defaults = {o["name"]: o["default"] for o in entry["overrides"]}
             assert extra["queryBlockSize"] == defaults[block.group(1)], vid
@@ -175,8 +201,8 @@ def test_layouts_match_an_independent_reading_of_the_wgsl(
 ) -> None:
     kinds = {("uniform", "read"): "uniform", ("storage", "read"): "read-only-storage"}
     kinds[("storage", "read_write")] = "storage"
-    for _, vid, variant, bindings, uniforms in resolved(exported["registry.json"]):
-        wgsl = extract((pristine_project / "generated" / variant["wgsl"]).read_text("utf-8"))
+    for _, vid, _, record, bindings, uniforms in resolved_passes(exported["registry.json"]):
+        wgsl = extract((pristine_project / "generated" / record["wgsl"]).read_text("utf-8"))
         assert bindings == [
             {
                 "index": b["binding"],
@@ -196,7 +222,7 @@ def test_layouts_match_an_independent_reading_of_the_wgsl(
 def test_layouts_match_the_bytes_the_seed_js_host_writes(exported: dict[str, Any]) -> None:
     writers = js_uniform_writers()
     seen = set()
-    for op, vid, _, _, uniforms in resolved(exported["registry.json"]):
+    for op, vid, _, _, _, uniforms in resolved_passes(exported["registry.json"]):
         size, sets = writers[JS_WRITERS[op]]
         assert [(f["offset"], f["type"]) for f in uniforms["fields"]] == sets, (op, vid)
         assert uniforms["size"] == size, (op, vid)
@@ -225,7 +251,7 @@ def test_digest_of_a_generated_kernel(pristine_project: Path, exported: dict[str
     expected = hashlib.sha256(data.replace(b"\r\n", b"\n") + b"\n@@entry:main").hexdigest()
     digests = exported["digests.json"]["digests"]
     assert digests["attention_f16kv.wgsl#main"] == expected
-    files = {v["wgsl"] for _, _, v, _, _ in resolved(exported["registry.json"])}
+    files = {p["wgsl"] for _, _, _, p, _, _ in resolved_passes(exported["registry.json"])}
     assert set(digests) == {f"{name}#main" for name in files}
     for key, value in digests.items():
         kernel = (pristine_project / "generated" / key.split("#")[0]).read_bytes()
@@ -237,7 +263,9 @@ def test_digest_of_a_generated_kernel(pristine_project: Path, exported: dict[str
 
 def test_export_is_deterministic(pristine_project: Path, entries: dict[str, Any]) -> None:
     sources = {
-        e["file"]: (pristine_project / e["file"]).read_text("utf-8") for e in entries.values()
+        p["file"]: (pristine_project / p["file"]).read_text("utf-8")
+        for e in entries.values()
+        for p in e["passes"]
     }
     first = export_files(entries, sources)
     shuffled = dict(reversed(list(entries.items())))
@@ -331,7 +359,8 @@ def test_a_variant_without_doppler_id_is_generated_but_listed_as_not_exported(
     )
     assert run_cli(fresh_project, "generate").exit_code == 0
     registry = json.loads((fresh_project / "generated/doppler/registry.json").read_text())
-    assert registry["notExported"] == ["attention_f16", "rmsnorm", "rmsnorm_f16"]
+    not_exported = [n for n in registry["notExported"] if not n.startswith("attention_decode_")]
+    assert not_exported == ["attention_f16", "rmsnorm", "rmsnorm_f16"]
     assert "prefill_f16" not in registry["operations"]["attention"]["variants"]
     digests = json.loads((fresh_project / "generated/doppler/digests.json").read_text())
     assert "attention_f16.wgsl#main" not in digests["digests"]
@@ -520,7 +549,10 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
     )
     assert not any("stale digest" in line for line in lines)  # sha256: prefix accepted
     exported = json.loads((pristine_project / "generated/doppler/registry.json").read_text())
-    tiled = len(exported["operations"]["attention"]["variants"])  # each lost bindings 5 and 6
+    # each single-pass variant lost bindings 5 and 6 (a multi-pass one lists its passes' own)
+    variants = exported["operations"]["attention"]["variants"].values()
+    tiled = sum("passes" not in v for v in variants)
+    assert 0 < tiled < len(variants)
     assert len(lines) == len(set(lines)) == 1 + 2 * tiled + 1 + 1 + 1
 
 

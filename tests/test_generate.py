@@ -24,9 +24,9 @@ def variant_names(root: Path) -> list[str]:
     return [entry["name"] for entry in data["variant"]]
 
 
-def variant_outputs(root: Path) -> dict[str, str]:
-    data = tomllib.loads((root / "variants.toml").read_text(encoding="utf-8"))
-    return {entry["name"]: entry["output"] for entry in data["variant"]}
+def variant_outputs(root: Path) -> dict[str, tuple[str, ...]]:
+    """Every file each variant generates: its output, or one file per pass."""
+    return {variant.name: variant.outputs for variant in load_project(root).variants}
 
 
 def clear_generated(root: Path) -> None:
@@ -43,10 +43,20 @@ def mtimes(directory: Path) -> dict[str, int]:
     return {path.name: path.stat().st_mtime_ns for path in directory.iterdir()}
 
 
-def source_hashes(root: Path) -> dict[str, str]:
+def file_hashes(root: Path) -> dict[str, str]:
+    """The source hash of every generated file (one per pass), by file."""
     project = load_project(root)
     renderer = Renderer(project)
-    return {v.name: renderer.render(v).source_hash for v in project.variants}
+    return {p.output: p.source_hash for v in project.variants for p in renderer.render(v).passes}
+
+
+def source_hashes(root: Path) -> dict[str, str]:
+    """Per variant, its source hash (its passes' hashes, joined, for a multi-pass variant)."""
+    project = load_project(root)
+    renderer = Renderer(project)
+    return {
+        v.name: "+".join(p.source_hash for p in renderer.render(v).passes) for v in project.variants
+    }
 
 
 # -- determinism and idempotence -----------------------------------------------------------------
@@ -62,7 +72,8 @@ def test_two_runs_are_byte_identical(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
     snap = snapshot(first / "generated")
     assert snap == snapshot(second / "generated")
-    expected = {Path(p).name for p in variant_outputs(first).values()} | {"manifest.json"}
+    files = {Path(p).name for outputs in variant_outputs(first).values() for p in outputs}
+    expected = files | {"manifest.json"}
     expected |= {"doppler/registry.json", "doppler/digests.json"}
     assert set(snap) == expected
     # and a second run over the first copy changes nothing
@@ -122,7 +133,8 @@ def test_generate_glob_selection(fresh_project: Path) -> None:
     written = {Path(line.split()[-1]).name for line in lines if line.startswith("wrote")}
     expected = {
         Path(output).name
-        for name, output in variant_outputs(fresh_project).items()
+        for name, outputs in variant_outputs(fresh_project).items()
+        for output in outputs
         if fnmatch.fnmatchcase(name, "attention_f16*") or fnmatch.fnmatchcase(name, "*_small_*")
     }
     assert {"attention_f16.wgsl", "attention_f16kv.wgsl", "attention_small_f16kv.wgsl"} <= expected
@@ -161,8 +173,9 @@ def test_selection_updates_only_its_own_manifest_entries(fresh_project: Path) ->
         name: entry for name, entry in before.items() if name != "attention_f16"
     }
     for name, entry in after.items():  # every recorded sha256 is that of the file on disk
-        data = (fresh_project / entry["file"]).read_bytes()
-        assert entry["sha256"] == hashlib.sha256(data).hexdigest(), name
+        for record in entry["passes"]:  # one per pass of a multi-pass variant
+            data = (fresh_project / record["file"]).read_bytes()
+            assert record["sha256"] == hashlib.sha256(data).hexdigest(), name
     assert run_cli(fresh_project, "check").exit_code == 1  # the other kernels are stale
     assert run_cli(fresh_project, "generate").exit_code == 0
     assert run_cli(fresh_project, "check").exit_code == 0
@@ -291,30 +304,31 @@ def test_hand_written_file_is_never_removed(fresh_project: Path, name: str, cont
 
 
 def test_output_format(fresh_project: Path) -> None:
-    outputs_by_name = variant_outputs(fresh_project)
-    data = tomllib.loads((fresh_project / "variants.toml").read_text(encoding="utf-8"))
-    sources = {name: spec["source"] for name, spec in data["templates"].items()}
-    for entry in data["variant"]:
-        raw = (fresh_project / outputs_by_name[entry["name"]]).read_bytes()
-        assert b"\r" not in raw, entry["name"]
-        text = raw.decode("utf-8")
-        assert text.endswith("\n") and not text.endswith("\n\n"), entry["name"]
-        lines = text.split("\n")[:-1]
-        for number, line in enumerate(lines, 1):
-            assert line == line.rstrip(), f"{entry['name']}:{number}: trailing whitespace"
-        for number in range(1, len(lines)):
-            assert lines[number] or lines[number - 1], f"{entry['name']}:{number + 1}: double blank"
-        template = f"templates/{sources[entry['template']]}"
-        assert lines[0] == (
-            f"// AUTO-GENERATED from {template} for variant {entry['name']} by doppler-gen"
-            " - do not edit."
-        )
-        assert (
-            lines[1] == "// Edit the template and variants.toml, then run `doppler-gen generate`."
-        )
-        assert re.fullmatch(r"// source-hash: sha256:[0-9a-f]{64}", lines[2]), lines[2]
-        assert lines[3] == ""
-        assert lines[4].startswith("//")
+    project = load_project(fresh_project)
+    for variant in project.variants:
+        multi = variant.template.multi_pass
+        for spec in variant.template.passes:
+            output = variant.pass_output(spec)
+            raw = (fresh_project / output).read_bytes()
+            assert b"\r" not in raw, output
+            text = raw.decode("utf-8")
+            assert text.endswith("\n") and not text.endswith("\n\n"), output
+            lines = text.split("\n")[:-1]
+            for number, line in enumerate(lines, 1):
+                assert line == line.rstrip(), f"{output}:{number}: trailing whitespace"
+            for number in range(1, len(lines)):
+                assert lines[number] or lines[number - 1], f"{output}:{number + 1}: double blank"
+            of = f"variant {variant.name}" + (f" pass {spec.name}" if multi else "")
+            assert lines[0] == (
+                f"// AUTO-GENERATED from {spec.source_path} for {of} by doppler-gen - do not edit."
+            )
+            assert (
+                lines[1]
+                == "// Edit the template and variants.toml, then run `doppler-gen generate`."
+            )
+            assert re.fullmatch(r"// source-hash: sha256:[0-9a-f]{64}", lines[2]), lines[2]
+            assert lines[3] == ""
+            assert lines[4].startswith("//")
     manifest = (fresh_project / "generated" / "manifest.json").read_bytes()
     assert b"\r" not in manifest and manifest.endswith(b"}\n")
 
@@ -340,11 +354,12 @@ def test_crlf_templates_still_give_lf_output(fresh_project: Path) -> None:
 
 
 def test_source_hash_is_in_the_header(fresh_project: Path) -> None:
-    hashes = source_hashes(fresh_project)
-    for name, output in variant_outputs(fresh_project).items():
-        third = (fresh_project / output).read_text(encoding="utf-8").split("\n")[2]
-        assert third == f"// source-hash: sha256:{hashes[name]}"
-    assert len(set(hashes.values())) == len(hashes)  # every variant differs in its params
+    hashes = file_hashes(fresh_project)
+    for files in variant_outputs(fresh_project).values():
+        for output in files:
+            third = (fresh_project / output).read_text(encoding="utf-8").split("\n")[2]
+            assert third == f"// source-hash: sha256:{hashes[output]}"
+    assert len(set(hashes.values())) == len(hashes)  # every variant (and pass) differs
 
 
 def test_source_hash_does_not_depend_on_location(tmp_path: Path) -> None:
@@ -368,10 +383,22 @@ def variants_using(root: Path, template_file: str) -> set[str]:
         return seen
 
     data = tomllib.loads((root / "variants.toml").read_text(encoding="utf-8"))
+
+    def sources(template: dict) -> list[str]:
+        """The short form's source, or every pass's."""
+        return (
+            [template["source"]]
+            if "source" in template
+            else [p["source"] for p in template["pass"]]
+        )
+
     return {
         entry["name"]
         for entry in data["variant"]
-        if template_file in closure(data["templates"][entry["template"]]["source"], set())
+        if any(
+            template_file in closure(source, set())
+            for source in sources(data["templates"][entry["template"]])
+        )
     }
 
 

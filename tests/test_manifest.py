@@ -88,12 +88,13 @@ def extract(text: str) -> dict[str, Any]:
         if len(re.findall(rf"\b{var_name}\b", code)) < 2:
             continue  # declared, never used: WebGPU counts only what the entry point uses
         array = re.fullmatch(r"array<\s*(?:vec([24])<\s*(\w+)\s*>|(\w+))\s*,\s*([^>]+)>", wgsl_type)
+        atomic = re.fullmatch(r"atomic<\s*(\w+)\s*>", wgsl_type)
         if array:
             lanes, vector_scalar, scalar, count = array.groups()
             element = SCALAR_SIZES[vector_scalar or scalar] * int(lanes or 1)
             size = element * product(count, names)
         else:
-            size = SCALAR_SIZES[wgsl_type]
+            size = SCALAR_SIZES[atomic.group(1) if atomic else wgsl_type]
         storage += -(-size // 16) * 16
     entry = _ENTRY.search(code)
     return {
@@ -137,11 +138,32 @@ def variants_toml(pristine_project: Path) -> dict[str, Any]:
     return tomllib.loads((pristine_project / "variants.toml").read_text(encoding="utf-8"))
 
 
+def per_file(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One entry per generated file: a single-pass variant's entry as it is, and for each pass of
+    a multi-pass variant the variant's keys overlaid with that pass's (file, bindings, uniforms,
+    overrides, constants, entry point, workgroup size and storage), keyed "NAME.PASS"."""
+    files = {}
+    for name, entry in manifest["variants"].items():
+        if len(entry["passes"]) == 1:
+            files[name] = entry
+            continue
+        for record in entry["passes"]:
+            files[f"{name}.{record['name']}"] = {**entry, **record, "variant": name}
+    return files
+
+
 @pytest.fixture(scope="module")
-def extracted(pristine_project: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return per_file(manifest)
+
+
+@pytest.fixture(scope="module")
+def extracted(
+    pristine_project: Path, files: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     return {
         name: extract((pristine_project / entry["file"]).read_text(encoding="utf-8"))
-        for name, entry in manifest["variants"].items()
+        for name, entry in files.items()
     }
 
 
@@ -177,15 +199,22 @@ def test_manifest_lists_every_variant(
     expected = {entry["name"]: entry for entry in variants_toml["variant"]}
     assert set(manifest["variants"]) == set(expected)
     for name, entry in manifest["variants"].items():
-        assert entry["file"] == expected[name]["output"]
+        stem = expected[name]["output"].removesuffix(".wgsl")
+        wanted = (
+            [expected[name]["output"]]
+            if len(entry["passes"]) == 1
+            else [f"{stem}.{p['name']}.wgsl" for p in entry["passes"]]
+        )
+        assert [p["file"] for p in entry["passes"]] == wanted, name
         assert entry["template_name"] == expected[name]["template"]
         assert entry["requires"] == sorted(expected[name].get("requires", []))
         for param, value in expected[name].get("params", {}).items():
             assert entry["params"][param] == value, (name, param)
 
 
-def test_bindings(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
-    for name, entry in manifest["variants"].items():
+def test_bindings(files: dict[str, dict[str, Any]], extracted: dict[str, dict[str, Any]]) -> None:
+    outputs = {}
+    for name, entry in files.items():
         ours = extracted[name]["bindings"]
         theirs = [
             {k: v for k, v in b.items() if k != "role"} | {"type": re.sub(r"\s+", "", b["type"])}
@@ -193,18 +222,23 @@ def test_bindings(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]
         ]
         assert theirs == ours, name
         roles = {b["name"]: b["role"] for b in entry["bindings"]}
-        assert roles["output"] == "output", name
-        if entry["family"] in ("tiled", "tiered"):
+        variant = entry.get("variant", name)
+        outputs[variant] = outputs.get(variant, 0) + (roles.get("output") == "output")
+        if entry["family"] in ("tiled", "tiered") and "Q" in roles:
             assert roles["Q"] == "input", name
         assert {r for n, r in roles.items() if n == "u"} == {"uniform"}, name
-        assert entry["passes"][0]["bindings"] == entry["bindings"], name
+        if "variant" not in entry:
+            assert entry["passes"][0]["bindings"] == entry["bindings"], name
         assert len({(b["group"], b["binding"]) for b in ours}) == len(ours), (
             f"{name}: binding reused"
         )
+    assert set(outputs.values()) == {1}  # exactly one pass of each variant writes the output
 
 
-def test_uniform_struct(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
-    for name, entry in manifest["variants"].items():
+def test_uniform_struct(
+    files: dict[str, dict[str, Any]], extracted: dict[str, dict[str, Any]]
+) -> None:
+    for name, entry in files.items():
         uniform = [b for b in extracted[name]["bindings"] if b["address_space"] == "uniform"]
         assert len(uniform) == 1, name
         struct_name = uniform[0]["type"]
@@ -220,9 +254,9 @@ def test_uniform_struct(manifest: dict[str, Any], extracted: dict[str, dict[str,
 
 
 def test_overrides_and_constants(
-    manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]
+    files: dict[str, dict[str, Any]], extracted: dict[str, dict[str, Any]]
 ) -> None:
-    for name, entry in manifest["variants"].items():
+    for name, entry in files.items():
         ours = extracted[name]
         assert {o["name"]: (o["type"], o["default"]) for o in entry["overrides"]} == ours[
             "overrides"
@@ -232,18 +266,26 @@ def test_overrides_and_constants(
 
 
 def test_entry_point_and_features(
-    manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]
+    manifest: dict[str, Any], files: dict[str, dict[str, Any]], extracted: dict[str, dict[str, Any]]
 ) -> None:
-    for name, entry in manifest["variants"].items():
+    enables: dict[str, set[str]] = {}
+    for name, entry in files.items():
         ours = extracted[name]
+        enables.setdefault(entry.get("variant", name), set()).update(ours["enables"])
         assert entry["entry_point"] == ours["entry_point"] == "main"
         assert entry["workgroup_size"] == ours["workgroup_size"]
         names = {**ours["constants"], **{k: v for k, (_, v) in ours["overrides"].items()}}
         assert entry["workgroup_size_default"] == [
             product(p, names) for p in ours["workgroup_size"]
         ]
-        assert ("f16" in ours["enables"]) == ("shader-f16" in entry["requires"]), name
         assert entry["metadata"]["requires"] == entry["requires"]
+    for name, entry in manifest["variants"].items():  # a feature any pass enables
+        assert ("f16" in enables[name]) == ("shader-f16" in entry["requires"]), name
+        assert ("subgroups" in enables[name]) == ("subgroups" in entry["requires"]), name
+
+
+def _all_bindings(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    return [b for record in entry["passes"] for b in record["bindings"]]
 
 
 def test_dtypes_match_bindings(manifest: dict[str, Any]) -> None:
@@ -258,7 +300,7 @@ def test_dtypes_match_bindings(manifest: dict[str, Any]) -> None:
         if entry["family"] == "rmsnorm":
             continue
         q, kv, out = roles[entry["family"]]
-        element = {b["name"]: b["element_type"] for b in entry["bindings"]}
+        element = {b["name"]: b["element_type"] for b in _all_bindings(entry)}
         meta = entry["metadata"]
         assert (element[q], element[kv], element[out]) == (
             meta["q_dtype"],
@@ -267,18 +309,24 @@ def test_dtypes_match_bindings(manifest: dict[str, Any]) -> None:
         )
 
 
-def test_sha256_matches_file(pristine_project: Path, manifest: dict[str, Any]) -> None:
-    for name, entry in manifest["variants"].items():
+def test_sha256_matches_file(pristine_project: Path, files: dict[str, dict[str, Any]]) -> None:
+    for name, entry in files.items():
         data = (pristine_project / entry["file"]).read_bytes()
         assert entry["sha256"] == hashlib.sha256(data).hexdigest(), name
 
 
-def test_workgroup_storage(manifest: dict[str, Any], extracted: dict[str, dict[str, Any]]) -> None:
+def test_workgroup_storage(
+    manifest: dict[str, Any], files: dict[str, dict[str, Any]], extracted: dict[str, dict[str, Any]]
+) -> None:
     tiles_64 = []
-    for name, entry in manifest["variants"].items():
+    for name, entry in files.items():
         assert entry["workgroup_storage_bytes"] == extracted[name]["workgroup_storage_bytes"], name
+    for name, entry in manifest["variants"].items():
+        # a variant needs the largest of its passes
+        largest = max(p["workgroup_storage_bytes"] for p in entry["passes"])
+        assert entry["workgroup_storage_bytes"] == largest, name
         params = entry["params"]
-        if entry["template"].endswith("/attention.wgsl.j2"):  # the seed tiled template
+        if entry["template_name"] == "attention":
             block, tile = params["block_size"], params["head_tile"]
             # shared_K and shared_V: block x head_tile f32; shared_scores: block x block f32
             assert entry["workgroup_storage_bytes"] == 4 * (2 * block * tile + block * block), name
@@ -288,8 +336,8 @@ def test_workgroup_storage(manifest: dict[str, Any], extracted: dict[str, dict[s
     assert "attention" in tiles_64 and "attention_f16" in tiles_64
 
 
-def test_tiled_uniforms_fixed_layout(manifest: dict[str, Any]) -> None:
-    tiled = {n: e for n, e in manifest["variants"].items() if e["family"] == "tiled"}
+def test_tiled_uniforms_fixed_layout(files: dict[str, dict[str, Any]]) -> None:
+    tiled = {n: e for n, e in files.items() if e["family"] == "tiled"}
     assert tiled
     for name, entry in tiled.items():
         assert [f["offset"] for f in entry["uniforms"]["fields"]] == TILED_UNIFORM_OFFSETS, name
@@ -302,7 +350,7 @@ def test_tiled_uniforms_match_seed_host(manifest: dict[str, Any]) -> None:
     size, sets = writers["createAttentionUniformBuffer"]
     assert [offset for offset, _ in sets] == TILED_UNIFORM_OFFSETS
     assert size == TILED_UNIFORM_BUFFER
-    for name, entry in manifest["variants"].items():
+    for name, entry in per_file(manifest).items():  # every pass binds the same struct
         if entry["family"] != "tiled":
             continue
         fields = entry["uniforms"]["fields"]
@@ -352,7 +400,7 @@ def test_manifest_is_deterministic(manifest_text: str, manifest: dict[str, Any])
     assert (
         manifest_text == json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     )
-    for entry in manifest["variants"].values():
+    for entry in per_file(manifest).values():
         assert [(b["group"], b["binding"]) for b in entry["bindings"]] == sorted(
             (b["group"], b["binding"]) for b in entry["bindings"]
         )

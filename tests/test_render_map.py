@@ -98,20 +98,24 @@ def test_every_line_is_mapped_consistently(
 ) -> None:
     """Each non-blank body line has an origin, and the template line it names produces it: the
     line's literal text around any {{ }} / {% %} / {# #} matches the generated line."""
-    for name, kernel in kernels.items():
-        lines = kernel.text.split("\n")[:-1]
-        assert kernel.origins is not None, name
-        assert len(kernel.origins) == len(lines), name
-        assert all(kernel.origin(n) is None for n in range(1, HEADER_LINES + 2)), name
-        for number, line in enumerate(lines, 1):
-            origin = kernel.origin(number)
-            if number <= HEADER_LINES + 1 or not line.strip():
-                continue
-            assert origin is not None, f"{name}:{number}: {line!r} has no origin"
-            source = template_line(pristine_project, origin).rstrip()
-            parts = re.split(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", source)
-            pattern = ".*".join(re.escape(part) for part in parts)
-            assert re.fullmatch(pattern, line), f"{name}:{number} {line!r} <- {origin} {source!r}"
+    for variant, kernel in kernels.items():
+        for rendered in kernel.passes:  # every pass of a multi-pass variant
+            name = rendered.output if len(kernel.passes) > 1 else variant
+            lines = rendered.text.split("\n")[:-1]
+            assert rendered.origins is not None, name
+            assert len(rendered.origins) == len(lines), name
+            assert all(rendered.origin(n) is None for n in range(1, HEADER_LINES + 2)), name
+            for number, line in enumerate(lines, 1):
+                origin = rendered.origin(number)
+                if number <= HEADER_LINES + 1 or not line.strip():
+                    continue
+                assert origin is not None, f"{name}:{number}: {line!r} has no origin"
+                source = template_line(pristine_project, origin).rstrip()
+                parts = re.split(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", source)
+                pattern = ".*".join(re.escape(part) for part in parts)
+                assert re.fullmatch(pattern, line), (
+                    f"{name}:{number} {line!r} <- {origin} {source!r}"
+                )
 
 
 def test_origins_do_not_change_the_text(
@@ -120,10 +124,11 @@ def test_origins_do_not_change_the_text(
     project = load_project(pristine_project)
     renderer = Renderer(project)
     for variant in project.variants:
-        plain = renderer.render(variant)
-        assert plain.origins is None
-        assert plain.text == kernels[variant.name].text
-        assert plain.text == (pristine_project / variant.output).read_text(encoding="utf-8")
+        rendered = renderer.render(variant)
+        for plain, mapped in zip(rendered.passes, kernels[variant.name].passes, strict=True):
+            assert plain.origins is None
+            assert plain.text == mapped.text
+            assert plain.text == (pristine_project / plain.output).read_text(encoding="utf-8")
 
 
 def test_origin_out_of_range(kernels: dict[str, RenderedKernel]) -> None:

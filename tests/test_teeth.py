@@ -28,10 +28,14 @@ COMMON = "templates/lib/attention_common.wgsl.j2"
 COLD = "templates/lib/cold_tier.wgsl.j2"
 TILED = "templates/attention.wgsl.j2"
 TIERED = "templates/attention_decode_tiered.wgsl.j2"
+DECODE = "templates/lib/attention_decode.wgsl.j2"
+SPLIT_REDUCE = "templates/attention_decode_split_reduce.wgsl.j2"
 RMSNORM = "templates/rmsnorm.wgsl.j2"
 TIERED_LIB = "templates/lib/tiered_decode.wgsl.j2"
 
 SMALL = "attention_small_f16kv"  # the tiled variant inside lavapipe's limits
+SG = "attention_decode_sg_d64_f16kv"  # one-dispatch decode, subgroup reductions
+WG = "attention_decode_wg_d64"  # one-dispatch decode, workgroup-memory reductions
 
 # (id, file, original text, planted text, variants that must fail)
 MUTATIONS = [
@@ -54,14 +58,14 @@ MUTATIONS = [
         COMMON,
         "return query_head_idx / heads_per_kv;",
         "return query_head_idx % u.num_kv_heads;",
-        [SMALL, "attention_decode_tiered_f16"],
+        [SMALL, "attention_decode_tiered_f16", SG],
     ),
     (
         "page-table-ignored",
         COMMON,
         "let phys_page = {{ table }}[page_idx];",
         "let phys_page = page_idx;",
-        [SMALL, "attention_decode_tiered_f16kv"],
+        [SMALL, "attention_decode_tiered_f16kv", WG],
     ),
     (
         "ring-modulo-dropped",
@@ -119,6 +123,55 @@ MUTATIONS = [
         "    if (valid_query) {\n        let out_offset",
         "    if (valid_query && query_pos + 1u < query_len) {\n        let out_offset",
         [SMALL],
+    ),
+    (
+        "decode-key-range-causal-off-by-one",
+        DECODE,
+        "min(kv_len, abs_query - u.kv_start + 1u)",
+        "min(kv_len, abs_query - u.kv_start)",
+        [SG, WG],
+    ),
+    (
+        "decode-window-start-off-by-one",
+        DECODE,
+        "let first = abs_query - u.sliding_window + 1u;",
+        "let first = abs_query - u.sliding_window + 2u;",
+        [SG],
+    ),
+    (
+        "decode-shuffle-step-dropped",
+        DECODE,
+        "{% for mask in [1, 2, 4, 8, 16] if mask < lanes_per_key %}",
+        "{% for mask in [1, 2, 4, 8, 16] if mask < lanes_per_key and mask != 2 %}",
+        [SG],
+    ),
+    (
+        "decode-partial-dots-one-lane",
+        DECODE,
+        "for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {",
+        "for (var i: u32 = 0u; i < 1u; i = i + 1u) {",
+        [WG],
+    ),
+    (
+        "decode-online-rescale-dropped",
+        DECODE,
+        "acc{{ hs[h] }}[j] = acc{{ hs[h] }}[j] * correction{{ hs[h] }}{% for",
+        "acc{{ hs[h] }}[j] = acc{{ hs[h] }}[j]{% for",
+        [WG, "attention_decode_split_d64_f16kv"],
+    ),
+    (
+        "decode-merge-rescale-dropped",
+        DECODE,
+        "let scaled = acc[j] * rescale;",
+        "let scaled = acc[j];",
+        [SG],
+    ),
+    (
+        "split-reduce-weight-dropped",
+        SPLIT_REDUCE,
+        "exp(partial_ml[ml + 2u * s * slots] - m_all) * partial_acc",
+        "partial_acc",
+        ["attention_decode_split_d64_f16kv"],
     ),
     (
         "hot-start-ignored",

@@ -633,8 +633,11 @@ def _note(run: BenchRun, row: BenchRow) -> str:
         parts.append(
             "passes: " + ", ".join(f"{n} {t.median_ns / 1e3:.1f}" for n, t in row.passes.items())
         )
-    if run.l2_resident(row):
-        parts.append("L2-resident")
+    resident = run.l2_resident(row)
+    if resident is not None and run.profile is not None:
+        # every shape says which side of L2 it is on: decode at 8k keys is L2-resident, 32k is not
+        size = f"{row.bytes_moved / 2**20:.1f} of {run.profile.l2_bytes / 2**20:.0f} MiB"
+        parts.append(f"L2-resident ({size})" if resident else f"exceeds L2 ({size})")
     ref = run.baseline_for(row)
     if ref and ref.note:
         parts.append(f"torch: {ref.note}")

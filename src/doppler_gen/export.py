@@ -207,7 +207,11 @@ def _variant_metadata(
         result["maxKVLen"] = meta["max_kv_len"]
     if tier is not None:
         result["tier"] = tier
-    block = _query_block_size(meta.get("dispatch") or passes[0]["dispatch"], passes[0]["names"])
+    # a multi-pass variant records one rule per pass (a mapping): read the first pass's
+    dispatch = meta.get("dispatch")
+    if not isinstance(dispatch, str):
+        dispatch = passes[0]["dispatch"]
+    block = _query_block_size(dispatch, passes[0]["names"])
     if block is not None:
         result["queryBlockSize"] = block
     return result

@@ -133,10 +133,21 @@ def tiled_specs(max_head_dim: int, *, quick: bool, seed: int) -> list[CaseSpec]:
             num_kv_heads=1,
         ),
     ]
+    # split-KV decode kernels: enough keys for several KV splits holding real keys (not in the
+    # quick subset, which stays free of long lengths)
+    long_decode = CaseSpec(
+        "long decode (several KV splits)",
+        num_heads=8,
+        num_kv_heads=2,
+        query_len=1,
+        kv_len=1500,
+        start_pos=1499,
+        head_dim=hd,
+    )
     rng = np.random.default_rng(seed)
     count = 4 if quick else 26
     randoms = [_random_tiled(rng, i, hd) for i in range(count)]
-    specs = (fixed[::3] if quick else fixed) + randoms
+    specs = (fixed[::3] if quick else [*fixed, long_decode]) + randoms
     return [replace(s, seed=seed * 1000 + i) for i, s in enumerate(specs)]
 
 

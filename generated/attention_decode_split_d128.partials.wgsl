@@ -1,0 +1,458 @@
+// AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
+// Edit the template and variants.toml, then run `doppler-gen generate`.
+// source-hash: sha256:d8ca134f9dd13b02e535c0bca84f49df9e4308b30655d321ad9d964f7d7a20ed
+
+// Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
+// query head of one KV head (subgroup reductions)
+//
+// Q is f32, K/V are f32 (read 4 elements at a time); partials are f32.
+// Dispatch: KV_SPLITS * num_kv_heads workgroups (those past the used splits return at once).
+// Needs a subgroup size >= LANES_PER_KEY; with a smaller one the kernel writes nothing.
+
+enable subgroups;
+
+const MAX_HEAD_DIM: u32 = 128u;
+const MAX_WORKGROUP_SIZE: u32 = 128u;
+const LANES_PER_KEY: u32 = 8u;
+const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
+const KEYS_PER_ITER: u32 = 2u;
+const HEADS_PER_GROUP: u32 = 1u;  // query heads each key group serves
+const MAX_KEY_GROUPS: u32 = 16u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+// Rows of the merge buffer: 8 KiB of partial accumulators at most
+const MERGE_ROWS: u32 = 16u;
+const NEG_BIG: f32 = -3.402823e+38;
+// vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
+const MERGE_VECS: u32 = 512u;
+
+override WORKGROUP_SIZE: u32 = 128u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
+override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
+override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (same value in the reduce pass)
+
+struct Uniforms {
+    num_heads: u32,       // Number of query heads
+    num_kv_heads: u32,    // Number of KV heads (for GQA)
+    head_dim: u32,        // Dimension per head
+    seq_len: u32,         // Current sequence length (for KV)
+    query_len: u32,       // Query length (1 for decode, seq_len for prefill)
+    scale: f32,           // 1/sqrt(head_dim)
+    is_causal: u32,       // Apply causal mask (1 = yes)
+    start_pos: u32,       // Absolute position offset for causal masking
+    attn_softcap: f32,    // Gemma 2: 50.0, 0 = disabled
+    sliding_window: u32,  // Sliding window size (0 = disabled, >0 = window size)
+    kv_len_source: u32,   // 0 = use uniform seq_len, 1 = use buffer
+    kv_start: u32,        // Absolute position of the first KV row
+    page_size: u32,       // Rows per page when kv_layout == 2
+    kv_layout: u32,       // 0 = contiguous, 1 = ring (sliding window), 2 = paged
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Uniforms;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;       // [query_len, num_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f32>>; // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f32>>; // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
+@group(0) @binding(6) var<storage, read> page_table: array<u32>;
+@group(0) @binding(7) var<storage, read_write> partial_acc: array<f32>; // [split, query_len, num_heads, head_dim]
+@group(0) @binding(8) var<storage, read_write> partial_ml: array<f32>;  // [split, query_len, num_heads, 2]: max, sum
+
+// Merge of the key groups' softmax states, per head
+var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
+var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
+var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
+// Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
+var<workgroup> subgroup_counter: atomic<u32>;
+
+// Check if position should be masked (causal + sliding window attention)
+fn is_masked(query_pos: u32, key_pos: u32) -> bool {
+    let abs_query = query_pos + u.start_pos;
+    let abs_key = u.kv_start + key_pos;
+    // Causal mask
+    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
+    // Sliding window mask
+    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
+        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
+    }
+    return false;
+}
+
+// Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
+fn get_kv_pos(key_pos: u32) -> u32 {
+    let abs_key = u.kv_start + key_pos;
+    if (u.kv_layout == 1u && u.sliding_window > 0u) {
+        return abs_key % u.sliding_window;
+    }
+    if (u.kv_layout == 2u) {
+        let page_idx = abs_key / u.page_size;
+        let in_page = abs_key - (page_idx * u.page_size);
+        let phys_page = page_table[page_idx];
+        return phys_page * u.page_size + in_page;
+    }
+    return abs_key;
+}
+
+// KV length: the uniform, or the first word of kv_len_buffer when kv_len_source != 0
+fn get_kv_len() -> u32 {
+    if (u.kv_len_source == 0u) {
+        return u.seq_len;
+    }
+    return kv_len_buffer[0];
+}
+
+// The keys [x, y) query query_pos can attend: causal and sliding-window bounds on
+// kv_start-relative positions (is_masked stays the final word on every key)
+fn key_range(query_pos: u32, kv_len: u32) -> vec2<u32> {
+    let abs_query = query_pos + u.start_pos;
+    var key_end: u32 = kv_len;
+    if (u.is_causal != 0u) {
+        key_end = select(0u, min(kv_len, abs_query - u.kv_start + 1u), abs_query >= u.kv_start);
+    }
+    var key_begin: u32 = 0u;
+    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
+        let first = abs_query - u.sliding_window + 1u;
+        if (first > u.kv_start) {
+            key_begin = min(first - u.kv_start, key_end);
+        }
+    }
+    return vec2<u32>(key_begin, key_end);
+}
+
+// Keys per split: seq_len over KV_SPLITS splits, at least MIN_SPLIT_KEYS
+fn split_keys() -> u32 {
+    return max(max(MIN_SPLIT_KEYS, 1u), (u.seq_len + KV_SPLITS - 1u) / KV_SPLITS);
+}
+
+// Splits that hold keys (at most KV_SPLITS)
+fn used_splits() -> u32 {
+    let keys = split_keys();
+    return min(KV_SPLITS, (u.seq_len + keys - 1u) / keys);
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+) {
+    let kv_head_idx = wg_id.x % u.num_kv_heads;
+    let split = wg_id.x / u.num_kv_heads;
+    let num_splits = used_splits();
+    let split_len = split_keys();
+    let head_dim = u.head_dim;
+    if (split >= num_splits || head_dim > MAX_HEAD_DIM || head_dim % 4u != 0u) {
+        return;
+    }
+    let hd4 = head_dim / 4u;
+    let kv_len = get_kv_len();
+    let scale = u.scale;
+    let nkg = WORKGROUP_SIZE / LANES_PER_KEY;
+    let group = u.num_heads / u.num_kv_heads;
+    // Key group kg serves slot kg % slots (HEADS_PER_GROUP consecutive heads of the current chunk
+    // of heads) and walks key stream kg / slots of the split; groups beyond slots * streams idle.
+    // Each head of a chunk has rows_per_head rows of the merge buffer.
+    let slots = min(min((group + HEADS_PER_GROUP - 1u) / HEADS_PER_GROUP, nkg), MERGE_ROWS / HEADS_PER_GROUP);
+    let heads_at_once = slots * HEADS_PER_GROUP;
+    let streams = nkg / slots;
+    let rows_per_head = max(1u, min(MERGE_ROWS / heads_at_once, streams));
+    let split_begin = split * split_len;
+
+    // Key group = LANES_PER_KEY consecutive lanes of one subgroup
+    if (lid == 0u) {
+        atomicStore(&subgroup_counter, 0u);
+    }
+    workgroupBarrier();
+    var first_lane_slot: u32 = 0u;
+    if (sg_lane == 0u) {
+        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
+    }
+    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let kg = subgroup_idx * (sg_size / LANES_PER_KEY) + sg_lane / LANES_PER_KEY;
+    let lane = sg_lane % LANES_PER_KEY;
+    let subgroup_ok = sg_size >= LANES_PER_KEY;
+
+    let slot = kg % slots;
+    let stream = kg / slots;
+    let in_stream = stream < streams;
+    let store_ok = subgroup_ok;
+
+    for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
+        // This split's part of the query's keys
+        let attended = key_range(query_pos, kv_len);
+        let keys = vec2<u32>(max(attended.x, split_begin), min(attended.y, split_begin + split_len));
+        for (var first_head: u32 = 0u; first_head < group; first_head = first_head + heads_at_once) {
+            let slot_head = first_head + slot * HEADS_PER_GROUP;
+            let group_ok = in_stream && slot_head < group;
+            // a head past the group reads the chunk's first head, so every load stays in bounds
+            let q_offset = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 0u, group_ok && slot_head + 0u < group)) * head_dim;
+
+        // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
+        var q = array<vec4<f32>, VEC_PER_LANE>();
+        var acc = array<vec4<f32>, VEC_PER_LANE>();
+        {
+            let j = 0u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        {
+            let j = 1u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        {
+            let j = 2u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        {
+            let j = 3u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+            }
+        }
+        var m: f32 = NEG_BIG;
+        var l: f32 = 0.0;
+
+        let span = keys.y - min(keys.x, keys.y);
+        let per_iter = streams * KEYS_PER_ITER;
+        let iterations = (span + per_iter - 1u) / per_iter;
+        for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+            let base = keys.x + it * per_iter + stream;
+            // key 0 of this iteration: its K and V rows (zeros when masked or past the end)
+            let key_0 = base + 0u * streams;
+            let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
+            var k_0 = array<vec4<f32>, VEC_PER_LANE>();
+            var v_0 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_0: f32 = 0.0;
+            if (valid_0) {
+                let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 3u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_0[j] = K[row + v];
+                        v_0[j] = V[row + v];
+                    }
+                }
+
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+            }
+            // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
+            let key_1 = base + 1u * streams;
+            let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
+            var k_1 = array<vec4<f32>, VEC_PER_LANE>();
+            var v_1 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_1: f32 = 0.0;
+            if (valid_1) {
+                let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+                {
+                    let j = 3u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        k_1[j] = K[row + v];
+                        v_1[j] = V[row + v];
+                    }
+                }
+
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+            }
+            // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+            // Scores and the online softmax update of this key group
+            var block_max: f32 = NEG_BIG;
+            var score_0: f32 = dot_0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+            }
+            if (valid_0) {
+                block_max = max(block_max, score_0);
+            }
+            var score_1: f32 = dot_1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+            }
+            if (valid_1) {
+                block_max = max(block_max, score_1);
+            }
+            let m_new = max(m, block_max);
+            let correction = exp(m - m_new);
+            let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+            let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+            l = l * correction + p_0 + p_1;
+            m = m_new;
+            {
+                let j = 0u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+            {
+                let j = 1u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+            {
+                let j = 2u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+            {
+                let j = 3u;
+                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+            }
+        }
+
+            // -- merge the streams of each head: the head's max, rescale, sum the slices --
+            // merge_m / merge_l entry of (key group, head h of its slot): kg * HEADS_PER_GROUP + h
+            if (lane == 0u) {
+                merge_m[kg * HEADS_PER_GROUP + 0u] = m;
+            }
+            workgroupBarrier();
+            var m_head: f32 = NEG_BIG;
+            for (var s: u32 = 0u; s < streams; s = s + 1u) {
+                m_head = max(m_head, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
+            }
+            let rescale = exp(m - m_head);
+            l = l * rescale;
+            if (lane == 0u) {
+                merge_l[kg * HEADS_PER_GROUP + 0u] = l;
+            }
+            // Round r: streams [r * rows_per_head, (r + 1) * rows_per_head) add their slices into
+            // their heads' rows; round 0 writes every row
+            for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
+                if (in_stream && stream / rows_per_head == r) {
+                    let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
+                    for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                }
+                workgroupBarrier();
+            }
+            // Each (head of the chunk, d): the unnormalised accumulator, and (max, sum) at d = 0
+            for (var i: u32 = lid; i < heads_at_once * head_dim; i = i + WORKGROUP_SIZE) {
+                let h = i / head_dim;
+                let d = i - h * head_dim;
+                if (store_ok && first_head + h < group) {
+                    let slot_out = (split * u.query_len + query_pos) * u.num_heads + kv_head_idx * group + first_head + h;
+                    var total: f32 = 0.0;
+                    for (var row: u32 = 0u; row < rows_per_head; row = row + 1u) {
+                        total = total + merge_acc[(h * rows_per_head + row) * (MAX_HEAD_DIM / 4u) + d / 4u][d % 4u];
+                    }
+                    partial_acc[slot_out * head_dim + d] = total;
+                    if (d == 0u) {
+                        // head h is entry h % HEADS_PER_GROUP of slot h / HEADS_PER_GROUP
+                        let entry = h % HEADS_PER_GROUP;
+                        var m_h: f32 = NEG_BIG;
+                        var l_h: f32 = 0.0;
+                        for (var s: u32 = 0u; s < streams; s = s + 1u) {
+                            let at = (h / HEADS_PER_GROUP + s * slots) * HEADS_PER_GROUP + entry;
+                            m_h = max(m_h, merge_m[at]);
+                            l_h = l_h + merge_l[at];
+                        }
+                        partial_ml[2u * slot_out] = m_h;
+                        partial_ml[2u * slot_out + 1u] = l_h;
+                    }
+                }
+            }
+            // merge_m, merge_l and merge_acc are rewritten by the next chunk or query
+            workgroupBarrier();
+        }
+    }
+}

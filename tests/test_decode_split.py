@@ -1,0 +1,78 @@
+"""The split-KV decode variants with many splits per case.
+
+The validator's cases hold at most a few hundred keys (one holds 1500), so most
+cases fit in one or two splits of at least MIN_SPLIT_KEYS keys. These tests rerun the matrix
+with MIN_SPLIT_KEYS 1 and KV_SPLITS 8 and 40, so that every case spans many splits with real
+keys, and run an MQA case whose 24 query heads need several head chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT
+from gpu_support import adapter_problem
+
+from doppler_gen.backends import Device, get_backend
+from doppler_gen.config import load_project
+from doppler_gen.families.tiled import CaseSpec
+from doppler_gen.manifest import parse_kernel, variant_entry
+from doppler_gen.render import Renderer
+from doppler_gen.runtime.runner import KernelRunner
+from doppler_gen.runtime.verify import validate_variant
+from doppler_gen.validate import open_run_device
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem())),
+]
+
+VARIANTS = ("attention_decode_split_d128", "attention_decode_split_d64_f16")
+
+
+def _kernel(root: Path, name: str):
+    project = load_project(root)
+    kernel = Renderer(project).render(project.variant(name))
+    return kernel, variant_entry(kernel, parse_kernel(kernel))
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[Device]:
+    kernels = [_kernel(REPO_ROOT, name)[0] for name in VARIANTS]
+    dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
+    if "subgroups" not in dev.features:
+        dev.close()
+        pytest.skip("the adapter offers no subgroups")
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("splits", [8, 40])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_quick_matrix_over_many_splits(device: Device, name: str, splits: int) -> None:
+    kernel, entry = _kernel(REPO_ROOT, name)
+    report = validate_variant(
+        device,
+        kernel,
+        entry,
+        quick=True,
+        seed=0,
+        constants={"KV_SPLITS": splits, "MIN_SPLIT_KEYS": 1},
+    )
+    assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
+    assert len(report.cases) >= 10
+
+
+def test_mqa_heads_in_chunks_over_forty_splits(device: Device) -> None:
+    """24 query heads on one KV head (several head chunks) over 40 splits of 8 keys."""
+    kernel, entry = _kernel(REPO_ROOT, "attention_decode_split_d128")
+    runner = KernelRunner(
+        device, kernel, entry, {"KV_SPLITS": 40, "MIN_SPLIT_KEYS": 8, "WORKGROUP_SIZE": 64}
+    )
+    spec = CaseSpec("mqa", num_heads=24, num_kv_heads=1, head_dim=32, kv_len=317, start_pos=316)
+    for case in (spec, replace(spec, sliding_window=50), replace(spec, kv_len_source=1)):
+        result = runner.run_case(case)
+        assert result.passed, (case, result.verdict, result.refused)
