@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:74860a546abd300b42e1ae3c5bf2ec90d28c30adaa3c5b466469a7e9848b9b1a
+// source-hash: sha256:6bb05e5515e5d5bd84b519fbc59884a57e53806dbb5357c93abb729624b22e52
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -14,19 +14,19 @@ enable f16;
 enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 128u;
-const MAX_WORKGROUP_SIZE: u32 = 128u;
+const MAX_WORKGROUP_SIZE: u32 = 256u;
 const LANES_PER_KEY: u32 = 8u;
 const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
 const HEADS_PER_GROUP: u32 = 1u;  // query heads each key group serves
-const MAX_KEY_GROUPS: u32 = 16u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 16u;
 const NEG_BIG: f32 = -3.402823e+38;
 // vec4 slots of the merge buffer: MERGE_ROWS rows of MAX_HEAD_DIM / 4
 const MERGE_VECS: u32 = 512u;
 
-override WORKGROUP_SIZE: u32 = 128u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
+override WORKGROUP_SIZE: u32 = 256u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
 override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (same value in the reduce pass)
 

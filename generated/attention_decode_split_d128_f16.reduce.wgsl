@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a83ad9e551ea2585b298f802e9a829b955b237be26b04f0d5db7118f8579ee5f
+// source-hash: sha256:aa3c75c9b9ee213da75bd69ac759074335780d2d83f206874aae6c7ae82572a3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
