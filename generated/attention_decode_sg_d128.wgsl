@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:08e7ac3b3cb0ec2b55eb99866bcb7a34849ed33e18a9abe8cb0ffc9b746bd146
+// source-hash: sha256:295dca76703454284586037b269c7eec51e28cdd9943be47217ed512c3ed4199
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

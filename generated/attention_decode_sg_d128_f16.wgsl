@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:658bb81b2a1e3516837d9695224ca37cbdf0970327d1f8f6abc20057cd6828e3
+// source-hash: sha256:0373661b486cfd6d0fc0ce9d400ae0e9911653d2d9fd9c57bdc8bb05fd0710e1
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4eeaedfac6ccd71470911a079a6533ceb3d39bbdddbee12ad93710ff16980908
+// source-hash: sha256:095c20dcb906c7d774b95461d51fa886993b72120d5c631bb0839858650083e6
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

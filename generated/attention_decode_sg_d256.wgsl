@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2ba1ea90ae9364da670df32e587fbfa1ca09c3f0b4abb61977ee0d9a99a50563
+// source-hash: sha256:afdfa8482113c865a634d91e20e57868eaa875622080d63dcd69815c207ad8ab
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

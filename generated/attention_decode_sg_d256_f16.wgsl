@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2c0e52f089bfed18d9df13f12a7bf11b0872663d628ce6978f1aabacc95570a7
+// source-hash: sha256:bc006f6d920331ef201c9717751a09ce2c26c9dd9c2315b687c1343e010024ea
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2aed1fd6c2c9023a4ad544473d5e24d6bf50bbe3f190f1dc8ab36c2353dcf588
+// source-hash: sha256:382748f09e51b7fc417259f0153f84503253df86f8ece7eff95da6e9dce1c665
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

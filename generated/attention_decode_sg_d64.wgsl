@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d02cdf097da90f37d379cd7e113baeb224658d2f1d1a908c1981ce7f7a8888c4
+// source-hash: sha256:340c362c3a4a0990e48e2ff307cc14a7a4a3709dd469983aa515d8e6724c4dd1
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:85f793bd10a436ceac9b7b5e077d208dc4754e910ee5228e756c8bf039967a9d
+// source-hash: sha256:df48bf37789f76b5cc4f38d9d3cf1c4a9f2923d6571ce2d7ecbba04f407cc1f1
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b63a189fe5f32fd23c4cb644bfac64ed2120f80c3cb276361c351be051a8b1a
+// source-hash: sha256:2c96342d72a482dd281b984021ebd70fd5184d3ec6f43da2d5c6e9c4d50d9578
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d8ca134f9dd13b02e535c0bca84f49df9e4308b30655d321ad9d964f7d7a20ed
+// source-hash: sha256:be20127834d66905e54f47aca03dcd5ed7c1ed6daccac291eb07e1e641d8d0b4
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1cd8c517620bc6fffe330f8072824cda9a7a64ce88f7fd34b51131ef5b3aa968
+// source-hash: sha256:c6489a913ef85e163556145f5691e331af673c4042832f4fc8fb5794d96b1fbd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6bb05e5515e5d5bd84b519fbc59884a57e53806dbb5357c93abb729624b22e52
+// source-hash: sha256:994cf4c117ae2debffdd6ddc5b1d98e56698b5635d46b2fb217ff501f0f09513
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

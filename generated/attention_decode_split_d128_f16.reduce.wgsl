@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:aa3c75c9b9ee213da75bd69ac759074335780d2d83f206874aae6c7ae82572a3
+// source-hash: sha256:9f43f5deea55519709e78ba1e08bd8e778bdac568f71d2dc443a512d621c97fa
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:397ce53f4a98e8b075039370d666b73ee8a029eeff0e9fa9182832e6f822215f
+// source-hash: sha256:9afcbaa2d4f9d12a7106a56a53e34133ba8086aadfb798cc2302e4c26278b343
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d035c6ca43aab923f0d3e762cb6181427d13b8d443116ada429e891a7e46e9cd
+// source-hash: sha256:4f4616457335d3841386ff57186d14266fd952eab24a73a857676ae1e355c42a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

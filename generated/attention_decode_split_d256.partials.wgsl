@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f3cf6f94757b2887d2c5a96caa2baa11645d8fe5563cc31539038d76dec054f1
+// source-hash: sha256:a9db3ffea5e5df001573404300352b1d9b2bd1537fa9f26c65384f979f90e1da
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1a65be6a80b4f75838845fadc7a3f792700b574829481e7f701f87abb8962788
+// source-hash: sha256:9ebbc8d5f86e3f1c9e9eb96a71814a977df6e3081a8dee88003aa5ae539aa3b1
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

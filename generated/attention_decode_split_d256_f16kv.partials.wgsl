@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:476d3861371b4167f05882afc1cc54de110deacc7ac16d26d9f8ec0bbe54ee02
+// source-hash: sha256:ca9f35b3b3c237dc28214a05b1d46ff8b7370fbbbe4cbf614ea99ca53635179b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:40dfc1ec26be715744e6ce54d293b8acfe46c104718227bf2b053afee0e3370a
+// source-hash: sha256:0d3e3cce17dd1e505a09ec3f148814ee3e384d53f81c968b1e8a4d206780e167
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:442cc85c103fd3e5ea35a56108cdc8016bb50130cd546e21e9971551c846cb6d
+// source-hash: sha256:371c3c2106033af5e9fa03fb21fbac464edcd0104bc0e02e800ac407c286c267
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

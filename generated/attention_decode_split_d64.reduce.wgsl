@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cffa7e3e39ec8538c13ff419c0f2e00ad048c48ca20ce42b07d42b8107aed624
+// source-hash: sha256:1d1b51bf1c793fa623a46d9e3a727c91dcc036a6e2edd740592a8eee022093b5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

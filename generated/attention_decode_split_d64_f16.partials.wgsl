@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6656e9b3e00f22f0a58983c97f1437e4249c6bb933c0e4f31181e9720e2e4d3f
+// source-hash: sha256:d3e845895824532b1cf60a01e9a925420007a09dd3697ec89803c9e0c635b3bd
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

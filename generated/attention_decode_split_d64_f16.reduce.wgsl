@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c5e4825ec908e2471903b2b1d7019fcc8cac81786efbedc191c526aa4caa5d35
+// source-hash: sha256:f45f6016fed08de6dfa4f650fa6ba59f557f22589839e8e3334d74279006467f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

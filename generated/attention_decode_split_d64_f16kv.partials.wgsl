@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5f9b119760818fe6aa44182fe7f3852dc8eccaeeafa51e4622b948c81a39f02e
+// source-hash: sha256:724de93121aa70eb61c2711d6eb3ee22fb9474a4ab67e77a58e1de7f65a0fac7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

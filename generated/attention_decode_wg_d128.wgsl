@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d94e841c7da9fe8bf1f907e161673fe06815bc6bc0eaae5ddeff09e1a307cb04
+// source-hash: sha256:8ffcea8769a0c385ef8d25d891ab34986266628625a2c21af43077c6d2d4920c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ec6bcb6ac4f99fb8903cb51136b56115136a53c8e56e3ec252ee7497aa04da29
+// source-hash: sha256:c8f03f96fd4236ea4f9e7d16b616f46d9721c22d094b01634f2fe8b560680d77
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e8b4a748453b4df13c8368b1ea0d2026baff9196e66479694df10571060b5729
+// source-hash: sha256:b96bacd6bf350f1930a82df06bb941dd6488382cb9204af1b7a9004080d04b67
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e2fc47ccc6971e3d73e399354bb74459d99bb53bde7ab6afa9da5f97f4fb81a
+// source-hash: sha256:e4b17237f0cc153217f67747a1a9b6e949a56ac503b90a4368db7a58fdb1bb79
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

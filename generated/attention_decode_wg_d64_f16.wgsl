@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b32cf27500b8a19acb0e4da6b58f5a5be2473004afd904ad94381caaf6bde8f4
+// source-hash: sha256:046b34d0f7996bab175eb700e8424aa134c6b7e16baef368f1ea9fc9a79e3333
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

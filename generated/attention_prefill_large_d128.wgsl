@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b0170387b0095f8b749b515d5c0f3b0ced1c6b897dbf7684262d86e4014f5237
+// source-hash: sha256:1ea3eb1f0f1a6240134655325dd4fa4250088c114bc5989fbcf68e9ffdbfca62
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

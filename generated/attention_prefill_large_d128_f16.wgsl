@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9d88cec2081801f24e5a0b81b310546c6a5acd89aa3d93b345486996058536c2
+// source-hash: sha256:17c3a767659b986b1171e6eb1390c71a77ec054337228cc656fdc918a5f4f0e1
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ccd3fa94143716f39d87c3a452d13719d6ae7df1cb291efae2cd34ae76aaa015
+// source-hash: sha256:ba84bfdbc9e14ef8edd8f124b6ffe0c097773975700311afbdc25ec046e88278
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f5fab9d3655a1599e3c2fb4ef34ab2d5ac25b959fdc2ed06040dbc7cf43897be
+// source-hash: sha256:c8ce7d8d2cbcad4d8d330901782d55d56a43fc6dfbc5a65eb9871c9c30f6baf5
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f66a8bb78d0f9f6e9b86fc253b62c97f477d53ffc8e55aa336f840945a233c8f
+// source-hash: sha256:9e8f768ec6ce05a739e79a9c8369c7186000bd5298e7969064efb37f26764642
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

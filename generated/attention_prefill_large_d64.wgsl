@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1247e8bb5c04203116d60589af4f19f2f215169403283e67d572582b496e5ffe
+// source-hash: sha256:7d196afa3a864db7930d2f978b44d068f91c86886bca75e589574e64dd4cee80
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:67647796093a8ca96ff69113addf1cee60de312fcdbe67ca3c972f9fc0a036a1
+// source-hash: sha256:d304b119a80e82b7033bb658878f5ab386c5252d6c9254648b2b5879224eaa7c
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:40f6cf7a0c39d65539b2ab49862a8c7561566e50bceb7df8ed499cfb3d86c180
+// source-hash: sha256:b75f6f745f3091cdb42d9e5f8b5221d6be9665b169302a77252cab9f4468b907
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:02d37de0e44ecbca43b33102ec89f56c4ce08a0b5063f9506de1b1084627a09a
+// source-hash: sha256:950911b29adbbf71de0bd6dae75af5b1dd19584677218c5c9f60f3a365425121
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f1262253d6d7fa6c46f501578a828d2bcfcdfd70209c9f1fab6df178f93e41e
+// source-hash: sha256:ed59f98cac6f6318bf9b61f3b8a91cb597840e554659829d688820f1b4ee4dcb
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

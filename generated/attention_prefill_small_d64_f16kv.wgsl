@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:24b96ab5f34e0046df23b20f47707dda13937e5611e4f2668037836ca1a2376a
+// source-hash: sha256:92db4728452cca4b45a4a574b7afe598722dd41ae210b5493127abeb5a8b48b3
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ebb9d7a3926f58f72d8eae45111ac7b7c3f8a5e5125c8650413611021d9c23c0
+// source-hash: sha256:2f836f7e131ccba6ee257f659a403899056924379c290f4b61f65243d71964fe
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8c295b0fafad0252f69186d4b53b8f5ddff37fbd525716bc74014f6df7d046ba
+// source-hash: sha256:ed1257c97d38fc5e9bcc50c8e6df69d0c4906b19e3c103ee3f602223a247b5a7
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
