@@ -557,3 +557,55 @@ def test_tiny_bench_on_lavapipe_end_to_end(tmp_path: Path) -> None:
     # Q f32 + K/V f16 + output f32 + kv_len_buffer and page_table (one u32 each)
     assert prefill["bytes"] == 20 * 4 * 16 * 4 + 2 * 36 * 2 * 16 * 2 + 20 * 4 * 16 * 4 + 8
     assert prefill["flops"] == 4 * (20 * 16 + 20 * 21 // 2) * 4 * 16
+
+
+# -- warm-up by GPU time ---------------------------------------------------------------------------
+
+
+def _counting_timer(ns_per_run: float) -> tuple[list[int], object]:
+    rounds: list[int] = []
+
+    def timed(count: int) -> list[float]:
+        rounds.append(count)
+        return [ns_per_run] * count
+
+    return rounds, timed
+
+
+def test_ramp_runs_until_the_gpu_time_target_doubling_its_rounds() -> None:
+    from doppler_gen.runtime.measure import ramp_up
+
+    rounds, timed = _counting_timer(50_000.0)  # a 50 us kernel, a 10 ms ramp: 200 runs
+    spent = ramp_up(timed, Settings(repeats=20, warmup=3, warmup_ms=10.0))
+    assert rounds == [8, 16, 32, 64, 128]  # 248 runs: the first round past 10 ms stops it
+    assert spent == pytest.approx(248 * 50_000.0)
+
+
+def test_ramp_rounds_start_at_warmup_and_are_capped() -> None:
+    from doppler_gen.runtime.measure import ramp_up
+
+    rounds, timed = _counting_timer(1_000.0)  # 1 us runs: 50 ms needs 50 000 of them
+    ramp_up(timed, Settings(repeats=20, warmup=300, warmup_ms=50.0))
+    assert rounds[:3] == [300, 600, 1024] and max(rounds) == 1024
+    assert sum(rounds) >= 50_000 > sum(rounds[:-1])
+
+
+def test_ramp_off_and_slow_kernels_cost_one_round() -> None:
+    from doppler_gen.runtime.measure import ramp_up
+
+    rounds, timed = _counting_timer(1_000.0)
+    assert ramp_up(timed, Settings(repeats=20, warmup_ms=0.0)) == 0.0 and rounds == []
+    rounds, timed = _counting_timer(40e6)  # a 40 ms run: one round of 8 passes the 50 ms target
+    ramp_up(timed, Settings(repeats=20))
+    assert rounds == [8]
+
+
+def test_torch_baseline_is_ramped_before_timing() -> None:
+    calls = {}
+    for ms in (0.0, 1.0):
+        torch = _fake_torch(gqa=True)
+        settings = Settings(repeats=20, warmup=0, warmup_ms=ms)
+        assert time_baseline(torch, parse_shape(DECODE), "f16", settings).timing.runs == 20
+        calls[ms] = len(torch.calls)
+    # the fake's events say 50 us a call: 1 ms of ramp is rounds of 8 and 16 calls
+    assert calls[1.0] - calls[0.0] == 8 + 16

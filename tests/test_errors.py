@@ -326,9 +326,23 @@ def test_a_newline_in_a_name_is_refused(fresh_project: Path, name: str) -> None:
 def test_repeat_and_warmup_caps_agree_and_are_enforced() -> None:
     from doppler_gen.backends.base import MAX_PASSES_PER_COMMAND_BUFFER, warmup_batches
     from doppler_gen.errors import DopplerGenError
-    from doppler_gen.runtime.measure import MAX_REPEATS, MAX_WARMUP, Settings
+    from doppler_gen.runtime.measure import (
+        DEFAULT_WARMUP_MS,
+        MAX_REPEATS,
+        MAX_WARMUP,
+        MAX_WARMUP_MS,
+        Settings,
+    )
 
     assert (cli_module.MAX_REPEATS, cli_module.MAX_WARMUP) == (MAX_REPEATS, MAX_WARMUP)
+    assert (cli_module.DEFAULT_WARMUP_MS, cli_module.MAX_WARMUP_MS) == (
+        DEFAULT_WARMUP_MS,
+        MAX_WARMUP_MS,
+    )
+    with pytest.raises(DopplerGenError, match="--warmup-ms 3000: 0 to 2000"):
+        Settings(warmup_ms=3000)
+    with pytest.raises(DopplerGenError, match="--warmup-ms -1"):
+        Settings(warmup_ms=-1)
     with pytest.raises(DopplerGenError, match="at most 10000"):
         Settings(repeats=MAX_REPEATS + 1)
     with pytest.raises(DopplerGenError, match="at most 1000"):

@@ -135,6 +135,29 @@ def test_recorded_overrides_are_the_current_configuration() -> None:
     assert smaller.overrides_to_record() == {"HEAD_TILE": 32}
 
 
+def test_a_space_sweeps_only_the_knobs_it_names() -> None:
+    candidates = enumerate_candidates(
+        {"block_size": 64, "q_dtype": "f16"},
+        {"HEAD_TILE": 32},
+        {"block_size": (16, 32, 64)},
+        _tiled_like_entry,
+        space={"WORKGROUP_SIZE": (16, 64)},
+    )
+    current = candidates[0]
+    assert [c.label(current) for c in candidates] == ["current", "WORKGROUP_SIZE=16"]
+    assert all(c.constants["HEAD_TILE"] == 32 for c in candidates)  # held at the variant's value
+    candidates = enumerate_candidates(
+        {"block_size": 64},
+        {},
+        {"block_size": (16, 32, 64)},
+        _tiled_like_entry,
+        space={"block_size": (32,), "HEAD_TILE": (16, 64)},
+    )
+    current = candidates[0]
+    labels = {c.label(current) for c in candidates}
+    assert labels == {"current", "HEAD_TILE=16", "block_size=32", "block_size=32 HEAD_TILE=16"}
+
+
 def test_the_real_variants_enumerate() -> None:
     project = load_project(REPO_ROOT)
     for name in ("attention_f16", "attention_decode_tiered_f16"):
@@ -407,6 +430,24 @@ def test_tune_of_an_unknown_variant_is_one_line() -> None:
     result = run_cli(REPO_ROOT, "tune", "no_such_variant")
     assert result.exit_code == 2
     assert "unknown variant 'no_such_variant'" in assert_one_line_error(result.stderr)
+
+
+@needs_cpu_adapter
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ("bogus=1", "bogus is neither a tunable parameter of template attention_decode_split"),
+        ("unroll=maybe", "'maybe' is not true or false"),
+        ("kv_splits=many", "'many' is not a number"),
+        ("kv_splits", "expected NAME=V1,V2,..."),
+    ],
+)
+def test_a_bad_space_is_one_line(space: str, message: str) -> None:
+    result = run_cli(
+        REPO_ROOT, "tune", "attention_decode_split_d64", "--allow-cpu", "--space", space
+    )
+    assert result.exit_code == 2
+    assert message in assert_one_line_error(result.stderr)
 
 
 def test_tune_shape_of_the_wrong_family_is_one_line() -> None:

@@ -53,6 +53,7 @@ from doppler_gen.runtime.measure import (
     cpu_warning,
     measure,
     positive,
+    ramp_up,
 )
 from doppler_gen.runtime.session import (
     Progress,
@@ -259,6 +260,7 @@ class BenchRun:
             "settings": {
                 "repeats": self.settings.repeats,
                 "warmup": self.settings.warmup,
+                "warmup_ms": self.settings.warmup_ms,
                 "seed": self.settings.seed,
                 "limits": self.limits,
                 "storage_overrun": self.settings.storage_overrun,
@@ -331,8 +333,14 @@ def measure_copy(device: Device, mib: int, settings: Settings) -> CopyBandwidth:
     groups = min(
         math.ceil(size / 16 / 256), device.limits.get("max-compute-workgroups-per-dimension", 65535)
     )
+    bindings, workgroups = {0: src, 1: dst}, (groups, 1, 1)
+
+    def timed(count: int) -> list[float]:
+        return device.timed_dispatch(pipeline, bindings, workgroups, repeats=count, warmup=0)
+
+    ramp_up(timed, settings)
     times = device.timed_dispatch(
-        pipeline, {0: src, 1: dst}, (groups, 1, 1), repeats=settings.repeats, warmup=settings.warmup
+        pipeline, bindings, workgroups, repeats=settings.repeats, warmup=settings.warmup
     )
     return CopyBandwidth(2 * size, Timing(tuple(times)))
 
@@ -537,12 +545,19 @@ def time_baseline(torch: Any, shape: Shape, dtype: str, settings: Settings) -> B
 
 def _cuda_event_times(torch: Any, call: Callable[[], Any], settings: Settings) -> list[float]:
     """ns per call from CUDA events; a GPU sleep first lets the launches queue up back to back,
-    so the numbers are GPU time like the WebGPU timestamps, not Python launch overhead."""
+    so the numbers are GPU time like the WebGPU timestamps, not Python launch overhead. The
+    same time-based warm-up as the kernels' (``ramp_up``) runs first, so both see busy clocks."""
     for _ in range(max(settings.warmup, 1)):
         call()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(settings.repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(settings.repeats)]
+    ramp_up(lambda count: _event_times(torch, call, count), settings)
+    return _event_times(torch, call, settings.repeats)
+
+
+def _event_times(torch: Any, call: Callable[[], Any], count: int) -> list[float]:
+    """ns of each of ``count`` calls queued back to back behind a GPU sleep."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     sleep = getattr(torch.cuda, "_sleep", None)
     if callable(sleep):
         sleep(20_000_000)
@@ -592,7 +607,7 @@ def _context(run: BenchRun) -> list[str]:
     return [
         f"adapter: {run.adapter} [{run.backend}, limits {run.limits}]{period}",
         f"timing: median and p10–p90 of {s.repeats} GPU-timestamped dispatches after "
-        f"{s.warmup} warm-up",
+        f"{s.warmup} warm-up and a {s.warmup_ms:g} ms GPU-time ramp",
         f"%BW is of: {run.peak_basis}",
         f"copy bandwidth: {copy}",
         f"torch baseline: {run.baseline_status}",

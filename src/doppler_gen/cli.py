@@ -477,6 +477,8 @@ BACKEND_CHOICES = ("wgpu", "dawn", "all")  # validate.ALL_BACKENDS + "all" (kept
 # bench.MAX_REPEATS / MAX_WARMUP (kept here: no numpy); tests check that they agree.
 MAX_REPEATS = 10_000
 MAX_WARMUP = 1_000
+DEFAULT_WARMUP_MS = 50.0
+MAX_WARMUP_MS = 2_000.0
 
 # Options validate, bench and tune share, defined once.
 adapter_option = click.option(
@@ -709,6 +711,14 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help=f"Untimed dispatches before the timed ones (at most {MAX_WARMUP}).",
         ),
+        click.option(
+            "--warmup-ms",
+            type=click.FloatRange(min=0, max=MAX_WARMUP_MS),
+            default=DEFAULT_WARMUP_MS,
+            show_default=True,
+            help="GPU milliseconds of untimed runs before each measurement (kernels and torch "
+            "alike), so that an idle GPU reaches its busy clocks; 0 turns the ramp off.",
+        ),
         seed_option("input data"),
         storage_overrun_option,
         from_templates_option,
@@ -815,6 +825,7 @@ def bench(
     allow_cpu: bool,
     repeats: int,
     warmup: int,
+    warmup_ms: float,
     seed: int,
     storage_overrun: bool,
     from_templates: bool,
@@ -851,7 +862,7 @@ def bench(
         copy_mib=copy_mib,
         profile=profile,
         baseline=not no_baseline,
-        settings=Settings(repeats, warmup, seed, storage_overrun),
+        settings=Settings(repeats, warmup, seed, storage_overrun, warmup_ms),
         from_templates=from_templates,
     )
     run = run_bench(state.project, request, progress=_progress("bench"))
@@ -884,6 +895,14 @@ def bench(
     "The winner must pass the full validation matrix and beat the current configuration's p10.",
 )
 @click.option(
+    "--space",
+    "space",
+    multiple=True,
+    metavar="NAME=V1,V2,...",
+    help="Sweep only the knobs named (repeatable), over these values; the others keep their "
+    "current values. NAME is a tunable template parameter or an override constant.",
+)
+@click.option(
     "--accept-contract-change",
     is_flag=True,
     help="Let --write record a winner that changes the variant's host metadata (e.g. a smaller "
@@ -898,6 +917,7 @@ def tune(
     name: str,
     shape_text: str | None,
     max_candidates: int,
+    space: tuple[str, ...],
     write: bool,
     accept_contract_change: bool,
     backend: str,
@@ -906,6 +926,7 @@ def tune(
     allow_cpu: bool,
     repeats: int,
     warmup: int,
+    warmup_ms: float,
     seed: int,
     storage_overrun: bool,
     from_templates: bool,
@@ -933,7 +954,8 @@ def tune(
         limits=limits,
         allow_cpu=allow_cpu,
         max_candidates=max_candidates,
-        settings=Settings(repeats, warmup, seed, storage_overrun),
+        settings=Settings(repeats, warmup, seed, storage_overrun, warmup_ms),
+        space=space,
         from_templates=from_templates,
     )
     run = run_tune(state.project, request, progress=_progress("tune"))

@@ -108,23 +108,30 @@ def param_grid(
 EntryFor = Callable[[dict[str, ParamValue]], Mapping[str, Any]]
 
 
+Space = Mapping[str, tuple[ParamValue, ...]]
+
+
 def enumerate_candidates(
     current_params: Mapping[str, ParamValue],
     current_overrides: Mapping[str, float],
     tunable: Mapping[str, tuple[ParamValue, ...]],
     entry_for: EntryFor,
+    space: Space | None = None,
 ) -> list[Candidate]:
     """All candidates, the current configuration first, then by distance from it.
 
     ``entry_for(params)`` is the manifest entry of the variant rendered with ``params`` (raising
     DopplerGenError when the template refuses them); it is the only link to rendering, so the
-    enumeration is testable with synthetic entries.
+    enumeration is testable with synthetic entries. ``space`` (``--space``) narrows the sweep to
+    the knobs it names, over the values it gives; every other knob keeps its current value.
     """
+    if space is not None:
+        tunable = {name: tuple(space.get(name, ())) for name in tunable}
     grid = param_grid(tunable, current_params)
     current = _current(grid[0], current_overrides, entry_for)
     found: dict[Any, Candidate] = {current.key: current}
     for params in grid:
-        for candidate in _candidates_for(params, entry_for):
+        for candidate in _candidates_for(params, entry_for, space, current_overrides):
             found.setdefault(candidate.key, candidate)
     ranked = sorted(found.values(), key=lambda c: _rank(c, current))
     return ranked
@@ -139,12 +146,25 @@ def _current(
     return Candidate(params, constants, defaults)
 
 
-def _candidates_for(params: dict[str, ParamValue], entry_for: EntryFor) -> list[Candidate]:
+def _candidates_for(
+    params: dict[str, ParamValue],
+    entry_for: EntryFor,
+    space: Space | None = None,
+    current_overrides: Mapping[str, float] | None = None,
+) -> list[Candidate]:
     try:
         entry = entry_for(params)
     except DopplerGenError as error:
         return [Candidate(params, {}, {}, error=str(error))]
     sweep, defaults = override_sweep(entry), _defaults(entry)
+    if space is not None:  # named constants over their values, the others as they are
+        held = current_overrides or {}
+        sweep = {
+            name: [int(v) for v in space[name]]
+            if name in space
+            else [int(held.get(name, defaults[name]))]
+            for name in sweep
+        }
     names = sorted(sweep)
     return [
         Candidate(params, dict(zip(names, values, strict=True)), defaults)
@@ -280,6 +300,7 @@ class TuneRun:
             "settings": {
                 "repeats": self.settings.repeats,
                 "warmup": self.settings.warmup,
+                "warmup_ms": self.settings.warmup_ms,
                 "seed": self.settings.seed,
             },
             "candidates_total": self.total,
@@ -305,6 +326,7 @@ class TuneRequest:
     allow_cpu: bool = False
     max_candidates: int = 32
     settings: Settings = field(default_factory=Settings)
+    space: tuple[str, ...] = ()  # --space NAME=V1,V2,...: sweep only these knobs
     from_templates: bool = False  # the current configuration from a fresh render, not generated/
 
 
@@ -342,6 +364,46 @@ class CandidateRenderer:
         return self.render(params)[1]
 
 
+def parse_space(texts: tuple[str, ...], variant: Variant, renderer: CandidateRenderer) -> Space:
+    """``--space NAME=V1,V2,...`` options as {knob: values}, typed like the knob.
+
+    NAME is a tunable template parameter (values read as its declared values' type: true/false,
+    integers or words) or an integer override constant of the variant's kernel.
+    """
+    tunable = variant.template.tunable
+    current = {k: v for k, v in variant.params.items() if k in tunable}
+    overrides = {o["name"] for o in all_overrides(renderer.entry(current))}
+    space: dict[str, tuple[ParamValue, ...]] = {}
+    for text in texts:
+        name, sep, values = text.partition("=")
+        name = name.strip()
+        if not sep or not values.strip():
+            raise DopplerGenError(f"--space {text!r}: expected NAME=V1,V2,...")
+        if name not in tunable and name not in overrides:
+            known = ", ".join(sorted({*tunable, *overrides})) or "none"
+            raise DopplerGenError(
+                f"--space {text!r}: {name} is neither a tunable parameter of template "
+                f"{variant.template.name} nor an override constant of {variant.name} "
+                f"(knobs: {known})"
+            )
+        kind = type(tunable[name][0]) if tunable.get(name) else int
+        space[name] = tuple(_space_value(text, item.strip(), kind) for item in values.split(","))
+    return space
+
+
+def _space_value(text: str, item: str, kind: type) -> ParamValue:
+    if kind is bool:
+        if item.lower() not in ("true", "false"):
+            raise DopplerGenError(f"--space {text!r}: {item!r} is not true or false")
+        return item.lower() == "true"
+    if kind in (int, float):
+        try:
+            return kind(item)
+        except ValueError:
+            raise DopplerGenError(f"--space {text!r}: {item!r} is not a number") from None
+    return item
+
+
 def default_shape(family: str) -> Shape:
     """The family's first default bench shape (tiled: the Llama-like prefill)."""
     defaults = get_family(family).default_shapes
@@ -366,8 +428,9 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
         kernels, entries = load_committed(project, (variant.name,))
         committed = (kernels[0], entries[0])
     renderer = CandidateRenderer(project, variant, committed)
+    space = parse_space(request.space, variant, renderer) if request.space else None
     candidates = enumerate_candidates(
-        variant.params, variant.overrides, variant.template.tunable, renderer.entry
+        variant.params, variant.overrides, variant.template.tunable, renderer.entry, space
     )
     kept = candidates[: request.max_candidates]
     backend = get_backend(request.backend)
@@ -494,7 +557,8 @@ def format_report(run: TuneRun) -> str:
         *banner,
         f"tune {run.variant} on {run.shape} — {run.adapter}",
         f"timing: median and p10–p90 of {run.settings.repeats} GPU-timestamped dispatches after "
-        f"{run.settings.warmup} warm-up; every candidate quick-validated first",
+        f"{run.settings.warmup} warm-up and a {run.settings.warmup_ms:g} ms GPU-time ramp; every "
+        "candidate quick-validated first",
         "",
     ]
     lines.append(format_table(headers, rows))

@@ -31,6 +31,16 @@ MIN_REPEATS = 20
 # these; tests/test_errors.py checks that they agree).
 MAX_REPEATS = 10_000
 MAX_WARMUP = 1_000
+# GPU time of warm-up runs before the timed ones. An idle H200 sits at 345 MHz and needs tens of
+# milliseconds of work to reach its boost clock; a few warm-up runs of a 50 µs kernel are far too
+# little, and such a kernel then times 4-5x slow while torch (timed after a long GPU sleep) does
+# not. Warming up by time gives every measurement, ours and torch's, the same clocks.
+DEFAULT_WARMUP_MS = 50.0
+MAX_WARMUP_MS = 2_000.0
+# Bounds on the ramp: its rounds double from the --warmup count, at most this many runs a
+# round, and it stops after this many wall seconds (a CPU adapter's first run can be slow).
+_RAMP_ROUND_CAP = 1024
+_RAMP_WALL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,7 @@ class Settings:
     warmup: int = 5
     seed: int = 0
     storage_overrun: bool = False
+    warmup_ms: float = DEFAULT_WARMUP_MS
 
     def __post_init__(self) -> None:
         if self.repeats < MIN_REPEATS:
@@ -89,6 +100,8 @@ class Settings:
             raise DopplerGenError(f"--warmup {self.warmup} must not be negative")
         if self.warmup > MAX_WARMUP:
             raise DopplerGenError(f"--warmup {self.warmup}: at most {MAX_WARMUP}")
+        if not 0 <= self.warmup_ms <= MAX_WARMUP_MS:
+            raise DopplerGenError(f"--warmup-ms {self.warmup_ms:g}: 0 to {MAX_WARMUP_MS:g}")
 
     @property
     def dispatches(self) -> int:
@@ -190,11 +203,33 @@ def _time(
     if not verdict.passed:  # a fast wrong kernel must never look like a win
         row.status, row.reason = "FAIL", wrong_output_reason(verdict, row.variant)
         return
+    ramp_up(
+        lambda count: [r.total_ns for r in runner.timed(prepared, repeats=count, warmup=0)],
+        settings,
+    )
     runs = runner.timed(prepared, repeats=settings.repeats, warmup=settings.warmup)
     row.status, row.timing = "ok", Timing(tuple(r.total_ns for r in runs))
     names = [p["name"] for p in runner.entry["passes"]]
     if len(names) > 1:
         row.passes = per_pass(names, runs)
+
+
+def ramp_up(timed: Callable[[int], Sequence[float]], settings: Settings) -> float:
+    """Run timed rounds until ``settings.warmup_ms`` of GPU time has passed; return the ns spent.
+
+    ``timed(count)`` runs the work ``count`` times back to back and returns each run's GPU ns.
+    Rounds double (from the --warmup count, at least 8 runs) so a short kernel gets thousands of
+    runs and a long one few; the ramp gives up after _RAMP_WALL_S wall seconds. Used before every
+    timed measurement, so that kernels and torch are all timed at the clocks a busy GPU runs at.
+    """
+    target_ns = settings.warmup_ms * 1e6
+    spent = 0.0
+    count = max(8, settings.warmup)
+    started = time.perf_counter()
+    while spent < target_ns and time.perf_counter() - started < _RAMP_WALL_S:
+        spent += float(sum(timed(count)))
+        count = min(2 * count, _RAMP_ROUND_CAP)
+    return spent
 
 
 def wrong_output_reason(verdict: Verdict, variant: str) -> str:
