@@ -577,7 +577,7 @@ def test_ramp_runs_until_the_gpu_time_target_doubling_its_rounds() -> None:
 
     rounds, timed = _counting_timer(50_000.0)  # a 50 us kernel, a 10 ms ramp: 200 runs
     spent = ramp_up(timed, Settings(repeats=20, warmup=3, warmup_ms=10.0))
-    assert rounds == [8, 16, 32, 64, 128]  # 248 runs: the first round past 10 ms stops it
+    assert rounds == [8, 16, 32, 64, 128]  # 248 runs: the first round past 10 ms (no speed-up)
     assert spent == pytest.approx(248 * 50_000.0)
 
 
@@ -595,9 +595,33 @@ def test_ramp_off_and_slow_kernels_cost_one_round() -> None:
 
     rounds, timed = _counting_timer(1_000.0)
     assert ramp_up(timed, Settings(repeats=20, warmup_ms=0.0)) == 0.0 and rounds == []
-    rounds, timed = _counting_timer(40e6)  # a 40 ms run: one round of 8 passes the 50 ms target
+    rounds, timed = _counting_timer(70e6)  # a 70 ms run: one round of 8 passes the 500 ms target
     ramp_up(timed, Settings(repeats=20))
     assert rounds == [8]
+
+
+def test_ramp_goes_on_while_the_clock_still_rises() -> None:
+    from doppler_gen.runtime.measure import ramp_up
+
+    speeds = iter([4.0, 2.0, 1.0, 1.0, 1.0, 1.0])  # a kernel 4x, then 2x slow, then settled
+    rounds: list[int] = []
+
+    def timed(count: int) -> list[float]:
+        rounds.append(count)
+        return [next(speeds) * 1e6] * count  # 1 ms a run once settled
+
+    ramp_up(timed, Settings(repeats=20, warmup_ms=40.0))
+    # 32 ms + 32 ms pass the 40 ms target, but round 2 ran 2x faster than round 1; round 3 too
+    assert rounds == [8, 16, 32, 64]
+    ramping = iter(range(100, 0, -1))  # within one long round: each run faster than the last
+    rounds.clear()
+
+    def rising(count: int) -> list[float]:
+        rounds.append(count)
+        return [max(10, next(ramping, 10)) * 1e6 for _ in range(count)]
+
+    ramp_up(rising, Settings(repeats=20, warmup_ms=1.0))
+    assert rounds == [8, 16, 32, 64, 128]  # settled once a round's two halves agree
 
 
 def test_torch_baseline_is_ramped_before_timing() -> None:

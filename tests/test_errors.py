@@ -339,8 +339,8 @@ def test_repeat_and_warmup_caps_agree_and_are_enforced() -> None:
         DEFAULT_WARMUP_MS,
         MAX_WARMUP_MS,
     )
-    with pytest.raises(DopplerGenError, match="--warmup-ms 3000: 0 to 2000"):
-        Settings(warmup_ms=3000)
+    with pytest.raises(DopplerGenError, match="--warmup-ms 6000: 0 to 5000"):
+        Settings(warmup_ms=6000)
     with pytest.raises(DopplerGenError, match="--warmup-ms -1"):
         Settings(warmup_ms=-1)
     with pytest.raises(DopplerGenError, match="at most 10000"):

@@ -477,8 +477,8 @@ BACKEND_CHOICES = ("wgpu", "dawn", "all")  # validate.ALL_BACKENDS + "all" (kept
 # bench.MAX_REPEATS / MAX_WARMUP (kept here: no numpy); tests check that they agree.
 MAX_REPEATS = 10_000
 MAX_WARMUP = 1_000
-DEFAULT_WARMUP_MS = 50.0
-MAX_WARMUP_MS = 2_000.0
+DEFAULT_WARMUP_MS = 500.0
+MAX_WARMUP_MS = 5_000.0
 
 # Options validate, bench and tune share, defined once.
 adapter_option = click.option(
@@ -717,7 +717,8 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default=DEFAULT_WARMUP_MS,
             show_default=True,
             help="GPU milliseconds of untimed runs before each measurement (kernels and torch "
-            "alike), so that an idle GPU reaches its busy clocks; 0 turns the ramp off.",
+            "alike), then more while they still speed up, so that an idle GPU reaches its busy "
+            "clocks; 0 turns the ramp off.",
         ),
         seed_option("input data"),
         storage_overrun_option,

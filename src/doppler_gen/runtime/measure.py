@@ -8,6 +8,7 @@ element must be finite), then ``repeats`` timed runs of all its passes on the sa
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -31,16 +32,19 @@ MIN_REPEATS = 20
 # these; tests/test_errors.py checks that they agree).
 MAX_REPEATS = 10_000
 MAX_WARMUP = 1_000
-# GPU time of warm-up runs before the timed ones. An idle H200 sits at 345 MHz and needs tens of
-# milliseconds of work to reach its boost clock; a few warm-up runs of a 50 µs kernel are far too
-# little, and such a kernel then times 4-5x slow while torch (timed after a long GPU sleep) does
-# not. Warming up by time gives every measurement, ours and torch's, the same clocks.
-DEFAULT_WARMUP_MS = 50.0
-MAX_WARMUP_MS = 2_000.0
+# GPU time of warm-up runs before the timed ones. An idle H200 sits at 345 MHz and its governor
+# raises the clock only after a few hundred milliseconds of sustained work (nvidia-smi sampled
+# every 100 ms during bench: 345-645 MHz through 50 ms ramps, 1980 MHz only after ~0.3 s of
+# back-to-back runs). Timed at idle clocks a kernel measured 2-5x slow, and torch likewise; so
+# every measurement, ours and torch's, first runs this long, and then on while still speeding up.
+DEFAULT_WARMUP_MS = 500.0
+MAX_WARMUP_MS = 5_000.0
 # Bounds on the ramp: its rounds double from the --warmup count, at most this many runs a
 # round, and it stops after this many wall seconds (a CPU adapter's first run can be slow).
 _RAMP_ROUND_CAP = 1024
 _RAMP_WALL_S = 10.0
+# After the target, the ramp goes on while a round's median is this much faster than the last.
+_RAMP_SETTLED = 0.97
 
 
 @dataclass(frozen=True)
@@ -215,21 +219,40 @@ def _time(
 
 
 def ramp_up(timed: Callable[[int], Sequence[float]], settings: Settings) -> float:
-    """Run timed rounds until ``settings.warmup_ms`` of GPU time has passed; return the ns spent.
+    """Run timed rounds until ``settings.warmup_ms`` of GPU time has passed and the runs stopped
+    getting faster; return the ns spent.
 
     ``timed(count)`` runs the work ``count`` times back to back and returns each run's GPU ns.
     Rounds double (from the --warmup count, at least 8 runs) so a short kernel gets thousands of
-    runs and a long one few; the ramp gives up after _RAMP_WALL_S wall seconds. Used before every
-    timed measurement, so that kernels and torch are all timed at the clocks a busy GPU runs at.
+    runs and a long one few. Past the target, a round whose median is still more than 3 % below
+    the previous round's means the clock is still rising, so another round runs. The ramp gives
+    up after _RAMP_WALL_S wall seconds. Used before every timed measurement, so that kernels and
+    torch are all timed at the clocks a busy GPU runs at.
     """
     target_ns = settings.warmup_ms * 1e6
-    spent = 0.0
+    if target_ns <= 0:
+        return 0.0
+    spent, previous = 0.0, math.inf
     count = max(8, settings.warmup)
     started = time.perf_counter()
-    while spent < target_ns and time.perf_counter() - started < _RAMP_WALL_S:
-        spent += float(sum(timed(count)))
+    while time.perf_counter() - started < _RAMP_WALL_S:
+        runs = list(timed(count))
+        spent += float(sum(runs))
+        median = float(statistics.median(runs))
+        if spent >= target_ns and _settled(runs, previous):
+            break
+        previous = median
         count = min(2 * count, _RAMP_ROUND_CAP)
     return spent
+
+
+def _settled(runs: Sequence[float], previous_median: float) -> bool:
+    """No longer speeding up: the round's second half is not >3 % faster than its first half,
+    nor the round than the one before."""
+    half = len(runs) // 2
+    if half and statistics.median(runs[half:]) < _RAMP_SETTLED * statistics.median(runs[:half]):
+        return False
+    return previous_median == math.inf or statistics.median(runs) >= _RAMP_SETTLED * previous_median
 
 
 def wrong_output_reason(verdict: Verdict, variant: str) -> str:
