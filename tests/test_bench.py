@@ -621,7 +621,8 @@ def test_ramp_goes_on_while_the_clock_still_rises() -> None:
         return [max(10, next(ramping, 10)) * 1e6 for _ in range(count)]
 
     ramp_up(rising, Settings(repeats=20, warmup_ms=1.0))
-    assert rounds == [8, 16, 32, 64, 128]  # settled once a round's two halves agree
+    # round 4 still falls within itself, round 5 is 14 % below round 4; round 6 agrees with 5
+    assert rounds == [8, 16, 32, 64, 128, 256]
 
 
 def test_torch_baseline_is_ramped_before_timing() -> None:
