@@ -1,13 +1,14 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2c96342d72a482dd281b984021ebd70fd5184d3ec6f43da2d5c6e9c4d50d9578
+// source-hash: sha256:1a62353d973e954948b29cf9b84482b3caa9c3498585fdcfd3273ae76d59a318
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
 // Q is f32, K/V are f16 (read 4 elements at a time), the output is f32.
 // Computation is performed in f32; other dtypes appear only at loads and the store.
 // Dispatch: num_heads workgroups. head_dim must be a multiple of 4 and at most MAX_HEAD_DIM.
-// Needs a subgroup size >= LANES_PER_KEY; with a smaller one the kernel writes nothing.
+// Key groups reduce by subgroup shuffles, or through workgroup memory on adapters whose
+// subgroups are narrower than LANES_PER_KEY.
 
 enable f16;
 
@@ -59,6 +60,8 @@ var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
 var<workgroup> subgroup_counter: atomic<u32>;
+// Partial dot products: [invocation][key] (used only when subgroups are narrower than a key group)
+var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER>;
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -139,7 +142,9 @@ fn main(
     let scale = u.scale;
     let nkg = WORKGROUP_SIZE / LANES_PER_KEY;
 
-    // Key group = LANES_PER_KEY consecutive lanes of one subgroup
+    // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
+    // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
+    // workgroup memory instead
     if (lid == 0u) {
         atomicStore(&subgroup_counter, 0u);
     }
@@ -149,9 +154,9 @@ fn main(
         first_lane_slot = atomicAdd(&subgroup_counter, 1u);
     }
     let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
-    let kg = subgroup_idx * (sg_size / LANES_PER_KEY) + sg_lane / LANES_PER_KEY;
-    let lane = sg_lane % LANES_PER_KEY;
     let subgroup_ok = sg_size >= LANES_PER_KEY;
+    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
 
     for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
         let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;
@@ -256,12 +261,28 @@ fn main(
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+            if (subgroup_ok) {
+                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+            } else {
+                // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                let parity = 0u;
+                workgroupBarrier();  // the previous iteration's reads are done
+                partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                workgroupBarrier();
+                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                dot_0 = 0.0;
+                dot_1 = 0.0;
+                for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                    dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                    dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                }
+            }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
             var score_0: f32 = dot_0 * scale;
@@ -334,7 +355,7 @@ fn main(
             l_all = l_all + merge_l[i];
         }
         let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
-        if (subgroup_ok) {
+        if (true) {
             for (var d: u32 = lid; d < head_dim; d = d + WORKGROUP_SIZE) {
                 var total: f32 = 0.0;
                 for (var row: u32 = 0u; row < rows; row = row + 1u) {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c6489a913ef85e163556145f5691e331af673c4042832f4fc8fb5794d96b1fbd
+// source-hash: sha256:83ac93af46b38da0805cc949f182f3e98bea0ea40eae37c83db184c0c7934cab
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

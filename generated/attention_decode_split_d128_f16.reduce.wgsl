@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f43f5deea55519709e78ba1e08bd8e778bdac568f71d2dc443a512d621c97fa
+// source-hash: sha256:1285cb8d876ad80aac6a0f3af391bd5f9bc9497ec37bfc9e029ebfdf3deac4b0
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4f4616457335d3841386ff57186d14266fd952eab24a73a857676ae1e355c42a
+// source-hash: sha256:80fe1e3abb82403bd5e52377c1bedcb180171d29209c9230d41bc60baeeba47a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

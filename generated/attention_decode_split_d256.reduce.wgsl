@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c2ea24ca2074bc32c8dd27e76dea9b14372518805a36fbeca0d4e29608397d65
+// source-hash: sha256:559dd12d9ebf66b9d6fa6595e296a5f6eeba18a80e03318a0c9d1bc6b019ca42
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0ba01b53183e8ff5d6600c9f3d13cb20836146bb8ebb19ddd20a5242d7a3e1f2
+// source-hash: sha256:839d9760d311cca8b05b4bd2e65fda0f4b988b67a73835cc341cf0ff2f7493f1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0d3e3cce17dd1e505a09ec3f148814ee3e384d53f81c968b1e8a4d206780e167
+// source-hash: sha256:5b6b7f693fd354f06914aca9a43b224d53121518965b6fcc9e0176c38056b394
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

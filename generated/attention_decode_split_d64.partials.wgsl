@@ -1,13 +1,14 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:371c3c2106033af5e9fa03fb21fbac464edcd0104bc0e02e800ac407c286c267
+// source-hash: sha256:3ffdf3567bc774271a824fa362ee7f8e6ce5b6ff565c8516cc04a7c644928d91
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
 //
 // Q is f32, K/V are f32 (read 4 elements at a time); partials are f32.
 // Dispatch: KV_SPLITS * num_kv_heads workgroups (those past the used splits return at once).
-// Needs a subgroup size >= LANES_PER_KEY; with a smaller one the kernel writes nothing.
+// Key groups reduce by subgroup shuffles, or through workgroup memory on adapters whose
+// subgroups are narrower than LANES_PER_KEY.
 
 enable subgroups;
 
@@ -61,6 +62,8 @@ var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
 var<workgroup> subgroup_counter: atomic<u32>;
+// Partial dot products: [invocation][key][head] (used only when subgroups are narrower than a key group)
+var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER * HEADS_PER_GROUP>;
 
 // Check if position should be masked (causal + sliding window attention)
 fn is_masked(query_pos: u32, key_pos: u32) -> bool {
@@ -156,7 +159,9 @@ fn main(
     let rows_per_head = max(1u, min(MERGE_ROWS / heads_at_once, streams));
     let split_begin = split * split_len;
 
-    // Key group = LANES_PER_KEY consecutive lanes of one subgroup
+    // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
+    // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
+    // workgroup memory instead
     if (lid == 0u) {
         atomicStore(&subgroup_counter, 0u);
     }
@@ -166,14 +171,13 @@ fn main(
         first_lane_slot = atomicAdd(&subgroup_counter, 1u);
     }
     let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
-    let kg = subgroup_idx * (sg_size / LANES_PER_KEY) + sg_lane / LANES_PER_KEY;
-    let lane = sg_lane % LANES_PER_KEY;
     let subgroup_ok = sg_size >= LANES_PER_KEY;
+    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
 
     let slot = kg % slots;
     let stream = kg / slots;
     let in_stream = stream < streams;
-    let store_ok = subgroup_ok;
 
     for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
         // This split's part of the query's keys
@@ -281,12 +285,28 @@ fn main(
                 }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-            dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-            dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+            if (subgroup_ok) {
+                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+            } else {
+                // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                let parity = 0u;
+                workgroupBarrier();  // the previous iteration's reads are done
+                partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                workgroupBarrier();
+                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                dot_0 = 0.0;
+                dot_1 = 0.0;
+                for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                    dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                    dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                }
+            }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
             var score_0: f32 = dot_0 * scale;
@@ -357,7 +377,7 @@ fn main(
             for (var i: u32 = lid; i < heads_at_once * head_dim; i = i + WORKGROUP_SIZE) {
                 let h = i / head_dim;
                 let d = i - h * head_dim;
-                if (store_ok && first_head + h < group) {
+                if (first_head + h < group) {
                     let slot_out = (split * u.query_len + query_pos) * u.num_heads + kv_head_idx * group + first_head + h;
                     var total: f32 = 0.0;
                     for (var row: u32 = 0u; row < rows_per_head; row = row + 1u) {

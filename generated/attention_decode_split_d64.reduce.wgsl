@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1d1b51bf1c793fa623a46d9e3a727c91dcc036a6e2edd740592a8eee022093b5
+// source-hash: sha256:89aea2931da3fcf6d236b190585bd74b5ebac34d4c8f9cd6691fbc4473d2db84
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

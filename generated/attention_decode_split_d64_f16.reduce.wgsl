@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f45f6016fed08de6dfa4f650fa6ba59f557f22589839e8e3334d74279006467f
+// source-hash: sha256:8fb184c6d9b8b64ba99094130e2ad2c941285d7aeaa23354d6cad9c63e904146
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -14,7 +14,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

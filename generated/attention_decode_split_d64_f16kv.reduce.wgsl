@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:25f209ce2aa5c87a3a323f62acd22006e87ba96eaea1a6adfcc53c8ebf96bafd
+// source-hash: sha256:01ad6d737a1e410be58fa1e5b0b1403d67098e7bb8700bfa217394fc6b7a07af
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

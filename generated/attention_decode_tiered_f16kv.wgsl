@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:aa13b13d74a89f4ee8499c88e2cd8c17a99f13c14cb3fa95ad76f9c806f03359
+// source-hash: sha256:0ffe13e3f0cfba1006913d2bfe6692e8dc02d72a37cd692adfe565ecc727530a
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

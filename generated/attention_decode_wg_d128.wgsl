@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8ffcea8769a0c385ef8d25d891ab34986266628625a2c21af43077c6d2d4920c
+// source-hash: sha256:0be0c18cebc627ac84e1ac983ca972275a7741a298d23c3b7cf1787331f2cdfd
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c8f03f96fd4236ea4f9e7d16b616f46d9721c22d094b01634f2fe8b560680d77
+// source-hash: sha256:802ccbb8c343448994a8f88e7c5b76ebaf5302e44d04c35754936c74839cd625
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c563850b3a9d3676d2a48d0494a1a81367426a530428437d32b8e5be1d288b24
+// source-hash: sha256:fb8de84de0487ab2e971483692931d389e6daec3e6f0fcf2103fe0155697487b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

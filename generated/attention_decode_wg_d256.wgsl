@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a75fae2a9b65cad0ddb343a7758d60db624a34e6b2466ac186433b4c777698e5
+// source-hash: sha256:6a7dc3f391d9ebaf0b1fdada50f25f1f78267510c36ce57ef6461fb62771905c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

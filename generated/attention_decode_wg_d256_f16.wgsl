@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b96bacd6bf350f1930a82df06bb941dd6488382cb9204af1b7a9004080d04b67
+// source-hash: sha256:8a1ff67ae2f3733d9930d1203b3e801bd89fbf0571f68f71ed52fca9b4dce815
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1de00b622001d4f7e5dd4c5fcbf314d4b2fc06a883232d9af5ffe4bedfe67b45
+// source-hash: sha256:828ce3ed58551aff9468120cdcdd1ad991112c382b320f746c55c7e415bf478e
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e4b17237f0cc153217f67747a1a9b6e949a56ac503b90a4368db7a58fdb1bb79
+// source-hash: sha256:7d6bf7d1fa9068ea4befcec94db132010e60a403a1932fdffdd66d7023a65a90
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:046b34d0f7996bab175eb700e8424aa134c6b7e16baef368f1ea9fc9a79e3333
+// source-hash: sha256:5842e8308ac3d7a6e7e72c474f0976db93feea8a3ef95c710040da5f1bad6844
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:33a94ef25279e825269e6c0a03ecfe2527a77fb82d9850f68f20eec8a0617985
+// source-hash: sha256:75f434b3915613cb473c4ec9cfcd7073c4db07e7aeca5cd021507c0e146280ca
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

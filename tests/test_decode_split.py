@@ -76,3 +76,44 @@ def test_mqa_heads_in_chunks_over_forty_splits(device: Device) -> None:
     for case in (spec, replace(spec, sliding_window=50), replace(spec, kv_len_source=1)):
         result = runner.run_case(case)
         assert result.passed, (case, result.verdict, result.refused)
+
+
+def _subgroup_size(device: Device) -> int:
+    import numpy as np
+
+    source = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1) fn main(@builtin(subgroup_size) size: u32) { out[0] = size; }
+"""
+    pipeline = device.compile(source, entry_point="main", label="subgroup size")
+    buffer = device.storage_buffer(np.zeros(1, np.uint32), read_write=True)
+    device.dispatch(pipeline, {0: buffer}, (1, 1, 1))
+    return int(np.frombuffer(device.read_buffer(buffer), np.uint32)[0])
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("attention_decode_split_d128_f16", {"lanes_per_key": 32, "heads_per_group": 4}),
+        ("attention_decode_split_d64", {"lanes_per_key": 16, "heads_per_group": 2}),
+        ("attention_decode_sg_d128_f16", {"lanes_per_key": 32, "keys_per_iter": 4}),
+        ("attention_decode_sg_d64", {"lanes_per_key": 16}),
+    ],
+)
+def test_key_groups_wider_than_the_subgroup_reduce_through_workgroup_memory(
+    device: Device, name: str, params: dict
+) -> None:
+    """lanes_per_key 16 or 32 on an adapter whose subgroups are narrower (lavapipe: 8) takes
+    the workgroup-memory fallback; on a wider one (the H200: 32) the shuffles. Both must pass."""
+    project = load_project(REPO_ROOT)
+    variant = project.variant(name)
+    variant = replace(variant, params={**variant.params, **params})
+    kernel = Renderer(project).render(variant)
+    entry = variant_entry(kernel, parse_kernel(kernel))
+    constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1} if "split" in name else None
+    report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
+    assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
+    assert len(report.cases) >= 10
+    size = _subgroup_size(device)
+    path = "workgroup memory" if size < params["lanes_per_key"] else "subgroup shuffles"
+    print(f"{name} {params}: subgroup size {size}, reduced by {path}")

@@ -1,0 +1,504 @@
+// AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
+// Edit the template and variants.toml, then run `doppler-gen generate`.
+// source-hash: sha256:29303c51865c916cf128e82f30c490af5dc5ba13747206f4fbb3c38a16029c59
+
+// Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
+//
+// One workgroup per (query head, split): dispatch KV_SPLITS * num_heads. The cold-then-hot keys
+// are cut into at most KV_SPLITS splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the
+// workgroup walks its split as below and writes the split's (max, sum, unnormalised
+// accumulator) to scratch; attention_decode_split_reduce combines the splits of each head.
+// Workgroups of one split are adjacent, so the heads of a KV head share its rows through L2.
+//
+// One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
+// invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
+// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// and every group keeps its own online-softmax state (running max, running sum, accumulator
+// slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
+// the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.
+// Requires head_dim <= MAX_HEAD_DIM and LANES_PER_KEY <= WORKGROUP_SIZE <= MAX_WORKGROUP_SIZE,
+// else the kernel returns without writing.
+// Fully masked row: average of V over all keys (masked scores are -3.4e38).
+
+enable f16;
+enable subgroups;
+
+const MAX_KV_LEN: u32 = 1048576u;
+const MAX_HEAD_DIM: u32 = 256u;
+const MAX_WORKGROUP_SIZE: u32 = 1024u;
+const DIMS_PER_LANE: u32 = 8u;
+const PACK_FACTOR: u32 = 4u;
+const MASKED_SCORE: f32 = -3.402823e+38;
+
+override WORKGROUP_SIZE: u32 = 256u;
+override KV_SPLITS: u32 = 64u;          // splits (same value in the reduce pass)
+override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
+
+struct Uniforms {
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    cold_len: u32,        // Keys in the cold tier (absolute positions 0 .. cold_len-1)
+    hot_len: u32,         // Keys in the hot tier (absolute positions hot_start ..)
+    seq_len: u32,
+    scale: f32,
+    is_causal: u32,
+    start_pos: u32,       // Absolute position of the query
+    attn_softcap: f32,
+    sliding_window: u32,
+    hot_window: u32,      // Rows of the hot ring buffer
+    hot_start: u32,       // Absolute position of hot key 0
+    packed_stride: u32,   // u32 words per (token, kv_head) row of packed cold K/V
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Uniforms;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;
+@group(0) @binding(2) var<storage, read> K_hot: array<f16>;
+@group(0) @binding(3) var<storage, read> V_hot: array<f16>;
+@group(0) @binding(4) var<storage, read> K_cold: array<u32>;
+@group(0) @binding(5) var<storage, read> V_cold: array<u32>;
+@group(0) @binding(6) var<storage, read> scales_k: array<f16>;
+@group(0) @binding(7) var<storage, read> scales_v: array<f16>;
+
+@group(0) @binding(9) var<storage, read_write> partial_acc: array<f32>; // [split, num_heads, head_dim]
+@group(0) @binding(10) var<storage, read_write> partial_ml: array<f32>;  // [split, num_heads, 2]: max, sum
+
+// Four f32 per invocation: its partial dots (elements 0-1 and 2-3 alternate between steps, so
+// one barrier a step suffices), then the merge of the groups' softmax states
+var<workgroup> exchange: array<f32, 4u * MAX_WORKGROUP_SIZE>;
+
+fn get4(i: u32) -> vec4<f32> {
+    return vec4<f32>(exchange[4u * i], exchange[4u * i + 1u], exchange[4u * i + 2u], exchange[4u * i + 3u]);
+}
+
+fn set4(i: u32, value: vec4<f32>) {
+    exchange[4u * i] = value.x;
+    exchange[4u * i + 1u] = value.y;
+    exchange[4u * i + 2u] = value.z;
+    exchange[4u * i + 3u] = value.w;
+}
+// Per-invocation state: which lane group (key slot) and head-dim slice this invocation owns,
+// its slice of q, and its group's online-softmax state (running max and sum, accumulator slice)
+var<private> tid: u32;
+var<private> lanes: u32;           // lanes per key (a power of two)
+var<private> num_groups: u32;      // lane groups in the workgroup
+var<private> key_group: u32;       // this lane's group
+var<private> group_lane: u32;      // this lane's index within its group
+var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes leftover invocations
+var<private> dim0: u32;            // first head-dim element this lane owns
+var<private> lane_live: bool;      // in a group and dim0 < head_dim
+var<private> kv_head: u32;
+var<private> run_max: f32;
+var<private> run_sum: f32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
+var<private> q_0: vec4<f32>;
+var<private> q_1: vec4<f32>;
+var<private> acc_0: vec4<f32>;
+var<private> acc_1: vec4<f32>;
+
+var<private> cold_end: u32;        // the split's cold keys end here (tier index)
+var<private> hot_end: u32;         // the split's hot keys end here (tier index)
+
+// Keys per split: (cold_len + hot_len) over KV_SPLITS splits, at least MIN_SPLIT_KEYS
+fn split_keys() -> u32 {
+    return max(max(MIN_SPLIT_KEYS, 1u), ((u.cold_len + u.hot_len) + KV_SPLITS - 1u) / KV_SPLITS);
+}
+
+// Splits that hold keys (at most KV_SPLITS)
+fn used_splits() -> u32 {
+    let keys = split_keys();
+    return min(KV_SPLITS, ((u.cold_len + u.hot_len) + keys - 1u) / keys);
+}
+
+// Get KV head index for grouped query attention
+fn get_kv_head_idx(query_head_idx: u32) -> u32 {
+    // GQA: multiple query heads share one KV head
+    let heads_per_kv = u.num_heads / u.num_kv_heads;
+    return query_head_idx / heads_per_kv;
+}
+
+// Causal + sliding-window mask of a key at absolute position abs_key for the decode query
+fn is_masked(abs_key: u32) -> bool {
+    let abs_query = u.start_pos;
+    // Causal mask
+    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
+    // Sliding window mask
+    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
+        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
+    }
+    return false;
+}
+
+// Physical row of hot key hot_pos: a ring of hot_window rows starting at hot_start
+fn get_hot_pos(hot_pos: u32) -> u32 {
+    if (u.hot_window > 0u) {
+        let abs_key = u.hot_start + hot_pos;
+        return abs_key % u.hot_window;
+    }
+    return hot_pos;
+}
+
+// Values first .. first+3 of a packed int8 word, as signed integers in f32
+fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
+    let lane = vec4<u32>(first, first + 1u, first + 2u, first + 3u);
+    let offset_binary = packed_val ^ 0x80808080u;
+    let raw = (vec4<u32>(offset_binary) >> (8u * lane)) & vec4<u32>(0xffu);
+    return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
+}
+
+// Scale, softcap and mask a key's q.k dot into its score
+fn finish_score(dot: f32, abs_key: u32) -> f32 {
+    var s = dot * u.scale;
+    if (u.attn_softcap > 0.0) {
+        s = tanh(s / u.attn_softcap) * u.attn_softcap;
+    }
+    if (is_masked(abs_key)) {
+        s = MASKED_SCORE;
+    }
+    return s;
+}
+
+// Sum two key slots' partial q.k dots over each lane group
+fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
+    if (width > 0u) {
+        var total = partial;
+        for (var mask: u32 = width / 2u; mask > 0u; mask = mask / 2u) {
+            total += subgroupShuffleXor(total, mask);
+        }
+        return total;
+    }
+    let pick = 2u * exchange_half;
+    exchange_half = exchange_half ^ 1u;
+    exchange[4u * tid + pick] = partial.x;
+    exchange[4u * tid + pick + 1u] = partial.y;
+    workgroupBarrier();
+    var sum = vec2<f32>(0.0);
+    if (in_group) {
+        let base = 4u * key_group * lanes + pick;
+        for (var i: u32 = 0u; i < lanes; i++) {
+            sum += vec2<f32>(exchange[base + 4u * i], exchange[base + 4u * i + 1u]);
+        }
+    }
+    return sum;
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
+    var ks0: f32 = 0.0;
+    var vs0: f32 = 0.0;
+    var kw0_0: u32 = 0u;
+    var vw0_0: u32 = 0u;
+    var kw0_1: u32 = 0u;
+    var vw0_1: u32 = 0u;
+    if (live0 && lane_live) {
+        let scale_idx0 = key0 * u.num_kv_heads + kv_head;
+        let word0 = dim0 / PACK_FACTOR;
+        let base0 = scale_idx0 * u.packed_stride + word0;
+        ks0 = f32(scales_k[scale_idx0]);
+        vs0 = f32(scales_v[scale_idx0]);
+        let in_row0_0 = word0 + 0u < u.packed_stride;
+        kw0_0 = select(0u, K_cold[base0 + 0u], in_row0_0);
+        vw0_0 = select(0u, V_cold[base0 + 0u], in_row0_0);
+        let in_row0_1 = word0 + 1u < u.packed_stride;
+        kw0_1 = select(0u, K_cold[base0 + 1u], in_row0_1);
+        vw0_1 = select(0u, V_cold[base0 + 1u], in_row0_1);
+    }
+    var ks1: f32 = 0.0;
+    var vs1: f32 = 0.0;
+    var kw1_0: u32 = 0u;
+    var vw1_0: u32 = 0u;
+    var kw1_1: u32 = 0u;
+    var vw1_1: u32 = 0u;
+    if (live1 && lane_live) {
+        let scale_idx1 = key1 * u.num_kv_heads + kv_head;
+        let word1 = dim0 / PACK_FACTOR;
+        let base1 = scale_idx1 * u.packed_stride + word1;
+        ks1 = f32(scales_k[scale_idx1]);
+        vs1 = f32(scales_v[scale_idx1]);
+        let in_row1_0 = word1 + 0u < u.packed_stride;
+        kw1_0 = select(0u, K_cold[base1 + 0u], in_row1_0);
+        vw1_0 = select(0u, V_cold[base1 + 0u], in_row1_0);
+        let in_row1_1 = word1 + 1u < u.packed_stride;
+        kw1_1 = select(0u, K_cold[base1 + 1u], in_row1_1);
+        vw1_1 = select(0u, V_cold[base1 + 1u], in_row1_1);
+    }
+    let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_1, 0u))) * ks0;
+    let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_1, 0u))) * ks1;
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], key0);
+    let score1 = finish_score(dots0[1], key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vs0 * unpack_quant(vw0_0, 0u) + w1 * vs1 * unpack_quant(vw1_0, 0u);
+    acc_1 = acc_1 * correction + w0 * vs0 * unpack_quant(vw0_1, 0u) + w1 * vs1 * unpack_quant(vw1_1, 0u);
+    run_max = m;
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+    var kh0_0 = vec4<f16>();
+    var vh0_0 = vec4<f16>();
+    var kh0_1 = vec4<f16>();
+    var vh0_1 = vec4<f16>();
+    if (live0 && lane_live) {
+        let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+    }
+    var kh1_0 = vec4<f16>();
+    var vh1_0 = vec4<f16>();
+    var kh1_1 = vec4<f16>();
+    var vh1_1 = vec4<f16>();
+    if (live1 && lane_live) {
+        let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
+        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+    }
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], u.hot_start + key0);
+    let score1 = finish_score(dots0[1], u.hot_start + key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
+}
+
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_aligned(first: u32, width: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+    var kh0_0 = vec4<f16>();
+    var vh0_0 = vec4<f16>();
+    var kh0_1 = vec4<f16>();
+    var vh0_1 = vec4<f16>();
+    if (live0 && lane_live) {
+        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
+        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+    }
+    var kh1_0 = vec4<f16>();
+    var vh1_0 = vec4<f16>();
+    var kh1_1 = vec4<f16>();
+    var vh1_1 = vec4<f16>();
+    if (live1 && lane_live) {
+        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
+        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+    }
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let score0 = finish_score(dots0[0], u.hot_start + key0);
+    let score1 = finish_score(dots0[1], u.hot_start + key1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
+fn main(
+    @builtin(local_invocation_id) local_id: vec3<u32>,
+    @builtin(workgroup_id) workgroup_id: vec3<u32>,
+    @builtin(subgroup_size) subgroup_size: u32,
+) {
+    let head_idx = workgroup_id.x % u.num_heads;
+    let split = workgroup_id.x / u.num_heads;
+    let head_dim = u.head_dim;
+    let total_len = u.cold_len + u.hot_len;
+    // This split's keys [first_key, last_key) of the cold-then-hot sequence, as tier ranges
+    if (split >= used_splits()) {
+        return;
+    }
+    let first_key = split * split_keys();
+    let last_key = min(first_key + split_keys(), total_len);
+    let cold_first = min(first_key, u.cold_len);
+    let cold_last = min(last_key, u.cold_len);
+    let hot_first = max(first_key, u.cold_len) - u.cold_len;
+    let hot_last = max(last_key, u.cold_len) - u.cold_len;
+    cold_end = cold_last;
+    hot_end = hot_last;
+
+    // Lanes per key: the smallest power of two covering head_dim at DIMS_PER_LANE each
+    var lanes_per_key: u32 = 1u;
+    while (lanes_per_key * DIMS_PER_LANE < head_dim) {
+        lanes_per_key = lanes_per_key * 2u;
+    }
+    if (WORKGROUP_SIZE > MAX_WORKGROUP_SIZE || head_dim > MAX_HEAD_DIM ||
+        lanes_per_key > WORKGROUP_SIZE || total_len > MAX_KV_LEN) {
+        return;
+    }
+
+    tid = local_id.x;
+    lanes = lanes_per_key;
+    num_groups = WORKGROUP_SIZE / lanes_per_key;
+    key_group = tid / lanes;
+    group_lane = tid - key_group * lanes;
+    in_group = key_group < num_groups;
+    dim0 = group_lane * DIMS_PER_LANE;
+    lane_live = in_group && dim0 < head_dim;
+    kv_head = get_kv_head_idx(head_idx);
+    run_max = MASKED_SCORE;
+    run_sum = 0.0;
+    exchange_half = 0u;
+    let q_base = head_idx * head_dim + dim0;
+    acc_0 = vec4<f32>(0.0);
+    q_0 = vec4<f32>(0.0);
+    acc_1 = vec4<f32>(0.0);
+    q_1 = vec4<f32>(0.0);
+    if (lane_live) {
+        if (dim0 + 0u < head_dim) { q_0[0] = Q[q_base + 0u]; }
+        if (dim0 + 1u < head_dim) { q_0[1] = Q[q_base + 1u]; }
+        if (dim0 + 2u < head_dim) { q_0[2] = Q[q_base + 2u]; }
+        if (dim0 + 3u < head_dim) { q_0[3] = Q[q_base + 3u]; }
+        if (dim0 + 4u < head_dim) { q_1[0] = Q[q_base + 4u]; }
+        if (dim0 + 5u < head_dim) { q_1[1] = Q[q_base + 5u]; }
+        if (dim0 + 6u < head_dim) { q_1[2] = Q[q_base + 6u]; }
+        if (dim0 + 7u < head_dim) { q_1[3] = Q[q_base + 7u]; }
+    }
+
+    // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
+    let groups = WORKGROUP_SIZE / lanes_per_key;
+    let keys_per_step = groups * 2u;
+    // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
+    let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    if (head_dim % DIMS_PER_LANE == 0u) {
+        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+            cold_step(first, shuffle_width);
+        }
+        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+            hot_step_aligned(first, shuffle_width);
+        }
+    } else {
+        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+            cold_step(first, shuffle_width);
+        }
+        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+            hot_step(first, shuffle_width);
+        }
+    }
+
+    // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
+    let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;
+    if (by_subgroup) {
+        for (var mask: u32 = lanes_per_key; mask < subgroup_size; mask = mask * 2u) {
+            let other_max = subgroupShuffleXor(run_max, mask);
+            let other_sum = subgroupShuffleXor(run_sum, mask);
+            let m = max(run_max, other_max);
+            let mine = exp(run_max - m);
+            let theirs = exp(other_max - m);
+            run_sum = run_sum * mine + other_sum * theirs;
+            acc_0 = acc_0 * mine + subgroupShuffleXor(acc_0, mask) * theirs;
+            acc_1 = acc_1 * mine + subgroupShuffleXor(acc_1, mask) * theirs;
+            run_max = m;
+        }
+    }
+    let block = select(lanes_per_key, subgroup_size, by_subgroup);
+    // One representative group per block of lanes publishes its (max, sum)
+    let reps = WORKGROUP_SIZE / block;
+    let rep = tid / block;
+    let is_rep = rep < reps && tid - rep * block < lanes_per_key;
+    workgroupBarrier();
+    if (is_rep && group_lane == 0u) {
+        exchange[4u * rep] = run_max;
+        exchange[4u * rep + 1u] = run_sum;
+    }
+    workgroupBarrier();
+    var row_max = MASKED_SCORE;
+    var row_sum = 0.0;
+    for (var r: u32 = 0u; r < reps; r++) {
+        let m = max(row_max, exchange[4u * r]);
+        row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+        row_max = m;
+    }
+    // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+    // reduce pass normalises (and applies masked_row)
+    let partial_slot = split * u.num_heads + head_idx;
+    if (tid == 0u) {
+        partial_ml[2u * partial_slot] = row_max;
+        partial_ml[2u * partial_slot + 1u] = row_sum;
+    }
+    // This block's share of the softmax, relative to the row max
+    let weight = exp(run_max - row_max);
+    let out_base = partial_slot * head_dim + dim0;
+    let slot = rep * lanes_per_key + group_lane;
+
+    // Accumulator elements 0..3: the representatives', summed by the first group
+    workgroupBarrier();
+    if (is_rep) {
+        set4(slot, acc_0 * weight);
+    }
+    workgroupBarrier();
+    if (key_group == 0u && lane_live) {
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+        if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+        if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+        if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+    }
+
+    // Accumulator elements 4..7: the representatives', summed by the first group
+    workgroupBarrier();
+    if (is_rep) {
+        set4(slot, acc_1 * weight);
+    }
+    workgroupBarrier();
+    if (key_group == 0u && lane_live) {
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+        if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+        if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+        if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+    }
+}
