@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:825fd2877a7982cbf3d5c6e3a6dcfa36baae312144a3b6725391affe0410bd7e
+// source-hash: sha256:3a5dbe7760965e8dd240f1e41b3a29d1a746c1e4fc553672923a8e77dab5aa41
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 128u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 128u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

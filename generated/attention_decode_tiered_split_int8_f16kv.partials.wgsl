@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:29303c51865c916cf128e82f30c490af5dc5ba13747206f4fbb3c38a16029c59
+// source-hash: sha256:b436042458614769448f961732ba17abed99a267cc7b0734c0f005f67d653e2c
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -27,12 +27,12 @@ enable subgroups;
 const MAX_KV_LEN: u32 = 1048576u;
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
-const DIMS_PER_LANE: u32 = 8u;
+const DIMS_PER_LANE: u32 = 16u;
 const PACK_FACTOR: u32 = 4u;
 const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
-override KV_SPLITS: u32 = 64u;          // splits (same value in the reduce pass)
+override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
 
 struct Uniforms {
@@ -95,8 +95,12 @@ var<private> run_sum: f32;
 var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
+var<private> q_2: vec4<f32>;
+var<private> q_3: vec4<f32>;
 var<private> acc_0: vec4<f32>;
 var<private> acc_1: vec4<f32>;
+var<private> acc_2: vec4<f32>;
+var<private> acc_3: vec4<f32>;
 
 var<private> cold_end: u32;        // the split's cold keys end here (tier index)
 var<private> hot_end: u32;         // the split's hot keys end here (tier index)
@@ -196,6 +200,10 @@ fn cold_step(first: u32, width: u32) {
     var vw0_0: u32 = 0u;
     var kw0_1: u32 = 0u;
     var vw0_1: u32 = 0u;
+    var kw0_2: u32 = 0u;
+    var vw0_2: u32 = 0u;
+    var kw0_3: u32 = 0u;
+    var vw0_3: u32 = 0u;
     if (live0 && lane_live) {
         let scale_idx0 = key0 * u.num_kv_heads + kv_head;
         let word0 = dim0 / PACK_FACTOR;
@@ -208,6 +216,12 @@ fn cold_step(first: u32, width: u32) {
         let in_row0_1 = word0 + 1u < u.packed_stride;
         kw0_1 = select(0u, K_cold[base0 + 1u], in_row0_1);
         vw0_1 = select(0u, V_cold[base0 + 1u], in_row0_1);
+        let in_row0_2 = word0 + 2u < u.packed_stride;
+        kw0_2 = select(0u, K_cold[base0 + 2u], in_row0_2);
+        vw0_2 = select(0u, V_cold[base0 + 2u], in_row0_2);
+        let in_row0_3 = word0 + 3u < u.packed_stride;
+        kw0_3 = select(0u, K_cold[base0 + 3u], in_row0_3);
+        vw0_3 = select(0u, V_cold[base0 + 3u], in_row0_3);
     }
     var ks1: f32 = 0.0;
     var vs1: f32 = 0.0;
@@ -215,6 +229,10 @@ fn cold_step(first: u32, width: u32) {
     var vw1_0: u32 = 0u;
     var kw1_1: u32 = 0u;
     var vw1_1: u32 = 0u;
+    var kw1_2: u32 = 0u;
+    var vw1_2: u32 = 0u;
+    var kw1_3: u32 = 0u;
+    var vw1_3: u32 = 0u;
     if (live1 && lane_live) {
         let scale_idx1 = key1 * u.num_kv_heads + kv_head;
         let word1 = dim0 / PACK_FACTOR;
@@ -227,9 +245,15 @@ fn cold_step(first: u32, width: u32) {
         let in_row1_1 = word1 + 1u < u.packed_stride;
         kw1_1 = select(0u, K_cold[base1 + 1u], in_row1_1);
         vw1_1 = select(0u, V_cold[base1 + 1u], in_row1_1);
+        let in_row1_2 = word1 + 2u < u.packed_stride;
+        kw1_2 = select(0u, K_cold[base1 + 2u], in_row1_2);
+        vw1_2 = select(0u, V_cold[base1 + 2u], in_row1_2);
+        let in_row1_3 = word1 + 3u < u.packed_stride;
+        kw1_3 = select(0u, K_cold[base1 + 3u], in_row1_3);
+        vw1_3 = select(0u, V_cold[base1 + 3u], in_row1_3);
     }
-    let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_1, 0u))) * ks0;
-    let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_1, 0u))) * ks1;
+    let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_1, 0u)) + dot(q_2, unpack_quant(kw0_2, 0u)) + dot(q_3, unpack_quant(kw0_3, 0u))) * ks0;
+    let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_1, 0u)) + dot(q_2, unpack_quant(kw1_2, 0u)) + dot(q_3, unpack_quant(kw1_3, 0u))) * ks1;
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
     let score0 = finish_score(dots0[0], key0);
     let score1 = finish_score(dots0[1], key1);
@@ -244,6 +268,8 @@ fn cold_step(first: u32, width: u32) {
     run_sum = run_sum * correction + w0 + w1;
     acc_0 = acc_0 * correction + w0 * vs0 * unpack_quant(vw0_0, 0u) + w1 * vs1 * unpack_quant(vw1_0, 0u);
     acc_1 = acc_1 * correction + w0 * vs0 * unpack_quant(vw0_1, 0u) + w1 * vs1 * unpack_quant(vw1_1, 0u);
+    acc_2 = acc_2 * correction + w0 * vs0 * unpack_quant(vw0_2, 0u) + w1 * vs1 * unpack_quant(vw1_2, 0u);
+    acc_3 = acc_3 * correction + w0 * vs0 * unpack_quant(vw0_3, 0u) + w1 * vs1 * unpack_quant(vw1_3, 0u);
     run_max = m;
 }
 
@@ -257,26 +283,42 @@ fn hot_step(first: u32, width: u32) {
     var vh0_0 = vec4<f16>();
     var kh0_1 = vec4<f16>();
     var vh0_1 = vec4<f16>();
+    var kh0_2 = vec4<f16>();
+    var vh0_2 = vec4<f16>();
+    var kh0_3 = vec4<f16>();
+    var vh0_3 = vec4<f16>();
     if (live0 && lane_live) {
         let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
         kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
         kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+        kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
+        kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
         vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
         vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+        vh0_2 = vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]);
+        vh0_3 = vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]);
     }
     var kh1_0 = vec4<f16>();
     var vh1_0 = vec4<f16>();
     var kh1_1 = vec4<f16>();
     var vh1_1 = vec4<f16>();
+    var kh1_2 = vec4<f16>();
+    var vh1_2 = vec4<f16>();
+    var kh1_3 = vec4<f16>();
+    var vh1_3 = vec4<f16>();
     if (live1 && lane_live) {
         let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
         kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
         kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+        kh1_2 = vec4<f16>(K_hot[row1 + 8u], K_hot[row1 + 9u], K_hot[row1 + 10u], K_hot[row1 + 11u]);
+        kh1_3 = vec4<f16>(K_hot[row1 + 12u], K_hot[row1 + 13u], K_hot[row1 + 14u], K_hot[row1 + 15u]);
         vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
         vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+        vh1_2 = vec4<f16>(V_hot[row1 + 8u], V_hot[row1 + 9u], V_hot[row1 + 10u], V_hot[row1 + 11u]);
+        vh1_3 = vec4<f16>(V_hot[row1 + 12u], V_hot[row1 + 13u], V_hot[row1 + 14u], V_hot[row1 + 15u]);
     }
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
     let score0 = finish_score(dots0[0], u.hot_start + key0);
     let score1 = finish_score(dots0[1], u.hot_start + key1);
@@ -291,6 +333,8 @@ fn hot_step(first: u32, width: u32) {
     run_sum = run_sum * correction + w0 + w1;
     acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
     acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
+    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
     run_max = m;
 }
 
@@ -304,26 +348,42 @@ fn hot_step_aligned(first: u32, width: u32) {
     var vh0_0 = vec4<f16>();
     var kh0_1 = vec4<f16>();
     var vh0_1 = vec4<f16>();
+    var kh0_2 = vec4<f16>();
+    var vh0_2 = vec4<f16>();
+    var kh0_3 = vec4<f16>();
+    var vh0_3 = vec4<f16>();
     if (live0 && lane_live) {
         let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
         kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
         kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+        kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
+        kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
         vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
         vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+        vh0_2 = vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]);
+        vh0_3 = vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]);
     }
     var kh1_0 = vec4<f16>();
     var vh1_0 = vec4<f16>();
     var kh1_1 = vec4<f16>();
     var vh1_1 = vec4<f16>();
+    var kh1_2 = vec4<f16>();
+    var vh1_2 = vec4<f16>();
+    var kh1_3 = vec4<f16>();
+    var vh1_3 = vec4<f16>();
     if (live1 && lane_live) {
         let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
         kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
         kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+        kh1_2 = vec4<f16>(K_hot[row1 + 8u], K_hot[row1 + 9u], K_hot[row1 + 10u], K_hot[row1 + 11u]);
+        kh1_3 = vec4<f16>(K_hot[row1 + 12u], K_hot[row1 + 13u], K_hot[row1 + 14u], K_hot[row1 + 15u]);
         vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
         vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+        vh1_2 = vec4<f16>(V_hot[row1 + 8u], V_hot[row1 + 9u], V_hot[row1 + 10u], V_hot[row1 + 11u]);
+        vh1_3 = vec4<f16>(V_hot[row1 + 12u], V_hot[row1 + 13u], V_hot[row1 + 14u], V_hot[row1 + 15u]);
     }
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
     let score0 = finish_score(dots0[0], u.hot_start + key0);
     let score1 = finish_score(dots0[1], u.hot_start + key1);
@@ -338,6 +398,8 @@ fn hot_step_aligned(first: u32, width: u32) {
     run_sum = run_sum * correction + w0 + w1;
     acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
     acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
+    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
     run_max = m;
 }
 
@@ -391,6 +453,10 @@ fn main(
     q_0 = vec4<f32>(0.0);
     acc_1 = vec4<f32>(0.0);
     q_1 = vec4<f32>(0.0);
+    acc_2 = vec4<f32>(0.0);
+    q_2 = vec4<f32>(0.0);
+    acc_3 = vec4<f32>(0.0);
+    q_3 = vec4<f32>(0.0);
     if (lane_live) {
         if (dim0 + 0u < head_dim) { q_0[0] = Q[q_base + 0u]; }
         if (dim0 + 1u < head_dim) { q_0[1] = Q[q_base + 1u]; }
@@ -400,6 +466,14 @@ fn main(
         if (dim0 + 5u < head_dim) { q_1[1] = Q[q_base + 5u]; }
         if (dim0 + 6u < head_dim) { q_1[2] = Q[q_base + 6u]; }
         if (dim0 + 7u < head_dim) { q_1[3] = Q[q_base + 7u]; }
+        if (dim0 + 8u < head_dim) { q_2[0] = Q[q_base + 8u]; }
+        if (dim0 + 9u < head_dim) { q_2[1] = Q[q_base + 9u]; }
+        if (dim0 + 10u < head_dim) { q_2[2] = Q[q_base + 10u]; }
+        if (dim0 + 11u < head_dim) { q_2[3] = Q[q_base + 11u]; }
+        if (dim0 + 12u < head_dim) { q_3[0] = Q[q_base + 12u]; }
+        if (dim0 + 13u < head_dim) { q_3[1] = Q[q_base + 13u]; }
+        if (dim0 + 14u < head_dim) { q_3[2] = Q[q_base + 14u]; }
+        if (dim0 + 15u < head_dim) { q_3[3] = Q[q_base + 15u]; }
     }
 
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
@@ -435,6 +509,8 @@ fn main(
             run_sum = run_sum * mine + other_sum * theirs;
             acc_0 = acc_0 * mine + subgroupShuffleXor(acc_0, mask) * theirs;
             acc_1 = acc_1 * mine + subgroupShuffleXor(acc_1, mask) * theirs;
+            acc_2 = acc_2 * mine + subgroupShuffleXor(acc_2, mask) * theirs;
+            acc_3 = acc_3 * mine + subgroupShuffleXor(acc_3, mask) * theirs;
             run_max = m;
         }
     }
@@ -500,5 +576,39 @@ fn main(
         if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
         if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
         if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+    }
+
+    // Accumulator elements 8..11: the representatives', summed by the first group
+    workgroupBarrier();
+    if (is_rep) {
+        set4(slot, acc_2 * weight);
+    }
+    workgroupBarrier();
+    if (key_group == 0u && lane_live) {
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
+        if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
+        if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
+        if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
+    }
+
+    // Accumulator elements 12..15: the representatives', summed by the first group
+    workgroupBarrier();
+    if (is_rep) {
+        set4(slot, acc_3 * weight);
+    }
+    workgroupBarrier();
+    if (key_group == 0u && lane_live) {
+        var total = vec4<f32>(0.0);
+        for (var r: u32 = 0u; r < reps; r++) {
+            total += get4(r * lanes_per_key + group_lane);
+        }
+        if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
+        if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
+        if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
+        if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
     }
 }

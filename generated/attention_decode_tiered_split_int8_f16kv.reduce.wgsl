@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0755858ef522dedb542e287cbd58e671e26b90b2ab4ad3828957f8863c658cad
+// source-hash: sha256:91a68990281d3f9715ae14ad3ca0820d07da521b338bc59e8f65687582440d7a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 128u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 128u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 64u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {
