@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fae2e04c9a7d018af0999df3afe804af4cb3f31a7cef2bcd0cb5e421f9ad97ca
+// source-hash: sha256:5a09f5144794252cfe7a647c2f7a8ebf731fa316d6a20c0633926de058272479
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -211,6 +211,7 @@ fn main(
             let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f32>, VEC_PER_LANE>();
             var v_0 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -245,12 +246,30 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * nkg;
             let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f32>, VEC_PER_LANE>();
             var v_1 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -285,43 +304,23 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
-            }
-            // Every load of the iteration is issued above, before any of them is used, so they
-            // are in flight together (a use right after each key's loads costs a memory
-            // latency per key). An invalid key's rows are zeros: its dot is 0, its p is 0.
-            var dot_0: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 1u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 2u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 3u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            var dot_1: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 1u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 2u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 3u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:af1e26c30672e92efda287216fcd8e382a4ababd7dbf0b23f85af23ac15e7df2
+// source-hash: sha256:912308ff7e99fbbf48a34604917c81c24eac0a5e9e39742c3b08c7a2bce8dc12
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -197,6 +197,7 @@ fn main(
             let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
             var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -215,12 +216,22 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * nkg;
             let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
             var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -239,12 +250,22 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
             }
             // key 2 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_2 = base + 2u * nkg;
             let valid_2 = key_2 < keys.y && !is_masked(query_pos, key_2);
             var k_2 = array<vec4<f16>, VEC_PER_LANE>();
             var v_2 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_2: f32 = 0.0;
             if (valid_2) {
                 let row = (get_kv_pos(key_2) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -263,12 +284,22 @@ fn main(
                         v_2[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
             }
             // key 3 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_3 = base + 3u * nkg;
             let valid_3 = key_3 < keys.y && !is_masked(query_pos, key_3);
             var k_3 = array<vec4<f16>, VEC_PER_LANE>();
             var v_3 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_3: f32 = 0.0;
             if (valid_3) {
                 let row = (get_kv_pos(key_3) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -287,45 +318,15 @@ fn main(
                         v_3[j] = V[row + v];
                     }
                 }
-            }
-            // Every load of the iteration is issued above, before any of them is used, so they
-            // are in flight together (a use right after each key's loads costs a memory
-            // latency per key). An invalid key's rows are zeros: its dot is 0, its p is 0.
-            var dot_0: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 1u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            var dot_1: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 1u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            var dot_2: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-            }
-            {
-                let j = 1u;
-                dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-            }
-            var dot_3: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-            }
-            {
-                let j = 1u;
-                dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+
+                {
+                    let j = 0u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {

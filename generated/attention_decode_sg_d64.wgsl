@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:971dd012fe5be7253cea5fc5367e2c01a58b04fd4db32473d05bdf6e0edf7616
+// source-hash: sha256:04fe015d21a62ec3f1f47d734a79f2cbcd7cd02ce96a23cfa5fd184250e7ec83
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -195,6 +195,7 @@ fn main(
             let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f32>, VEC_PER_LANE>();
             var v_0 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -213,12 +214,22 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * nkg;
             let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f32>, VEC_PER_LANE>();
             var v_1 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -237,27 +248,15 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
-            }
-            // Every load of the iteration is issued above, before any of them is used, so they
-            // are in flight together (a use right after each key's loads costs a memory
-            // latency per key). An invalid key's rows are zeros: its dot is 0, its p is 0.
-            var dot_0: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 1u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            var dot_1: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 1u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:78b6cb96e3eb446cc4bb8edf2f99b648814cce47652753bbd525b53e73de1deb
+// source-hash: sha256:7cf3844a9f9cbea8dbc74429472654668649720d04af9a7b1af886727f0fbfc2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:222a15c3c3f782f493476ba53ea4c252f777f8fa10b94046571dfbedfef9204a
+// source-hash: sha256:c2f9416678bb5a2defb4171b12f6ece347ab881770c7f8feff8a55284bb9e3f8
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d6410b945894e9157caf9b364786e06351c126181d588d57ce8d1aa7a45a9f9a
+// source-hash: sha256:575fc3bcf1fb124d20f1f8325d4581cb727dc0b0722ee4729e954dd583b6910b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:41e2cb9a3a5fb8932d49d97eb7220178d8e7a003c7e075494cd92a71fa4c8456
+// source-hash: sha256:1068de58facd6105248f24455bea6e92038af0cca3e914a25e5a3fddb983a12b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -269,6 +269,7 @@ fn main(
             let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f32>, VEC_PER_LANE>();
             var v_0 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -335,12 +336,46 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * streams;
             let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f32>, VEC_PER_LANE>();
             var v_1 = array<vec4<f32>, VEC_PER_LANE>();
+            var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -407,75 +442,39 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
-            }
-            // Every load of the iteration is issued above, before any of them is used, so they
-            // are in flight together (a use right after each key's loads costs a memory
-            // latency per key). An invalid key's rows are zeros: its dot is 0, its p is 0.
-            var dot_0: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 1u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 2u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 3u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 4u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 5u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 6u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 7u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            var dot_1: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 1u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 2u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 3u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 4u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 5u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 6u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 7u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:43ce6ad9e61e6d99c018bc63accbe5aaf25bd59f158101e0aedd00e17978196b
+// source-hash: sha256:e68a762669a7257bb1a09b3a2018e7642b164052e9882d3d4f16c2efac64db6a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

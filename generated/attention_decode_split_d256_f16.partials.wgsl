@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b48b03e530ceaafafdb80a33b955a6765b746e7be0dd3cf985f24cc068386e28
+// source-hash: sha256:f8ab2e2937e2564e2bee34a1983871576bf515758b5f7948cda1027bf61d751a
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -271,6 +271,7 @@ fn main(
             let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
             var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_0: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -337,12 +338,46 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * streams;
             let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
             var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -409,75 +444,39 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
-            }
-            // Every load of the iteration is issued above, before any of them is used, so they
-            // are in flight together (a use right after each key's loads costs a memory
-            // latency per key). An invalid key's rows are zeros: its dot is 0, its p is 0.
-            var dot_0: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 1u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 2u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 3u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 4u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 5u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 6u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 7u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            var dot_1: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 1u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 2u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 3u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 4u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 5u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 6u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 7u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {

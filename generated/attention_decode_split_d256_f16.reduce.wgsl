@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3839fd796f0643506bdb733877c3239591ae2b52c60ef07303bd134b70514a3a
+// source-hash: sha256:f9a5c270dc5a8137f7ce8d891e4bc69fdfc7c60bc468f215ff3ea1f410c6fda3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

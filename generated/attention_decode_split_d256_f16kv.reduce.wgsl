@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:12556569f2b5b2de795756d40a4ff8d69e635ab424dba965595fc9789b8d20e0
+// source-hash: sha256:7fec35a2a0475260de5f957400f78e3ff64fa95e104d251dba2391d1c388e05c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a4a6db4a4a3083c45b885bdaf8338cb8a77a78bc8b1e670f94250978f4f4499c
+// source-hash: sha256:d5af37bcd93ce18495ed10a2071e31a26fa5aa1419fc3c2f351adbf08eab8bfa
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

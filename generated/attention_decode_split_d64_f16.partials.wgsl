@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6465a2295553c7e6c30f3f01b05f0cf048935bd197325b9edd8ad39bb400c3df
+// source-hash: sha256:ff3166f44c8bc5ca42a89e91e2109bc2e8e6a84e3c9e8b5ef31c53c65d0b7f20
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -232,6 +232,8 @@ fn main(
             let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
             var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_0_h0: f32 = 0.0;
+            var dot_0_h1: f32 = 0.0;
             if (valid_0) {
                 let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -250,12 +252,27 @@ fn main(
                         v_0[j] = V[row + v];
                     }
                 }
+
+                {
+                    let j = 0u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 1u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
             }
             // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
             let key_1 = base + 1u * streams;
             let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
             var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var dot_1_h0: f32 = 0.0;
+            var dot_1_h1: f32 = 0.0;
             if (valid_1) {
                 let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -274,37 +291,19 @@ fn main(
                         v_1[j] = V[row + v];
                     }
                 }
-            }
-            // Every load of the iteration is issued above, before any of them is used, so they
-            // are in flight together (a use right after each key's loads costs a memory
-            // latency per key). An invalid key's rows are zeros: its dot is 0, its p is 0.
-            var dot_0_h0: f32 = 0.0;
-            var dot_0_h1: f32 = 0.0;
-            {
-                let j = 0u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 1u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            var dot_1_h0: f32 = 0.0;
-            var dot_1_h1: f32 = 0.0;
-            {
-                let j = 0u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 1u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+
+                {
+                    let j = 0u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 1u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {

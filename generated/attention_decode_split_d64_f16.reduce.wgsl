@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ffd7f4f88b20d053e9b75bf391a42b41664eef2e2b864a8a075b3ba90b6d6edd
+// source-hash: sha256:3e236331bb95c300f18377927a9d905a356a6216c020cf7bf2dc9da17afba946
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c77bdcece11287f152f5ae5474fc29759660c64889723c8f6bbced48bec37a93
+// source-hash: sha256:5e4ff0ac8d9c49b477f3de38af2f00f66f75ff78184ba6e4f8d4f0dd0f3769d6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

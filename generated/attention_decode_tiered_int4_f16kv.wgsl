@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b44fcc96b4f1c345da5358214b89d6d909272ffec48d5323f6748cfb448a873f
+// source-hash: sha256:34913bf9d23dc2978c638bfb6179646d4e79ea4807ccb8c89741775c8897de33
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b0d6615f48b37bb26bd57589dd5441a6f55ce144b1ef3c7ef8983ac53eb62f3f
+// source-hash: sha256:59a31a145cecd0fccc522e74cf6581aa5a851fdda821bc21de74ebfda6f508d9
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

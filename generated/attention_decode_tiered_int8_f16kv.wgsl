@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c4c8c6171929d086249cfea27366325d6f16c4dc862b52f75a8822029613f4db
+// source-hash: sha256:d66da12b90116c87a0b49a782254acd34306d08139ece7447a331b36bb58bf7a
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

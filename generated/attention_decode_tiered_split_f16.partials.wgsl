@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4e199c30f24c9fdcc5f94c6992451984ffb4e20f52171c615d85278c46a7771e
+// source-hash: sha256:69d06edeaac9275ca35ff7434d580e46aeb06a8150e820a6f7f7067d5e57950e
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5d6cc38fc52174bb4b9470ad258c43dafb8edd1793603f9e9300aaee810cbf44
+// source-hash: sha256:33aacfd11bf4fcab24864d7445203b560d4454cfe925911d6f8d27617249f2ae
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

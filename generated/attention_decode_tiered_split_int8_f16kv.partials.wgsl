@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5b0a4a116435d7a4ffc31155fbc2c5bab432653a7a04591a6b8517184655525e
+// source-hash: sha256:b436042458614769448f961732ba17abed99a267cc7b0734c0f005f67d653e2c
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

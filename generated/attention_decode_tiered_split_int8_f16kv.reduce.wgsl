@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1ba7303728b5fa89e8a0e97a89f4573b49d9039948b8923969ada5a1410aab35
+// source-hash: sha256:ff474a4f208f2d3a14b1084f9e4936b7fd6db13ddfaa8eeafcc24ea283d1f8c6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
