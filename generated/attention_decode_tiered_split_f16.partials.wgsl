@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:69d06edeaac9275ca35ff7434d580e46aeb06a8150e820a6f7f7067d5e57950e
+// source-hash: sha256:e4cbd82258d55e0c3867d9ef681a7c954d015a26d5e4f59068339079e9191b48
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -24,7 +24,7 @@
 enable f16;
 enable subgroups;
 
-const MAX_KV_LEN: u32 = 1048576u;
+const MAX_KV_LEN: u32 = 131072u;
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
 const DIMS_PER_LANE: u32 = 16u;

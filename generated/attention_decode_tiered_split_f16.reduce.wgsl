@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:44c4200b962befbcbb2b9eafe481d409aea6374ea669c311b9026d427cf649ef
+// source-hash: sha256:a26656daac97e62ede834175e16eb0c866e2ad6073d0c892ae24e12b7c008853
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:33aacfd11bf4fcab24864d7445203b560d4454cfe925911d6f8d27617249f2ae
+// source-hash: sha256:17da497d1b8e394b76d3d139a87b4bf63783c519ce299f31e50fe217babd3d83
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -24,7 +24,7 @@
 enable f16;
 enable subgroups;
 
-const MAX_KV_LEN: u32 = 1048576u;
+const MAX_KV_LEN: u32 = 131072u;
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
 const DIMS_PER_LANE: u32 = 16u;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e9176f253638fb06db9d1b3219c4f62139323a302dd796162f71e0310fdde993
+// source-hash: sha256:91014414f8cd31771890d954c2e20911c68fcd003e1fc0b6b5694d608df4a106
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b436042458614769448f961732ba17abed99a267cc7b0734c0f005f67d653e2c
+// source-hash: sha256:67850be4ec01a25a651431f25061a1021be1d982daabc60824964aaa0c5ec67a
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -24,7 +24,7 @@
 enable f16;
 enable subgroups;
 
-const MAX_KV_LEN: u32 = 1048576u;
+const MAX_KV_LEN: u32 = 131072u;
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
 const DIMS_PER_LANE: u32 = 16u;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ff474a4f208f2d3a14b1084f9e4936b7fd6db13ddfaa8eeafcc24ea283d1f8c6
+// source-hash: sha256:d5dcf3d1f6a3a4adc617f36457946f522ec88e8b9b980c27297f3c4beae374ec
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -228,7 +228,7 @@ def test_compile_error_is_shown_at_the_template_line(tmp_path: Path) -> None:
 @needs_adapter
 @pytest.mark.gpu
 def test_unwritten_output_is_caught_by_the_nan_sentinel(tmp_path: Path) -> None:
-    old = "    let out_base = head_idx * head_dim + dim0;"
+    old = '    let out_base = {{ "partial_slot" if partials else "head_idx" }} * head_dim + dim0;'
     root = _mutated(
         tmp_path,
         "templates/lib/tiered_decode.wgsl.j2",
