@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -130,3 +131,19 @@ def assert_one_line_error(stderr: str) -> str:
     assert "Traceback" not in stderr
     assert stderr.startswith("error: "), stderr
     return stderr.rstrip("\n")
+
+
+def representatives(project: Any) -> tuple[str, ...]:
+    """One variant per (template, Q, K/V and cold formats): every kernel body, without the
+    head-dim and tuning siblings that share it. The suite validates these where a test would
+    otherwise take every variant (over three minutes on two cores each); `.ci/setup` validates
+    every variant (`doppler-gen validate`), and `validate --backend all` compares them all."""
+    chosen: dict[tuple[str, ...], str] = {}
+    for variant in project.variants:
+        params = variant.params
+        key = (
+            variant.template.name,
+            *(str(params.get(p)) for p in ("q_dtype", "kv_dtype", "cold")),
+        )
+        chosen.setdefault(key, variant.name)
+    return tuple(chosen.values())

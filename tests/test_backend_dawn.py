@@ -15,11 +15,17 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, copy_project, doppler_gen_command, line_of, run_cli
+from conftest import (
+    REPO_ROOT,
+    copy_project,
+    doppler_gen_command,
+    line_of,
+    representatives,
+    run_cli,
+)
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import (
@@ -325,21 +331,6 @@ def test_webgpu_default_limits_are_enforced_by_dawn_itself() -> None:
         "The total use of workgroup storage (49152 bytes) is larger than the maximum allowed "
         "(16384 bytes)."
     ) in report.reason
-
-
-def representatives(project: Any) -> tuple[str, ...]:
-    """One variant per (template, Q, K/V and cold formats): every kernel body both backends
-    compile, without repeating the head-dim and tuning siblings that share it (the full set
-    took over three minutes on two cores; `doppler-gen validate --backend all` runs it)."""
-    chosen: dict[tuple[str, ...], str] = {}
-    for variant in project.variants:
-        params = variant.params
-        key = (
-            variant.template.name,
-            *(str(params.get(p)) for p in ("q_dtype", "kv_dtype", "cold")),
-        )
-        chosen.setdefault(key, variant.name)
-    return tuple(chosen.values())
 
 
 def test_the_representatives_cover_every_template() -> None:
