@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa90e58ede93b6d7e77a8ce143eca3626947b2a72555d22f19bc34e6283e7e9b
+// source-hash: sha256:78b241db6e982f9ced779a4aa60cf49ab889c71ca4c36cbb312a801dbb781c42
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:38f31f65a985875235045c92d944b401cbec83a519ee128a5a027ddaf9dc0c60
+// source-hash: sha256:7f407a0a760da9c769ced4296eebc0d4bb3101eb32079c9d27dad1d83efdacdc
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

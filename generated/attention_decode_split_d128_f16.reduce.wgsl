@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c2f9416678bb5a2defb4171b12f6ece347ab881770c7f8feff8a55284bb9e3f8
+// source-hash: sha256:19081970f766d2aa21877df7b1bc00963ac2ec0d8a42d743ba1cbf95fa64e4b9
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -69,9 +69,8 @@ fn main(
     let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
 
     // M = max over the splits of their max, and L = sum of exp(m_s - M) l_s: every invocation
-    // scans the (max, sum) pairs itself, four splits at a time. They are the same few hundred
-    // bytes for the whole workgroup (cache broadcasts); a tree reduction through workgroup
-    // memory instead costs two barriers a level, and those dominated this pass's time.
+    // scans the (max, sum) pairs itself, four splits at a time (the same few hundred bytes for
+    // the whole workgroup: cache broadcasts, no barriers)
     var m4 = vec4<f32>(NEG_BIG);
     var s: u32 = 0u;
     for (; s + 4u <= num_splits; s = s + 4u) {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:035d2890eaa6e19ef4bcc00a33e6361102bc01d450f32a2fdd8cb1c43c789aee
+// source-hash: sha256:14ee99884921e6dc9f634ddb6df4c93a19842f67268792c199c10d07b363c254
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1068de58facd6105248f24455bea6e92038af0cca3e914a25e5a3fddb983a12b
+// source-hash: sha256:19106cdfb5e198814064afc588ffbca041b268a5d0dc3158901178ea1d578fc8
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e68a762669a7257bb1a09b3a2018e7642b164052e9882d3d4f16c2efac64db6a
+// source-hash: sha256:609ef7ccfda4b0cdee936bb5fd140ae1fa0f1aaed87c23f7b26cfe59aba9902a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -67,9 +67,8 @@ fn main(
     let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
 
     // M = max over the splits of their max, and L = sum of exp(m_s - M) l_s: every invocation
-    // scans the (max, sum) pairs itself, four splits at a time. They are the same few hundred
-    // bytes for the whole workgroup (cache broadcasts); a tree reduction through workgroup
-    // memory instead costs two barriers a level, and those dominated this pass's time.
+    // scans the (max, sum) pairs itself, four splits at a time (the same few hundred bytes for
+    // the whole workgroup: cache broadcasts, no barriers)
     var m4 = vec4<f32>(NEG_BIG);
     var s: u32 = 0u;
     for (; s + 4u <= num_splits; s = s + 4u) {

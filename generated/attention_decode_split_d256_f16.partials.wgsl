@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f8ab2e2937e2564e2bee34a1983871576bf515758b5f7948cda1027bf61d751a
+// source-hash: sha256:839c0ac593787aa20d12fd3c17f33fcd82fc049d483609aeeeee99e0846511f3
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:93eb090db0035edeb4f7655e055fc151362bdfa6001d362e4ba23b279c1d2b8b
+// source-hash: sha256:1154062828b328ae68969d7f495b2ac1924907bc3c57707b631c3753ad08b0f3
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3ffdf3567bc774271a824fa362ee7f8e6ce5b6ff565c8516cc04a7c644928d91
+// source-hash: sha256:25ed007de3d18a8cc0a7efb5f96ce2563c74a6a66d76a0a8b89fe78175df1888
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

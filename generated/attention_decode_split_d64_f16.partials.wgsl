@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ff3166f44c8bc5ca42a89e91e2109bc2e8e6a84e3c9e8b5ef31c53c65d0b7f20
+// source-hash: sha256:c0ef69a0e31c48453c770dbad02a8826e18d9eae3458c5e10014038e17e2e8f0
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

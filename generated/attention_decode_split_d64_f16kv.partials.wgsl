@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:258344658998f54081a1a1c85dd7a9aa218f056a89a954bfffc1379c6702d1e0
+// source-hash: sha256:d9bd87bedf46306369712b3e4ef63798c7e540ef9a8e419719bff67008b97963
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5e4ff0ac8d9c49b477f3de38af2f00f66f75ff78184ba6e4f8d4f0dd0f3769d6
+// source-hash: sha256:06918ab3fe169ba62ef6f0ab4f632cfde400d5d926995879e3e0f6c7c9e277da
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -67,9 +67,8 @@ fn main(
     let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
 
     // M = max over the splits of their max, and L = sum of exp(m_s - M) l_s: every invocation
-    // scans the (max, sum) pairs itself, four splits at a time. They are the same few hundred
-    // bytes for the whole workgroup (cache broadcasts); a tree reduction through workgroup
-    // memory instead costs two barriers a level, and those dominated this pass's time.
+    // scans the (max, sum) pairs itself, four splits at a time (the same few hundred bytes for
+    // the whole workgroup: cache broadcasts, no barriers)
     var m4 = vec4<f32>(NEG_BIG);
     var s: u32 = 0u;
     for (; s + 4u <= num_splits; s = s + 4u) {

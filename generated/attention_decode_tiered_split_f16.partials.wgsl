@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e4cbd82258d55e0c3867d9ef681a7c954d015a26d5e4f59068339079e9191b48
+// source-hash: sha256:63c4c86b7d7dcae7b87e46e024f30ef25efefb949e7e0087453489e04fecfff9
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

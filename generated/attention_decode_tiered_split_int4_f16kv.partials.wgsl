@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:17da497d1b8e394b76d3d139a87b4bf63783c519ce299f31e50fe217babd3d83
+// source-hash: sha256:7ca30905cbda120d6d1cbe1bef2c8aa02ef275e9ed90c1416286a40cffc36d95
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

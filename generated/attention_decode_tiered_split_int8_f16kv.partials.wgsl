@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:67850be4ec01a25a651431f25061a1021be1d982daabc60824964aaa0c5ec67a
+// source-hash: sha256:936d42b17a66ca5fa95f7f64666b01c50596f6722fccdd0ac63abfb6d5f3b836
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d5dcf3d1f6a3a4adc617f36457946f522ec88e8b9b980c27297f3c4beae374ec
+// source-hash: sha256:b5fe9bdc54087d389094b132e93afccaf3d7d80e1026f60252d3a674523e7291
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -67,9 +67,8 @@ fn main(
     let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
 
     // M = max over the splits of their max, and L = sum of exp(m_s - M) l_s: every invocation
-    // scans the (max, sum) pairs itself, four splits at a time. They are the same few hundred
-    // bytes for the whole workgroup (cache broadcasts); a tree reduction through workgroup
-    // memory instead costs two barriers a level, and those dominated this pass's time.
+    // scans the (max, sum) pairs itself, four splits at a time (the same few hundred bytes for
+    // the whole workgroup: cache broadcasts, no barriers)
     var m4 = vec4<f32>(NEG_BIG);
     var s: u32 = 0u;
     for (; s + 4u <= num_splits; s = s + 4u) {

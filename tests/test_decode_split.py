@@ -117,3 +117,22 @@ def test_key_groups_wider_than_the_subgroup_reduce_through_workgroup_memory(
     size = _subgroup_size(device)
     path = "workgroup memory" if size < params["lanes_per_key"] else "subgroup shuffles"
     print(f"{name} {params}: subgroup size {size}, reduced by {path}")
+
+
+@pytest.mark.parametrize(
+    "name", ["attention_decode_split_d64_f16", "attention_decode_tiered_split_int4_f16kv"]
+)
+def test_both_reduce_scans_pass_over_many_splits(device: Device, name: str) -> None:
+    """reduce_scan "tree" (barrier trees) and "flat" (every invocation scans the splits) are a
+    tunable of the shared reduce pass: both must combine 8 splits of real keys correctly."""
+    project = load_project(REPO_ROOT)
+    for scan in ("tree", "flat"):
+        variant = project.variant(name)
+        variant = replace(variant, params={**variant.params, "reduce_scan": scan})
+        kernel = Renderer(project).render(variant)
+        reduce_pass = next(p for p in kernel.passes if p.spec.name == "reduce")
+        assert ("fn tree_reduce" in reduce_pass.text) == (scan == "tree")
+        entry = variant_entry(kernel, parse_kernel(kernel))
+        constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
+        report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
+        assert report.status == "PASS", (scan, [(c.spec.name, c.verdict) for c in report.failures])
