@@ -406,3 +406,25 @@ def test_manifest_is_deterministic(manifest_text: str, manifest: dict[str, Any])
         assert [(b["group"], b["binding"]) for b in entry["bindings"]] == sorted(
             (b["group"], b["binding"]) for b in entry["bindings"]
         )
+
+
+# -- layering --------------------------------------------------------------------------------------
+
+COMMAND_MODULES = ("validate", "bench", "tune", "listing", "doctor", "export")
+
+
+def test_no_command_module_imports_another() -> None:
+    """The package reads as the pipeline: commands sit on config/render/runtime, never on each
+    other (shared pieces such as the text table live in their own modules)."""
+    import ast
+
+    source = Path(__file__).resolve().parents[1] / "src" / "doppler_gen"
+    for name in COMMAND_MODULES:
+        tree = ast.parse((source / f"{name}.py").read_text())
+        imported = {
+            node.module.removeprefix("doppler_gen.")
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        others = imported & (set(COMMAND_MODULES) - {name})
+        assert not others, f"{name}.py imports command module(s) {sorted(others)}"

@@ -63,6 +63,7 @@ from doppler_gen.runtime.session import (
 )
 from doppler_gen.shapes import kinds
 from doppler_gen.shipped import load_kernels
+from doppler_gen.text_table import format_table
 
 BASELINE_UNAVAILABLE = "torch+CUDA not available"
 METHODOLOGY = {
@@ -574,7 +575,6 @@ def _event_times(torch: Any, call: Callable[[], Any], count: int) -> list[float]
 
 def format_report(run: BenchRun) -> str:
     """The human-readable report: context lines, one table row per (variant, shape), notes."""
-    from doppler_gen.listing import format_table
 
     baseline_ok = not run.baseline_status.startswith(BASELINE_UNAVAILABLE)
     headers = ["variant", "shape", "median µs", "p10–p90 µs", "GB/s", "%BW", "TFLOP/s", "%FP32"]

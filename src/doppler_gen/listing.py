@@ -8,6 +8,7 @@ from typing import Any
 from doppler_gen.config import Project
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer
+from doppler_gen.text_table import format_table
 
 # WebGPU's default maxComputeWorkgroupStorageSize and maxComputeInvocationsPerWorkgroup
 WEBGPU_DEFAULT_WORKGROUP_STORAGE = 16384
@@ -69,14 +70,3 @@ def format_listing(rows: list[dict[str, Any]]) -> str:
         for row in rows
     ]
     return format_table(headers, table)
-
-
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain left-aligned text table."""
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines.extend(
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
-    return "\n".join(lines)

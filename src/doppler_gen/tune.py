@@ -40,6 +40,7 @@ from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.shapes import parse_shape
 from doppler_gen.shipped import load_committed
+from doppler_gen.text_table import format_table
 
 MIN_SWEEP_VALUE = 16
 INTEGER_TYPES = ("u32", "i32")
@@ -544,7 +545,6 @@ def contract_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
 
 
 def format_report(run: TuneRun) -> str:
-    from doppler_gen.listing import format_table
 
     current_ns = run.current.median_ns
     rows = [_row(i, r, current_ns, r is run.winner) for i, r in enumerate(run.results, start=1)]

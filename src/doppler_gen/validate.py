@@ -45,6 +45,7 @@ from doppler_gen.runtime.verify import (
     validate_variant,
 )
 from doppler_gen.shipped import load_kernels
+from doppler_gen.text_table import format_table
 
 
 @dataclass
@@ -403,7 +404,6 @@ def _summary(run: ValidationRun) -> str:
 
 def format_report(run: ValidationRun | CrossRun) -> str:
     """The human-readable report: a table, multi-line failure details, then the summary."""
-    from doppler_gen.listing import format_table
 
     if isinstance(run, CrossRun):
         return format_cross_report(run)
@@ -419,7 +419,6 @@ def format_cross_report(cross: CrossRun) -> str:
     fraction of the worst case's tolerance. A variant counts as passed only when it passed on
     every backend and the outputs agreed: a skip on one backend is not a pass.
     """
-    from doppler_gen.listing import format_table
 
     rows = []
     for i, agreement in enumerate(cross.agreements):
