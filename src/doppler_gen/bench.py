@@ -575,7 +575,6 @@ def _event_times(torch: Any, call: Callable[[], Any], count: int) -> list[float]
 
 def format_report(run: BenchRun) -> str:
     """The human-readable report: context lines, one table row per (variant, shape), notes."""
-
     baseline_ok = not run.baseline_status.startswith(BASELINE_UNAVAILABLE)
     headers = ["variant", "shape", "median µs", "p10–p90 µs", "GB/s", "%BW", "TFLOP/s", "%FP32"]
     headers += ["torch µs", "×torch"] if baseline_ok else ["torch"]

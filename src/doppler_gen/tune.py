@@ -470,7 +470,6 @@ def _full_validation(
     device: Any, renderer: CandidateRenderer, run: TuneRun, settings: Settings
 ) -> str:
     """Candidates were screened with the quick matrix; the winner must pass the full one."""
-
     winner = run.winner
     if winner is None or winner is run.current:
         return ""
@@ -503,7 +502,6 @@ def evaluate(
     ``baseline`` is the current configuration's host metadata: a candidate that changes it (a
     smaller max_head_dim, say) is still a candidate, but the report must say so.
     """
-
     if candidate.error:
         return CandidateResult(candidate, label, "invalid", f"template: {candidate.error}")
     kernel, entry = renderer.render(candidate.params)

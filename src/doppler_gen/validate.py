@@ -404,7 +404,6 @@ def _summary(run: ValidationRun) -> str:
 
 def format_report(run: ValidationRun | CrossRun) -> str:
     """The human-readable report: a table, multi-line failure details, then the summary."""
-
     if isinstance(run, CrossRun):
         return format_cross_report(run)
     rows = [[v.name, *_cells(v)] for v in run.variants]
@@ -419,7 +418,6 @@ def format_cross_report(cross: CrossRun) -> str:
     fraction of the worst case's tolerance. A variant counts as passed only when it passed on
     every backend and the outputs agreed: a skip on one backend is not a pass.
     """
-
     rows = []
     for i, agreement in enumerate(cross.agreements):
         for run in cross.runs:

@@ -43,7 +43,8 @@ MAX_WARMUP_MS = 5_000.0
 # round, and it stops after this many wall seconds (a CPU adapter's first run can be slow).
 _RAMP_ROUND_CAP = 1024
 _RAMP_WALL_S = 10.0
-# After the target, the ramp goes on while a round's median is this much faster than the last.
+# After the target, the ramp goes on while a round (or its second half) runs faster than this
+# fraction of the previous round (or its first half): the clock is still rising.
 _RAMP_SETTLED = 0.97
 
 
@@ -224,10 +225,11 @@ def ramp_up(timed: Callable[[int], Sequence[float]], settings: Settings) -> floa
 
     ``timed(count)`` runs the work ``count`` times back to back and returns each run's GPU ns.
     Rounds double (from the --warmup count, at least 8 runs) so a short kernel gets thousands of
-    runs and a long one few. Past the target, a round whose median is still more than 3 % below
-    the previous round's means the clock is still rising, so another round runs. The ramp gives
-    up after _RAMP_WALL_S wall seconds. Used before every timed measurement, so that kernels and
-    torch are all timed at the clocks a busy GPU runs at.
+    runs and a long one few. Past the target, a round still more than 3 % faster than the
+    previous round, or in its second half than in its first (``_settled``), means the clock is
+    still rising, so another round runs. The ramp gives up after _RAMP_WALL_S wall seconds.
+    Used before every timed measurement, so that kernels and torch are all timed at the clocks a
+    busy GPU runs at.
     """
     target_ns = settings.warmup_ms * 1e6
     if target_ns <= 0:
