@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e0bd1fab0bf44a5cb3b4221b4ff75a7d8323e4a1aef3b324ce98fb7f259cbac5
+// source-hash: sha256:c06e4d9527063c6be39805c177c37d890745ea310dc460f0cf806d58bea2ceee
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0ffe13e3f0cfba1006913d2bfe6692e8dc02d72a37cd692adfe565ecc727530a
+// source-hash: sha256:b16a4d751c00e4f6dc2372171879b06c5d035f099e56bb52b67780b4ff31d305
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:34913bf9d23dc2978c638bfb6179646d4e79ea4807ccb8c89741775c8897de33
+// source-hash: sha256:eb4943ef6a8ed91c70ba880cc633b5bc40de0176eb5905ba8f13066c20865a89
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

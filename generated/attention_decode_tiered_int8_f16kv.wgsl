@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d66da12b90116c87a0b49a782254acd34306d08139ece7447a331b36bb58bf7a
+// source-hash: sha256:c53723e6ed4b50d9bff79690d569637bf7e0875037cffae53e283d4d4f559666
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:71c066002e02f73b000d02c4cbec0e7a09c030b525a2bc647150e99d31acc5bb
+// source-hash: sha256:7548e1e7501e0a47735e77d7d1d69ccdafc042169a85d15d308a48924d1f7477
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:63c4c86b7d7dcae7b87e46e024f30ef25efefb949e7e0087453489e04fecfff9
+// source-hash: sha256:520fc94777478e20fa7d1b875c8524ebae21df63666761b62155b9809121d15c
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -102,8 +102,10 @@ var<private> acc_1: vec4<f32>;
 var<private> acc_2: vec4<f32>;
 var<private> acc_3: vec4<f32>;
 
-var<private> cold_end: u32;        // the split's cold keys end here (tier index)
-var<private> hot_end: u32;         // the split's hot keys end here (tier index)
+// The split's ends (tier indices) for the step functions' key checks; main's loops use its own
+// `let` copies, which stay workgroup-uniform (barriers run inside the steps)
+var<private> cold_end: u32;
+var<private> hot_end: u32;
 
 // Keys per split: (cold_len + hot_len) over KV_SPLITS splits, at least MIN_SPLIT_KEYS
 fn split_keys() -> u32 {

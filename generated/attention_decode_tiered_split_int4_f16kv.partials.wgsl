@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ca30905cbda120d6d1cbe1bef2c8aa02ef275e9ed90c1416286a40cffc36d95
+// source-hash: sha256:5eae4fb340a0565270a0ee4d3b85e4d4a2daf49f01ae1c903054ad3eb4f7a4ae
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -102,8 +102,10 @@ var<private> acc_1: vec4<f32>;
 var<private> acc_2: vec4<f32>;
 var<private> acc_3: vec4<f32>;
 
-var<private> cold_end: u32;        // the split's cold keys end here (tier index)
-var<private> hot_end: u32;         // the split's hot keys end here (tier index)
+// The split's ends (tier indices) for the step functions' key checks; main's loops use its own
+// `let` copies, which stay workgroup-uniform (barriers run inside the steps)
+var<private> cold_end: u32;
+var<private> hot_end: u32;
 
 // Keys per split: (cold_len + hot_len) over KV_SPLITS splits, at least MIN_SPLIT_KEYS
 fn split_keys() -> u32 {

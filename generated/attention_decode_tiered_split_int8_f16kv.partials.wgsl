@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:936d42b17a66ca5fa95f7f64666b01c50596f6722fccdd0ac63abfb6d5f3b836
+// source-hash: sha256:c97353e6b240adc24a0b32c5a4fdb08a09426929521145636a2d4594f5ce963b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -102,8 +102,10 @@ var<private> acc_1: vec4<f32>;
 var<private> acc_2: vec4<f32>;
 var<private> acc_3: vec4<f32>;
 
-var<private> cold_end: u32;        // the split's cold keys end here (tier index)
-var<private> hot_end: u32;         // the split's hot keys end here (tier index)
+// The split's ends (tier indices) for the step functions' key checks; main's loops use its own
+// `let` copies, which stay workgroup-uniform (barriers run inside the steps)
+var<private> cold_end: u32;
+var<private> hot_end: u32;
 
 // Keys per split: (cold_len + hot_len) over KV_SPLITS splits, at least MIN_SPLIT_KEYS
 fn split_keys() -> u32 {
