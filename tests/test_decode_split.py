@@ -33,9 +33,13 @@ pytestmark = [
 VARIANTS = ("attention_decode_split_d128", "attention_decode_split_d64_f16")
 
 
-def _kernel(root: Path, name: str):
+def _kernel(root: Path, name: str, params: dict | None = None):
+    """Variant ``name`` rendered (with ``params`` over its own) and its manifest entry."""
     project = load_project(root)
-    kernel = Renderer(project).render(project.variant(name))
+    variant = project.variant(name)
+    if params:
+        variant = replace(variant, params={**variant.params, **params})
+    kernel = Renderer(project).render(variant)
     return kernel, variant_entry(kernel, parse_kernel(kernel))
 
 
@@ -78,19 +82,6 @@ def test_mqa_heads_in_chunks_over_forty_splits(device: Device) -> None:
         assert result.passed, (case, result.verdict, result.refused)
 
 
-def _subgroup_size(device: Device) -> int:
-    import numpy as np
-
-    source = """
-@group(0) @binding(0) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(1) fn main(@builtin(subgroup_size) size: u32) { out[0] = size; }
-"""
-    pipeline = device.compile(source, entry_point="main", label="subgroup size")
-    buffer = device.storage_buffer(np.zeros(1, np.uint32), read_write=True)
-    device.dispatch(pipeline, {0: buffer}, (1, 1, 1))
-    return int(np.frombuffer(device.read_buffer(buffer), np.uint32)[0])
-
-
 @pytest.mark.parametrize(
     ("name", "params"),
     [
@@ -105,18 +96,11 @@ def test_key_groups_wider_than_the_subgroup_reduce_through_workgroup_memory(
 ) -> None:
     """lanes_per_key 16 or 32 on an adapter whose subgroups are narrower (lavapipe: 8) takes
     the workgroup-memory fallback; on a wider one (the H200: 32) the shuffles. Both must pass."""
-    project = load_project(REPO_ROOT)
-    variant = project.variant(name)
-    variant = replace(variant, params={**variant.params, **params})
-    kernel = Renderer(project).render(variant)
-    entry = variant_entry(kernel, parse_kernel(kernel))
+    kernel, entry = _kernel(REPO_ROOT, name, params)
     constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1} if "split" in name else None
     report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
     assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
     assert len(report.cases) >= 10
-    size = _subgroup_size(device)
-    path = "workgroup memory" if size < params["lanes_per_key"] else "subgroup shuffles"
-    print(f"{name} {params}: subgroup size {size}, reduced by {path}")
 
 
 @pytest.mark.parametrize(
@@ -125,14 +109,10 @@ def test_key_groups_wider_than_the_subgroup_reduce_through_workgroup_memory(
 def test_both_reduce_scans_pass_over_many_splits(device: Device, name: str) -> None:
     """reduce_scan "tree" (barrier trees) and "flat" (every invocation scans the splits) are a
     tunable of the shared reduce pass: both must combine 8 splits of real keys correctly."""
-    project = load_project(REPO_ROOT)
     for scan in ("tree", "flat"):
-        variant = project.variant(name)
-        variant = replace(variant, params={**variant.params, "reduce_scan": scan})
-        kernel = Renderer(project).render(variant)
+        kernel, entry = _kernel(REPO_ROOT, name, {"reduce_scan": scan})
         reduce_pass = next(p for p in kernel.passes if p.spec.name == "reduce")
         assert ("fn tree_reduce" in reduce_pass.text) == (scan == "tree")
-        entry = variant_entry(kernel, parse_kernel(kernel))
         constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
         report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
         assert report.status == "PASS", (scan, [(c.spec.name, c.verdict) for c in report.failures])
