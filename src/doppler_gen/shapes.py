@@ -19,7 +19,8 @@ The attention families' kinds:
 
 ``h`` is the number of query heads, ``kvh`` of K/V heads (GQA when smaller; must divide ``h``),
 ``d`` the head dimension. The defaults are a Llama-like model (32 query heads, 8 K/V heads,
-head_dim 64). Keys that may be 0 are listed in ``ZERO_ALLOWED``; ``causal`` is 0 or 1.
+head_dim 64). Which keys may be 0 (``cold``, ``hot``) and which are 0 or 1 (``causal``) is the
+family's word (``shape_zero_keys``, ``shape_flag_keys``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from __future__ import annotations
 from typing import Any
 
 from doppler_gen.errors import DopplerGenError
-
-ZERO_ALLOWED = ("cold", "hot")
-FLAGS = ("causal",)
 
 
 class ShapeSyntaxError(DopplerGenError):
@@ -93,13 +91,13 @@ def parse_shape(text: str) -> Any:
         raise _error(text, f"unknown kind {kind!r} (expected one of {', '.join(known)})")
     family = known[kind]
     allowed = family.shape_keys[kind]
-    values = _key_values(text, kind, body, allowed)
+    values = _key_values(text, kind, body, allowed, family)
     resolved = {key: default for key, default in allowed.items() if default is not None}
     resolved.update(values)
     return family.make_shape(kind, text, resolved)
 
 
-def _key_values(text: str, kind: str, body: str, allowed: Any) -> dict[str, int]:
+def _key_values(text: str, kind: str, body: str, allowed: Any, family: Any) -> dict[str, int]:
     values: dict[str, int] = {}
     for token in (t.strip() for t in body.split(",")) if body.strip() else ():
         key, sep, raw = token.partition("=")
@@ -110,19 +108,19 @@ def _key_values(text: str, kind: str, body: str, allowed: Any) -> dict[str, int]
             raise _error(text, f"unknown key {key!r} ({kind} takes {', '.join(allowed)})")
         if key in values:
             raise _error(text, f"key {key!r} given twice")
-        values[key] = _integer(text, key, raw.strip())
+        values[key] = _integer(text, key, raw.strip(), family)
     return values
 
 
-def _integer(text: str, key: str, raw: str) -> int:
+def _integer(text: str, key: str, raw: str, family: Any) -> int:
     try:
         value = int(raw.replace("_", ""))
     except ValueError:
         raise _error(text, f"{key}={raw!r} is not an integer") from None
-    if key in FLAGS:
+    if key in family.shape_flag_keys:
         if value not in (0, 1):
             raise _error(text, f"{key}={raw} must be 0 or 1")
-    elif key in ZERO_ALLOWED:
+    elif key in family.shape_zero_keys:
         if value < 0:
             raise _error(text, f"{key}={raw} must not be negative")
     elif value < 1:

@@ -89,6 +89,8 @@ class Family(ABC):
     optional_metadata: tuple[str, ...] = ()  # recorded (None when absent)
     shape_keys: ClassVar[Mapping[str, Any]] = {}  # kind -> key -> default (None: derived)
     shape_help: ClassVar[Mapping[str, str]] = {}  # kind -> one line for --help
+    shape_zero_keys: tuple[str, ...] = ()  # shape keys that may be 0 (others are positive)
+    shape_flag_keys: tuple[str, ...] = ()  # shape keys that are 0 or 1
     default_shapes: tuple[str, ...] = ()
     baseline_name = "torch"
     # what bench's JSON says about this family's FLOP count and torch baseline

@@ -372,6 +372,7 @@ class TieredFamily(AttentionFamily):
         "kv_dtype": "K_hot",
         "out_dtype": "output",
     }
+    shape_zero_keys = ("cold", "hot")  # an all-hot or all-cold cache
     shape_keys: ClassVar[Mapping[str, Any]] = {
         "tiered": {"cold": 1536, "hot": 512, "h": 32, "kvh": 8, "d": 64}
     }

@@ -239,6 +239,7 @@ class TiledFamily(AttentionFamily):
         "kv_dtype": "K",
         "out_dtype": "output",
     }
+    shape_flag_keys = ("causal",)
     shape_keys: ClassVar[Mapping[str, Any]] = {
         "prefill": {"q": None, "kv": None, "h": 32, "kvh": 8, "d": 64, "causal": 1},
         "decode": {"kv": 8192, "h": 32, "kvh": 8, "d": 64},
