@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:912308ff7e99fbbf48a34604917c81c24eac0a5e9e39742c3b08c7a2bce8dc12
+// source-hash: sha256:a66ce5d0af0094b945a1c3952109d78533835b2173cb2ad4cedf334fe224a427
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -192,141 +192,125 @@ fn main(
         let iterations = (span + per_iter - 1u) / per_iter;
         for (var it: u32 = 0u; it < iterations; it = it + 1u) {
             let base = keys.x + it * per_iter + kg;
-            // key 0 of this iteration: its K and V rows (zeros when masked or past the end)
+            // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+            // past the end reads the last key's row), so no load waits behind a branch
             let key_0 = base + 0u * nkg;
             let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
+            let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
             var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_0: f32 = 0.0;
-            if (valid_0) {
-                let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
-                {
-                    let j = 0u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 1u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-
-                {
-                    let j = 0u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 1u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
             }
-            // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+
+            // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+            // past the end reads the last key's row), so no load waits behind a branch
             let key_1 = base + 1u * nkg;
             let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
+            let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
             var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_1: f32 = 0.0;
-            if (valid_1) {
-                let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
-                {
-                    let j = 0u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 1u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-
-                {
-                    let j = 0u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 1u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
             }
-            // key 2 of this iteration: its K and V rows (zeros when masked or past the end)
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+
+            // key 2 of this iteration: K and V rows loaded whether it counts or not (a key
+            // past the end reads the last key's row), so no load waits behind a branch
             let key_2 = base + 2u * nkg;
             let valid_2 = key_2 < keys.y && !is_masked(query_pos, key_2);
+            let row_2 = (get_kv_pos(min(key_2, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_2 = array<vec4<f16>, VEC_PER_LANE>();
             var v_2 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_2: f32 = 0.0;
-            if (valid_2) {
-                let row = (get_kv_pos(key_2) * u.num_kv_heads + kv_head_idx) * hd4;
-                {
-                    let j = 0u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_2[j] = K[row + v];
-                        v_2[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 1u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_2[j] = K[row + v];
-                        v_2[j] = V[row + v];
-                    }
-                }
-
-                {
-                    let j = 0u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 1u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_2[j] = K[row_2 + v];
+                v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
             }
-            // key 3 of this iteration: its K and V rows (zeros when masked or past the end)
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_2[j] = K[row_2 + v];
+                v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+            }
+
+            // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
+            // past the end reads the last key's row), so no load waits behind a branch
             let key_3 = base + 3u * nkg;
             let valid_3 = key_3 < keys.y && !is_masked(query_pos, key_3);
+            let row_3 = (get_kv_pos(min(key_3, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_3 = array<vec4<f16>, VEC_PER_LANE>();
             var v_3 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_3: f32 = 0.0;
-            if (valid_3) {
-                let row = (get_kv_pos(key_3) * u.num_kv_heads + kv_head_idx) * hd4;
-                {
-                    let j = 0u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_3[j] = K[row + v];
-                        v_3[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 1u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_3[j] = K[row + v];
-                        v_3[j] = V[row + v];
-                    }
-                }
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_3[j] = K[row_3 + v];
+                v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+            }
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_3[j] = K[row_3 + v];
+                v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+            }
 
-                {
-                    let j = 0u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
-                {
-                    let j = 1u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
+            // dot products of key 0 (an invalid key's score is never used)
+            var dot_0: f32 = 0.0;
+            {
+                let j = 0u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 1u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            // dot products of key 1 (an invalid key's score is never used)
+            var dot_1: f32 = 0.0;
+            {
+                let j = 0u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 1u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            // dot products of key 2 (an invalid key's score is never used)
+            var dot_2: f32 = 0.0;
+            {
+                let j = 0u;
+                dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+            }
+            {
+                let j = 1u;
+                dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+            }
+            // dot products of key 3 (an invalid key's score is never used)
+            var dot_3: f32 = 0.0;
+            {
+                let j = 0u;
+                dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+            }
+            {
+                let j = 1u;
+                dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d64b6e91a2db12d10cd50c36f330459d9f96c5da18677ff53e6a94ce0a682505
+// source-hash: sha256:73f20513055db6c6076690d6cf27b184028215c2fadaafd048f5767dc9801176
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:19081970f766d2aa21877df7b1bc00963ac2ec0d8a42d743ba1cbf95fa64e4b9
+// source-hash: sha256:5783b35e374169c9fb7fd3c17556ba7443afa40f8e35c96aab32a26a4ed2f2cd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4184d47fd1ca8b5205e19a5ede9aab15c14d5d78ee74d3f761b8a1d2c12f6a63
+// source-hash: sha256:d084c71f6f5b12eadca7968c92150b6a3694b3d30b295a1c5aa2e6a227973a46
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

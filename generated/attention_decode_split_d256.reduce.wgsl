@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:609ef7ccfda4b0cdee936bb5fd140ae1fa0f1aaed87c23f7b26cfe59aba9902a
+// source-hash: sha256:16adb025598ba0e00cd53b64514822dd0a86804ecc88f20d80f150886187b99b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

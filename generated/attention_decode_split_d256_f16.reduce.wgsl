@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a4945663203d09f070d6d9905d38110aa691e9a958a8b161d8a24889783c58ab
+// source-hash: sha256:1ab66f521c50039f4c36084c8750d9e186a3c9e7bb661427334cbd49df2ee9c9
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:043be36084f962d84141fed08470190e8d19216b1230e7ab13ffc45b87aaf26b
+// source-hash: sha256:c252d926ea9a626fea6676be7570db9c0df4d3764cc68d5682e7953ea92e7fa9
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dd67dcff5d9fa9ddead5e25f6fc8169e42c3147d85bfacff711a0c1d5c168cf4
+// source-hash: sha256:64c7a1f7c19c3c72dfc0bcf1b350fce63ee85f8148f4185747ce12f9a1add28f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

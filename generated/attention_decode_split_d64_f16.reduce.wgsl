@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:654543e35a25beabac331b3274e6ba6ff51eae40170c9f4af43fe77371903e52
+// source-hash: sha256:4a4b6226fe5776ee52a70c076f67fa06b34037df594aafb1213d1dc9eb24f5de
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

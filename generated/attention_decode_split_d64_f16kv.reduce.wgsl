@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:06918ab3fe169ba62ef6f0ab4f632cfde400d5d926995879e3e0f6c7c9e277da
+// source-hash: sha256:95dd47f5f18fec96a31e8106fd1e6b8b9d5e106302c74f78e99eaf295ab64c81
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c06e4d9527063c6be39805c177c37d890745ea310dc460f0cf806d58bea2ceee
+// source-hash: sha256:3f57c643d87d0233c050ec7d529bcc05370d9aa8725c140c03d69508243ce528
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:42cb85eb5e1a178e90e4851f3fe333498063f376b325eac89cebc7a3f7e598c9
+// source-hash: sha256:60e87422dbe3aeb33fbea2d0cdadb6e610ec655b16be1cd922d01b6fcf917591
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

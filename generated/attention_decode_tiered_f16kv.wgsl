@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b16a4d751c00e4f6dc2372171879b06c5d035f099e56bb52b67780b4ff31d305
+// source-hash: sha256:fe0b3ccc3ca2a5d3c345b96cf6029c39c7d1955973409255cf4b6eeaf5d9b094
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:eb4943ef6a8ed91c70ba880cc633b5bc40de0176eb5905ba8f13066c20865a89
+// source-hash: sha256:4ee5d3e80f9fff33da6d490f966e98ec56a89451f6437c446f5bb4a60b13d93a
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

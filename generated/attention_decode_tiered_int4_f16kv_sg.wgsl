@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0d624e7a4f37814b9db9110e99a3401d4e07519a3805d516b8dd373508f56ab3
+// source-hash: sha256:2a857982deb15d86a28dcfbdbcf679e614c3c571b34ffc3dcff5a0c40c209b71
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c53723e6ed4b50d9bff79690d569637bf7e0875037cffae53e283d4d4f559666
+// source-hash: sha256:4959a3ff4362d8422ea9b47dd6d4b1184523c7d6d2bf6088b57b11648aef896b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

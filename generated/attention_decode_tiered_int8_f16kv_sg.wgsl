@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7548e1e7501e0a47735e77d7d1d69ccdafc042169a85d15d308a48924d1f7477
+// source-hash: sha256:2239f58ba3c173ccee5255f54f167d4e0f3e251a13089097d993a923f67e427f
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

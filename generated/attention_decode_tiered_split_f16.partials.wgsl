@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:520fc94777478e20fa7d1b875c8524ebae21df63666761b62155b9809121d15c
+// source-hash: sha256:d588487ded7e96f930639b4188caabc32d5eb50849b8de7ec708b316b028a5dd
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

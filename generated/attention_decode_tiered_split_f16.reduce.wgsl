@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3130b595a32c2dc04391e814f3921e409a8ddc749a519f1f3919e8ca96b0b85b
+// source-hash: sha256:d723649ab373ff41c1fcc3ddcd80b29f97ad54747ef3d5e27d633707127338b0
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

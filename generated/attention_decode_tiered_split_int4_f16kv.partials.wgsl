@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5eae4fb340a0565270a0ee4d3b85e4d4a2daf49f01ae1c903054ad3eb4f7a4ae
+// source-hash: sha256:4c09e2e44f1e0a8db0e4d34939a0e0062499b3510659efef5e091af4241b8ad5
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

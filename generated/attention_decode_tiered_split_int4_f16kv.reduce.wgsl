@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8382416b91fd16b6afacac6ac156ffd85e4c135e07dd5329f69adaa0f612391d
+// source-hash: sha256:0a551b6c39e26b793aba2ffb5171bbb129c884619be7bff966800721dcc6af51
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c97353e6b240adc24a0b32c5a4fdb08a09426929521145636a2d4594f5ce963b
+// source-hash: sha256:b761de52875ddf2758486605fec2662652554c051590f7815fb58e67a2033129
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b5fe9bdc54087d389094b132e93afccaf3d7d80e1026f60252d3a674523e7291
+// source-hash: sha256:7deee18082b7cb95e5cef7f7b719c3fe8d3b01947b1a3c7fc1fea98d46b4364e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

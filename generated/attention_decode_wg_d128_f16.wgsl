@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:802ccbb8c343448994a8f88e7c5b76ebaf5302e44d04c35754936c74839cd625
+// source-hash: sha256:15004ea47e5d40c1824466b006e2e2621a912b6c7b171f1a9879e895feeeaf83
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -219,217 +219,185 @@ fn main(
         let iterations = (span + per_iter - 1u) / per_iter;
         for (var it: u32 = 0u; it < iterations; it = it + 1u) {
             let base = keys.x + it * per_iter + kg;
-            // key 0 of this iteration: its K and V rows (zeros when masked or past the end)
+            // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+            // past the end reads the last key's row), so no load waits behind a branch
             let key_0 = base + 0u * nkg;
             let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
+            let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_0 = array<vec4<f16>, VEC_PER_LANE>();
             var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_0: f32 = 0.0;
-            if (valid_0) {
-                let row = (get_kv_pos(key_0) * u.num_kv_heads + kv_head_idx) * hd4;
-                {
-                    let j = 0u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 1u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 2u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 3u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 4u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 5u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 6u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 7u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_0[j] = K[row + v];
-                        v_0[j] = V[row + v];
-                    }
-                }
-
-                {
-                    let j = 0u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 1u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 2u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 3u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
             }
-            // key 1 of this iteration: its K and V rows (zeros when masked or past the end)
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+            {
+                let j = 2u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+            {
+                let j = 3u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+            {
+                let j = 4u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+            {
+                let j = 5u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+            {
+                let j = 6u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+            {
+                let j = 7u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_0[j] = K[row_0 + v];
+                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+            }
+
+            // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+            // past the end reads the last key's row), so no load waits behind a branch
             let key_1 = base + 1u * nkg;
             let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
+            let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_1 = array<vec4<f16>, VEC_PER_LANE>();
             var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-            var dot_1: f32 = 0.0;
-            if (valid_1) {
-                let row = (get_kv_pos(key_1) * u.num_kv_heads + kv_head_idx) * hd4;
-                {
-                    let j = 0u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 1u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 2u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 3u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 4u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 5u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 6u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
-                {
-                    let j = 7u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        k_1[j] = K[row + v];
-                        v_1[j] = V[row + v];
-                    }
-                }
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+            {
+                let j = 2u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+            {
+                let j = 3u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+            {
+                let j = 4u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+            {
+                let j = 5u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+            {
+                let j = 6u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
+            {
+                let j = 7u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                k_1[j] = K[row_1 + v];
+                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+            }
 
-                {
-                    let j = 0u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 1u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 2u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 3u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
+            // dot products of key 0 (an invalid key's score is never used)
+            var dot_0: f32 = 0.0;
+            {
+                let j = 0u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 1u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 2u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 3u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 4u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 5u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 6u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            {
+                let j = 7u;
+                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+            }
+            // dot products of key 1 (an invalid key's score is never used)
+            var dot_1: f32 = 0.0;
+            {
+                let j = 0u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 1u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 2u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 3u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 4u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 5u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 6u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+            }
+            {
+                let j = 7u;
+                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             let parity = (it % 2u) * MAX_WORKGROUP_SIZE * KEYS_PER_ITER;

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO_ROOT
 from gpu_support import adapter_problem
@@ -116,3 +117,45 @@ def test_both_reduce_scans_pass_over_many_splits(device: Device, name: str) -> N
         constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
         report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
         assert report.status == "PASS", (scan, [(c.spec.name, c.verdict) for c in report.failures])
+
+
+@pytest.mark.parametrize(
+    ("name", "constants"),
+    [
+        ("attention_decode_split_d128_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),
+        ("attention_decode_sg_d64_f16", None),
+        ("attention_decode_wg_d128", None),
+    ],
+)
+def test_rows_outside_the_window_may_hold_nan(
+    device: Device, monkeypatch: pytest.MonkeyPatch, name: str, constants: dict | None
+) -> None:
+    """K/V rows a query may not attend (here: before its sliding window) can hold anything, NaN
+    included, and must not reach the output. The decode kernels load every key of an iteration
+    unconditionally (clamped to the last attended key, so no load waits behind a branch) and
+    keep the keys that do not count out by select. The reference gets the finite rows."""
+    kernel, entry = _kernel(REPO_ROOT, name)
+    runner = KernelRunner(device, kernel, entry, constants)
+    window, kv_len = 37, 300
+    build = runner.family.build
+
+    def nan_before_the_window(spec: CaseSpec, entry: dict) -> object:
+        data = build(spec, entry)
+        for binding in ("K", "V"):
+            rows = data.buffers[binding].copy()  # the reference keeps its own finite array
+            rows[: kv_len - window] = np.nan
+            data.buffers[binding] = rows
+        return data
+
+    monkeypatch.setattr(runner.family, "build", nan_before_the_window)
+    spec = CaseSpec(
+        "window over NaN rows",
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        kv_len=kv_len,
+        start_pos=kv_len - 1,
+        sliding_window=window,
+    )
+    result = runner.run_case(spec)
+    assert result.passed, (result.verdict, result.refused)
