@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fe0b3ccc3ca2a5d3c345b96cf6029c39c7d1955973409255cf4b6eeaf5d9b094
+// source-hash: sha256:13a9f27e4ae64935f29a40fbf2d4e25c2e8cba44f7bd0e1919c8953c97f1754f
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //
@@ -157,32 +157,25 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
 
 // One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn cold_step(first: u32, width: u32) {
+    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
+    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
+    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.cold_len;
+    let at0 = min(key0, u.cold_len - 1u);
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < u.cold_len;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = (get_cold_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh0_0 = vec4<f16>(K_cold[row0 + 0u], K_cold[row0 + 1u], K_cold[row0 + 2u], K_cold[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_cold[row0 + 4u], K_cold[row0 + 5u], K_cold[row0 + 6u], K_cold[row0 + 7u]);
-        vh0_0 = vec4<f16>(V_cold[row0 + 0u], V_cold[row0 + 1u], V_cold[row0 + 2u], V_cold[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_cold[row0 + 4u], V_cold[row0 + 5u], V_cold[row0 + 6u], V_cold[row0 + 7u]);
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = (get_cold_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh1_0 = vec4<f16>(K_cold[row1 + 0u], K_cold[row1 + 1u], K_cold[row1 + 2u], K_cold[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_cold[row1 + 4u], K_cold[row1 + 5u], K_cold[row1 + 6u], K_cold[row1 + 7u]);
-        vh1_0 = vec4<f16>(V_cold[row1 + 0u], V_cold[row1 + 1u], V_cold[row1 + 2u], V_cold[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_cold[row1 + 4u], V_cold[row1 + 5u], V_cold[row1 + 6u], V_cold[row1 + 7u]);
-    }
+    let at1 = min(key1, u.cold_len - 1u);
+    let row0 = (get_cold_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh0_0 = vec4<f16>(K_cold[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_cold[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_cold[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_cold[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh0_1 = vec4<f16>(K_cold[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_cold[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_cold[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_cold[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_cold[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_cold[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_cold[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_cold[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
+    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_cold[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_cold[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_cold[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_cold[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
+    let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh1_0 = vec4<f16>(K_cold[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_cold[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_cold[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_cold[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh1_1 = vec4<f16>(K_cold[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_cold[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_cold[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_cold[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_cold[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_cold[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_cold[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_cold[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
+    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_cold[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_cold[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_cold[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_cold[row1 + min(dim0 + 7u, u.head_dim - 1u)]), live1);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -204,32 +197,25 @@ fn cold_step(first: u32, width: u32) {
 
 // One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step(first: u32, width: u32) {
+    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
+    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
+    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.hot_len;
+    let at0 = min(key0, u.hot_len - 1u);
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < u.hot_len;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
-    }
+    let at1 = min(key1, u.hot_len - 1u);
+    let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
+    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
+    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
+    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]), live1);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d588487ded7e96f930639b4188caabc32d5eb50849b8de7ec708b316b028a5dd
+// source-hash: sha256:ab4aadbee8a2606c4ecfd1d4c44884078b731b3c0907140806ae894a3f0e4ba5
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -195,48 +195,33 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
 
 // One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn cold_step(first: u32, width: u32) {
+    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
+    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
+    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < cold_end;
+    let at0 = min(key0, cold_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < cold_end;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    var kh0_2 = vec4<f16>();
-    var vh0_2 = vec4<f16>();
-    var kh0_3 = vec4<f16>();
-    var vh0_3 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = ((get_cold_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
-        kh0_0 = K_cold[row0 + 0u];
-        kh0_1 = K_cold[row0 + 1u];
-        kh0_2 = K_cold[row0 + 2u];
-        kh0_3 = K_cold[row0 + 3u];
-        vh0_0 = V_cold[row0 + 0u];
-        vh0_1 = V_cold[row0 + 1u];
-        vh0_2 = V_cold[row0 + 2u];
-        vh0_3 = V_cold[row0 + 3u];
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    var kh1_2 = vec4<f16>();
-    var vh1_2 = vec4<f16>();
-    var kh1_3 = vec4<f16>();
-    var vh1_3 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = ((get_cold_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
-        kh1_0 = K_cold[row1 + 0u];
-        kh1_1 = K_cold[row1 + 1u];
-        kh1_2 = K_cold[row1 + 2u];
-        kh1_3 = K_cold[row1 + 3u];
-        vh1_0 = V_cold[row1 + 0u];
-        vh1_1 = V_cold[row1 + 1u];
-        vh1_2 = V_cold[row1 + 2u];
-        vh1_3 = V_cold[row1 + 3u];
-    }
+    let at1 = min(key1, cold_end - 1u);
+    let row0 = (get_cold_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh0_1 = K_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let kh0_2 = K_cold[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
+    let kh0_3 = K_cold[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
+    let vh0_0 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
+    let vh0_1 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
+    let vh0_2 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live0);
+    let vh0_3 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live0);
+    let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh1_1 = K_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let kh1_2 = K_cold[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
+    let kh1_3 = K_cold[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
+    let vh1_0 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
+    let vh1_1 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
+    let vh1_2 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live1);
+    let vh1_3 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live1);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -260,48 +245,33 @@ fn cold_step(first: u32, width: u32) {
 
 // One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step(first: u32, width: u32) {
+    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
+    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
+    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+    let at0 = min(key0, hot_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    var kh0_2 = vec4<f16>();
-    var vh0_2 = vec4<f16>();
-    var kh0_3 = vec4<f16>();
-    var vh0_3 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
-        kh0_0 = K_hot[row0 + 0u];
-        kh0_1 = K_hot[row0 + 1u];
-        kh0_2 = K_hot[row0 + 2u];
-        kh0_3 = K_hot[row0 + 3u];
-        vh0_0 = V_hot[row0 + 0u];
-        vh0_1 = V_hot[row0 + 1u];
-        vh0_2 = V_hot[row0 + 2u];
-        vh0_3 = V_hot[row0 + 3u];
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    var kh1_2 = vec4<f16>();
-    var vh1_2 = vec4<f16>();
-    var kh1_3 = vec4<f16>();
-    var vh1_3 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0) / 4u;
-        kh1_0 = K_hot[row1 + 0u];
-        kh1_1 = K_hot[row1 + 1u];
-        kh1_2 = K_hot[row1 + 2u];
-        kh1_3 = K_hot[row1 + 3u];
-        vh1_0 = V_hot[row1 + 0u];
-        vh1_1 = V_hot[row1 + 1u];
-        vh1_2 = V_hot[row1 + 2u];
-        vh1_3 = V_hot[row1 + 3u];
-    }
+    let at1 = min(key1, hot_end - 1u);
+    let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh0_1 = K_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let kh0_2 = K_hot[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
+    let kh0_3 = K_hot[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
+    let vh0_0 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
+    let vh0_1 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
+    let vh0_2 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live0);
+    let vh0_3 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live0);
+    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh1_1 = K_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let kh1_2 = K_hot[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
+    let kh1_3 = K_hot[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
+    let vh1_0 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
+    let vh1_1 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
+    let vh1_2 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live1);
+    let vh1_3 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live1);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);

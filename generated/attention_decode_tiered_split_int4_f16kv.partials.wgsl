@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4c09e2e44f1e0a8db0e4d34939a0e0062499b3510659efef5e091af4241b8ad5
+// source-hash: sha256:c8aac88fe822e484dcb9c6d8f0236b571a630b3e7ecb898b6d1a059946a2fe34
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -192,48 +192,35 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
 
 // One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn cold_step(first: u32, width: u32) {
+    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
+    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
+    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < cold_end;
+    let at0 = min(key0, cold_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < cold_end;
-    var ks0: f32 = 0.0;
-    var vs0: f32 = 0.0;
-    var kw0_0: u32 = 0u;
-    var vw0_0: u32 = 0u;
-    var kw0_1: u32 = 0u;
-    var vw0_1: u32 = 0u;
-    if (live0 && lane_live) {
-        let scale_idx0 = key0 * u.num_kv_heads + kv_head;
-        let word0 = dim0 / PACK_FACTOR;
-        let base0 = scale_idx0 * u.packed_stride + word0;
-        ks0 = f32(scales_k[scale_idx0]);
-        vs0 = f32(scales_v[scale_idx0]);
-        let in_row0_0 = word0 + 0u < u.packed_stride;
-        kw0_0 = select(0u, K_cold[base0 + 0u], in_row0_0);
-        vw0_0 = select(0u, V_cold[base0 + 0u], in_row0_0);
-        let in_row0_1 = word0 + 1u < u.packed_stride;
-        kw0_1 = select(0u, K_cold[base0 + 1u], in_row0_1);
-        vw0_1 = select(0u, V_cold[base0 + 1u], in_row0_1);
-    }
-    var ks1: f32 = 0.0;
-    var vs1: f32 = 0.0;
-    var kw1_0: u32 = 0u;
-    var vw1_0: u32 = 0u;
-    var kw1_1: u32 = 0u;
-    var vw1_1: u32 = 0u;
-    if (live1 && lane_live) {
-        let scale_idx1 = key1 * u.num_kv_heads + kv_head;
-        let word1 = dim0 / PACK_FACTOR;
-        let base1 = scale_idx1 * u.packed_stride + word1;
-        ks1 = f32(scales_k[scale_idx1]);
-        vs1 = f32(scales_v[scale_idx1]);
-        let in_row1_0 = word1 + 0u < u.packed_stride;
-        kw1_0 = select(0u, K_cold[base1 + 0u], in_row1_0);
-        vw1_0 = select(0u, V_cold[base1 + 0u], in_row1_0);
-        let in_row1_1 = word1 + 1u < u.packed_stride;
-        kw1_1 = select(0u, K_cold[base1 + 1u], in_row1_1);
-        vw1_1 = select(0u, V_cold[base1 + 1u], in_row1_1);
-    }
+    let at1 = min(key1, cold_end - 1u);
+    let scale_idx0 = at0 * u.num_kv_heads + kv_head;
+    let base0 = scale_idx0 * u.packed_stride;
+    let ks0 = f32(scales_k[scale_idx0]);
+    let vs0 = select(0.0, f32(scales_v[scale_idx0]), live0);
+    let word0_0 = base0 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
+    let kw0_0 = K_cold[word0_0];
+    let vw0_0 = V_cold[word0_0];
+    let word0_1 = base0 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
+    let kw0_1 = K_cold[word0_1];
+    let vw0_1 = V_cold[word0_1];
+    let scale_idx1 = at1 * u.num_kv_heads + kv_head;
+    let base1 = scale_idx1 * u.packed_stride;
+    let ks1 = f32(scales_k[scale_idx1]);
+    let vs1 = select(0.0, f32(scales_v[scale_idx1]), live1);
+    let word1_0 = base1 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
+    let kw1_0 = K_cold[word1_0];
+    let vw1_0 = V_cold[word1_0];
+    let word1_1 = base1 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
+    let kw1_1 = K_cold[word1_1];
+    let vw1_1 = V_cold[word1_1];
     let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_0, 4u)) + dot(q_2, unpack_quant(kw0_1, 0u)) + dot(q_3, unpack_quant(kw0_1, 4u))) * ks0;
     let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_0, 4u)) + dot(q_2, unpack_quant(kw1_1, 0u)) + dot(q_3, unpack_quant(kw1_1, 4u))) * ks1;
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -257,48 +244,33 @@ fn cold_step(first: u32, width: u32) {
 
 // One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step(first: u32, width: u32) {
+    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
+    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
+    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+    let at0 = min(key0, hot_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    var kh0_2 = vec4<f16>();
-    var vh0_2 = vec4<f16>();
-    var kh0_3 = vec4<f16>();
-    var vh0_3 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = (get_hot_pos(key0) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-        kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
-        kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
-        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
-        vh0_2 = vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]);
-        vh0_3 = vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]);
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    var kh1_2 = vec4<f16>();
-    var vh1_2 = vec4<f16>();
-    var kh1_3 = vec4<f16>();
-    var vh1_3 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = (get_hot_pos(key1) * u.num_kv_heads + kv_head) * u.head_dim + dim0;
-        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-        kh1_2 = vec4<f16>(K_hot[row1 + 8u], K_hot[row1 + 9u], K_hot[row1 + 10u], K_hot[row1 + 11u]);
-        kh1_3 = vec4<f16>(K_hot[row1 + 12u], K_hot[row1 + 13u], K_hot[row1 + 14u], K_hot[row1 + 15u]);
-        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
-        vh1_2 = vec4<f16>(V_hot[row1 + 8u], V_hot[row1 + 9u], V_hot[row1 + 10u], V_hot[row1 + 11u]);
-        vh1_3 = vec4<f16>(V_hot[row1 + 12u], V_hot[row1 + 13u], V_hot[row1 + 14u], V_hot[row1 + 15u]);
-    }
+    let at1 = min(key1, hot_end - 1u);
+    let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let kh0_2 = vec4<f16>(K_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]);
+    let kh0_3 = vec4<f16>(K_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]);
+    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
+    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
+    let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]), live0);
+    let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]), live0);
+    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let kh1_2 = vec4<f16>(K_hot[row1 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 11u, u.head_dim - 1u)]);
+    let kh1_3 = vec4<f16>(K_hot[row1 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 15u, u.head_dim - 1u)]);
+    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
+    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]), live1);
+    let vh1_2 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 11u, u.head_dim - 1u)]), live1);
+    let vh1_3 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 15u, u.head_dim - 1u)]), live1);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -322,48 +294,33 @@ fn hot_step(first: u32, width: u32) {
 
 // One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step_aligned(first: u32, width: u32) {
+    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
+    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
+    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+    let at0 = min(key0, hot_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
-    var kh0_0 = vec4<f16>();
-    var vh0_0 = vec4<f16>();
-    var kh0_1 = vec4<f16>();
-    var vh0_1 = vec4<f16>();
-    var kh0_2 = vec4<f16>();
-    var vh0_2 = vec4<f16>();
-    var kh0_3 = vec4<f16>();
-    var vh0_3 = vec4<f16>();
-    if (live0 && lane_live) {
-        let row0 = ((get_hot_pos(key0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
-        kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-        kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-        kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
-        kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
-        vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
-        vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
-        vh0_2 = vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]);
-        vh0_3 = vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]);
-    }
-    var kh1_0 = vec4<f16>();
-    var vh1_0 = vec4<f16>();
-    var kh1_1 = vec4<f16>();
-    var vh1_1 = vec4<f16>();
-    var kh1_2 = vec4<f16>();
-    var vh1_2 = vec4<f16>();
-    var kh1_3 = vec4<f16>();
-    var vh1_3 = vec4<f16>();
-    if (live1 && lane_live) {
-        let row1 = ((get_hot_pos(key1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + group_lane) * DIMS_PER_LANE;
-        kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-        kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-        kh1_2 = vec4<f16>(K_hot[row1 + 8u], K_hot[row1 + 9u], K_hot[row1 + 10u], K_hot[row1 + 11u]);
-        kh1_3 = vec4<f16>(K_hot[row1 + 12u], K_hot[row1 + 13u], K_hot[row1 + 14u], K_hot[row1 + 15u]);
-        vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
-        vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
-        vh1_2 = vec4<f16>(V_hot[row1 + 8u], V_hot[row1 + 9u], V_hot[row1 + 10u], V_hot[row1 + 11u]);
-        vh1_3 = vec4<f16>(V_hot[row1 + 12u], V_hot[row1 + 13u], V_hot[row1 + 14u], V_hot[row1 + 15u]);
-    }
+    let at1 = min(key1, hot_end - 1u);
+    let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
+    let kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+    let kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+    let kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
+    let kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
+    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]), live0);
+    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]), live0);
+    let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]), live0);
+    let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]), live0);
+    let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
+    let kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+    let kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+    let kh1_2 = vec4<f16>(K_hot[row1 + 8u], K_hot[row1 + 9u], K_hot[row1 + 10u], K_hot[row1 + 11u]);
+    let kh1_3 = vec4<f16>(K_hot[row1 + 12u], K_hot[row1 + 13u], K_hot[row1 + 14u], K_hot[row1 + 15u]);
+    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]), live1);
+    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]), live1);
+    let vh1_2 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 8u], V_hot[row1 + 9u], V_hot[row1 + 10u], V_hot[row1 + 11u]), live1);
+    let vh1_3 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 12u], V_hot[row1 + 13u], V_hot[row1 + 14u], V_hot[row1 + 15u]), live1);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
