@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c55df3c8e4e0ff2de0e028b1ba6f4052696838b1123b18db13d311bae1c4fda0
+// source-hash: sha256:9cb61efc74c8681ec791169bf67349378500281bb6f3c1600bc535c9e5748c86
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -389,7 +389,44 @@ fn main(
         for (var r: u32 = 0u; r * rows < nkg; r = r + 1u) {
             if (kg / rows == r) {
                 let row = (kg - r * rows) * (MAX_HEAD_DIM / 4u);
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 3u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;

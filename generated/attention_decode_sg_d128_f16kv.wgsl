@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1c1bab997463fae5d6a9a595b94a9d68fdddf3a95ac1e978a5aa5ba4c5183157
+// source-hash: sha256:0c521d642ee2780b02ceb309b1563f46023c5cf3e4a45a549b8d2cba8be26b6e
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -391,7 +391,44 @@ fn main(
         for (var r: u32 = 0u; r * rows < nkg; r = r + 1u) {
             if (kg / rows == r) {
                 let row = (kg - r * rows) * (MAX_HEAD_DIM / 4u);
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 3u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ea5645fd1d893a67913dfdf698694a60a9f8014ddc783b03d305fbd092f6b272
+// source-hash: sha256:eb6dcde018ae70d4e598e054b2f0f1202a76560029c53f582272cb1d69a71eaa
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -519,7 +519,92 @@ fn main(
         for (var r: u32 = 0u; r * rows < nkg; r = r + 1u) {
             if (kg / rows == r) {
                 let row = (kg - r * rows) * (MAX_HEAD_DIM / 4u);
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 3u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 4u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 5u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 6u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 7u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:00ebed4b6983fe1fb6e6666c4e5ab0dccb736cac49cf9d6c1390182189878d49
+// source-hash: sha256:dbfb99578dde664d206e096086fd39a9a449f73563a25ba61c80d93ca9b2ae8a
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -327,7 +327,20 @@ fn main(
         for (var r: u32 = 0u; r * rows < nkg; r = r + 1u) {
             if (kg / rows == r) {
                 let row = (kg - r * rows) * (MAX_HEAD_DIM / 4u);
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 1u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4005454029e8786bdefea526bd0704e52b00b8660a5e8eaf7bbb96807cd1b1c9
+// source-hash: sha256:7236842872fb71b3a39bceb20ea876fb564075b540c05a8aea3b173b417e5efd
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -415,7 +415,44 @@ fn main(
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
                     let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                    {
+                        let j = 0u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 1u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 2u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 3u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
                             let scaled = acc[j] * rescale;

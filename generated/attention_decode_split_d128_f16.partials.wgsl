@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6c85f2b46dde9455bbccd2675a1e81f547ed2b76030ac0e23ba869f81c748954
+// source-hash: sha256:12cb54bfa8e09a103084a03de968002fa0bd38523529182e499f9dc6c80638b3
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -503,7 +503,62 @@ fn main(
                 if (in_stream && stream / rows_per_head == r) {
                     let row_h0 = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
                     let row_h1 = ((slot * HEADS_PER_GROUP + 1u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                    {
+                        let j = 0u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
+                            if (r == 0u) {
+                                merge_acc[row_h0 + v] = scaled_h0;
+                            } else {
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
+                            }
+                        }
+                    }
+                    {
+                        let j = 1u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
+                            if (r == 0u) {
+                                merge_acc[row_h0 + v] = scaled_h0;
+                            } else {
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
+                            }
+                        }
+                    }
+                    {
+                        let j = 2u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
+                            if (r == 0u) {
+                                merge_acc[row_h0 + v] = scaled_h0;
+                            } else {
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
+                            }
+                        }
+                    }
+                    {
+                        let j = 3u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
                             let scaled_h0 = acc_h0[j] * rescale_h0;

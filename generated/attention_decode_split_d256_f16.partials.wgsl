@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ac7bae303ce3b0ec77b6ad799ec3aeb9e86156bd3c781ce0dd7c94b65219d878
+// source-hash: sha256:35c341a42d07595e0b78ef8d659c2c96cfe246e650ff86041c49e25e591c9e0d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -545,7 +545,92 @@ fn main(
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
                     let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                    {
+                        let j = 0u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 1u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 2u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 3u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 4u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 5u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 6u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 7u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
                             let scaled = acc[j] * rescale;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8325696de4e9bf03850ce0a50960299e2a2a73c332cd63c1167096b650dbe19f
+// source-hash: sha256:d4be7f88d59a8c13d78d8dac0e6165182973dce6bf621c6c808ec606a0b180ba
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -351,7 +351,20 @@ fn main(
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
                     let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                    {
+                        let j = 0u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 1u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
                             let scaled = acc[j] * rescale;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9a5e11847468a1626e952fea309d99bc94e5fbab5fa0f323ecd0fe0000a581c9
+// source-hash: sha256:071cc7980bfb6e0d23917c1e4ec63c905b0687b230e81d4f70bdc7a36e5d2878
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -421,7 +421,26 @@ fn main(
                 if (in_stream && stream / rows_per_head == r) {
                     let row_h0 = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
                     let row_h1 = ((slot * HEADS_PER_GROUP + 1u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                    {
+                        let j = 0u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
+                            if (r == 0u) {
+                                merge_acc[row_h0 + v] = scaled_h0;
+                            } else {
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
+                            }
+                        }
+                    }
+                    {
+                        let j = 1u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
                             let scaled_h0 = acc_h0[j] * rescale_h0;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4a4b6226fe5776ee52a70c076f67fa06b34037df594aafb1213d1dc9eb24f5de
+// source-hash: sha256:7d97b88c8305a9169dca662df882185e6e9bfe58552f96063151914d3c0c11bd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -40,7 +40,7 @@ struct Uniforms {
 @group(0) @binding(7) var<storage, read_write> partial_acc: array<f32>; // [split, query_len, num_heads, head_dim]
 @group(0) @binding(8) var<storage, read_write> partial_ml: array<f32>;  // [split, query_len, num_heads, 2]: max, sum
 
-// The per-part accumulator sums
+// Tree reductions and the per-part accumulator sums
 var<workgroup> red: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
 
 // Keys per split: seq_len over KV_SPLITS splits, at least MIN_SPLIT_KEYS
@@ -52,6 +52,18 @@ fn split_keys() -> u32 {
 fn used_splits() -> u32 {
     let keys = split_keys();
     return min(KV_SPLITS, (u.seq_len + keys - 1u) / keys);
+}
+
+// red[0] = max (is_max) or sum of red[0 .. REDUCE_WORKGROUP_SIZE); every invocation must call it
+fn tree_reduce(lid: u32, is_max: bool) {
+    workgroupBarrier();
+    for (var stride: u32 = REDUCE_WORKGROUP_SIZE / 2u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            let other = red[lid + stride];
+            red[lid] = select(red[lid] + other, max(red[lid], other), is_max);
+        }
+        workgroupBarrier();
+    }
 }
 
 @compute @workgroup_size(REDUCE_WORKGROUP_SIZE, 1, 1)
@@ -68,30 +80,25 @@ fn main(
     let num_splits = used_splits();
     let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
 
-    // M = max over the splits of their max, and L = sum of exp(m_s - M) l_s: every invocation
-    // scans the (max, sum) pairs itself, four splits at a time (the same few hundred bytes for
-    // the whole workgroup: cache broadcasts, no barriers)
-    var m4 = vec4<f32>(NEG_BIG);
-    var s: u32 = 0u;
-    for (; s + 4u <= num_splits; s = s + 4u) {
-        m4 = max(m4, vec4<f32>(partial_ml[ml + 2u * s * slots], partial_ml[ml + 2u * (s + 1u) * slots], partial_ml[ml + 2u * (s + 2u) * slots], partial_ml[ml + 2u * (s + 3u) * slots]));
+    // M = max over the splits of their max
+    var mine: f32 = NEG_BIG;
+    for (var s: u32 = lid; s < num_splits; s = s + REDUCE_WORKGROUP_SIZE) {
+        mine = max(mine, partial_ml[ml + 2u * s * slots]);
     }
-    for (; s < num_splits; s = s + 1u) {
-        m4.x = max(m4.x, partial_ml[ml + 2u * s * slots]);
-    }
-    let m_all = max(max(m4.x, m4.y), max(m4.z, m4.w));
-    var l4 = vec4<f32>(0.0);
-    s = 0u;
-    for (; s + 4u <= num_splits; s = s + 4u) {
+    red[lid] = mine;
+    tree_reduce(lid, true);
+    let m_all = red[0];
+    workgroupBarrier();
+
+    // L = sum over the splits of exp(m_s - M) l_s
+    var sum: f32 = 0.0;
+    for (var s: u32 = lid; s < num_splits; s = s + REDUCE_WORKGROUP_SIZE) {
         let at = ml + 2u * s * slots;
-        let step = 2u * slots;
-        l4 = l4 + exp(vec4<f32>(partial_ml[at], partial_ml[at + step], partial_ml[at + 2u * step], partial_ml[at + 3u * step]) - m_all) * vec4<f32>(partial_ml[at + 1u], partial_ml[at + step + 1u], partial_ml[at + 2u * step + 1u], partial_ml[at + 3u * step + 1u]);
+        sum = sum + exp(partial_ml[at] - m_all) * partial_ml[at + 1u];
     }
-    for (; s < num_splits; s = s + 1u) {
-        let at = ml + 2u * s * slots;
-        l4.x = l4.x + exp(partial_ml[at] - m_all) * partial_ml[at + 1u];
-    }
-    let l_all = (l4.x + l4.y) + (l4.z + l4.w);
+    red[lid] = sum;
+    tree_reduce(lid, false);
+    let l_all = red[0];
     let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
     // Invocation lid takes element d0 + lid % width and every parts-th split from lid / width
     let width = min(head_dim, REDUCE_WORKGROUP_SIZE);

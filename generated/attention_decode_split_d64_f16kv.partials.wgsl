@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2f91ea9c42acce84ae7949bd73d8825762fe065f07609f184310f00deebfddfa
+// source-hash: sha256:57f14df7681d3c198ecb9bedd1f1c19637ab2e80a43139c4b84ac4424f0d5eb8
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -353,7 +353,20 @@ fn main(
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
                     let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                    {
+                        let j = 0u;
+                        let v = lane + j * LANES_PER_KEY;
+                        if (v < hd4) {
+                            let scaled = acc[j] * rescale;
+                            if (r == 0u) {
+                                merge_acc[row + v] = scaled;
+                            } else {
+                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                            }
+                        }
+                    }
+                    {
+                        let j = 1u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
                             let scaled = acc[j] * rescale;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a106ae471290a1a83a5d81d032b307c4311c2a87034abe882beec0382142ee8b
+// source-hash: sha256:261c8bc90b6ab084161206fc33c6009f3dab6965e6df714532237911dbbf06f2
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:13a9f27e4ae64935f29a40fbf2d4e25c2e8cba44f7bd0e1919c8953c97f1754f
+// source-hash: sha256:e6bd0c2b43690b5ebf2366924deb49d1d7d206c92df708ad89dc88660506c2a6
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

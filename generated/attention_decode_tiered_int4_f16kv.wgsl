@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dbc834874b72d94f679407ca27e64af03f02605c6ad38b43fe42681edc93e2d9
+// source-hash: sha256:d8b9bd3ccf4825e232d4238f84f87d3bbd925152cdec8ccfbb30bf9ccac6aa54
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

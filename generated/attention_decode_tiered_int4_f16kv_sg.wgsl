@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b78ead11be72035139e6df5bb8a2e679bc1f89f14a1ceca430508489db95717a
+// source-hash: sha256:4213487283ec919e9f8f3caf024bbed378db2edbb76e71399dfc310b63c9e01a
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

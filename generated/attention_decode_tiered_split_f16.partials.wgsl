@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ab4aadbee8a2606c4ecfd1d4c44884078b731b3c0907140806ae894a3f0e4ba5
+// source-hash: sha256:b9669ad2c1dcfe686ffba93d734ed92c97936d5b2eb77016b57aa7754b4944d6
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f83389e2ad6104ac8e48a127b19f616f2ca7f8d41f2195a1acb62637c6190bca
+// source-hash: sha256:488bdbbb0616b76e3d3a9a81e4953fdd30cf685d60fd368093e6b22d87167c08
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:15004ea47e5d40c1824466b006e2e2621a912b6c7b171f1a9879e895feeeaf83
+// source-hash: sha256:1daf397af876cf618df5d8df7beff6da9c4555cd661aad94d47a0b65dc9bb5a1
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -487,7 +487,92 @@ fn main(
         for (var r: u32 = 0u; r * rows < nkg; r = r + 1u) {
             if (kg / rows == r) {
                 let row = (kg - r * rows) * (MAX_HEAD_DIM / 4u);
-                for (var j: u32 = 0u; j < VEC_PER_LANE; j = j + 1u) {
+                {
+                    let j = 0u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 3u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 4u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 5u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 6u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 7u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;

@@ -10,6 +10,7 @@ validation, and --write must leave a project whose `check` passes.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -349,6 +350,12 @@ def test_tune_json_on_lavapipe(tmp_path: Path) -> None:
     )
     assert document["winner"]["candidate"] in ("current", "max_head_dim=64")
     assert document["written"] is None
+    # each candidate's result is on stderr as soon as it is known (a run cut short keeps them)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tune: [")]
+    assert lines[0] == "tune: [1/2] current" and lines[2] == "tune: [2/2] max_head_dim=64"
+    median = document["candidates"][0]["timing"]["median_us"]
+    assert re.fullmatch(r"tune: \[1/2\] current: PASS, [0-9.]+ µs \([0-9.]+–[0-9.]+\)", lines[1])
+    assert abs(float(lines[1].split(", ")[1].split(" ")[0]) - median) <= 0.06
 
 
 @needs_cpu_adapter

@@ -221,6 +221,13 @@ class CandidateResult:
     def median_ns(self) -> float | None:
         return self.row.timing.median_ns if self.row and self.row.timing else None
 
+    def outcome(self) -> str:
+        """One line: the median and p10-p90 when timed, else the validation and its reason."""
+        timing = self.row.timing if self.row else None
+        if timing is not None:
+            return f"{self.validation}, {timing.median_ns / 1e3:.1f} µs ({timing.spread_text()})"
+        return f"{self.validation}: {self.reason}" if self.reason else self.validation
+
     def as_dict(self, current_ns: float | None) -> dict[str, Any]:
         median = self.median_ns
         return {
@@ -447,9 +454,10 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             label = candidate.label(kept[0])
             if progress:
                 progress(f"[{index}/{len(kept)}] {label}", 0)
-            results.append(
-                evaluate(device, renderer, candidate, label, shape, request.settings, baseline)
-            )
+            result = evaluate(device, renderer, candidate, label, shape, request.settings, baseline)
+            results.append(result)
+            if progress:  # each result as it comes, so a run cut short still reports it
+                progress(f"[{index}/{len(kept)}] {label}: {result.outcome()}", 0)
         run = TuneRun(
             variant.name,
             shape.label,
