@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b9669ad2c1dcfe686ffba93d734ed92c97936d5b2eb77016b57aa7754b4944d6
+// source-hash: sha256:b022c9d40980f5401fe8f555b4aac06cad6a486742fdec532cfa1a13e80f7fc3
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -12,7 +12,7 @@
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
-// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// group scores 4 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
 // q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
@@ -27,7 +27,7 @@ enable subgroups;
 const MAX_KV_LEN: u32 = 131072u;
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
-const DIMS_PER_LANE: u32 = 16u;
+const DIMS_PER_LANE: u32 = 8u;
 const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
@@ -95,12 +95,8 @@ var<private> run_sum: f32;
 var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
-var<private> q_2: vec4<f32>;
-var<private> q_3: vec4<f32>;
 var<private> acc_0: vec4<f32>;
 var<private> acc_1: vec4<f32>;
-var<private> acc_2: vec4<f32>;
-var<private> acc_3: vec4<f32>;
 
 // The split's ends (tier indices) for the step functions' key checks; main's loops use its own
 // `let` copies, which stay workgroup-uniform (barriers run inside the steps)
@@ -157,16 +153,12 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Scale, softcap and mask a key's q.k dot into its score
+// Scale, softcap and mask a key's q.k dot into its score, by select rather than branches (as
+// attention_common's softcap_score says, a softcap branch in the key loop costs time)
 fn finish_score(dot: f32, abs_key: u32) -> f32 {
-    var s = dot * u.scale;
-    if (u.attn_softcap > 0.0) {
-        s = tanh(s / u.attn_softcap) * u.attn_softcap;
-    }
-    if (is_masked(abs_key)) {
-        s = MASKED_SCORE;
-    }
-    return s;
+    let s = dot * u.scale;
+    let capped = select(s, tanh(s / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    return select(capped, MASKED_SCORE, is_masked(abs_key));
 }
 
 // Sum two key slots' partial q.k dots over each lane group
@@ -193,7 +185,7 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 4
 fn cold_step(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -204,46 +196,61 @@ fn cold_step(first: u32, width: u32) {
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < cold_end;
     let at1 = min(key1, cold_end - 1u);
+    let key2 = first + 2u * num_groups + key_group;
+    let live2 = in_group && key2 < cold_end;
+    let at2 = min(key2, cold_end - 1u);
+    let key3 = first + 3u * num_groups + key_group;
+    let live3 = in_group && key3 < cold_end;
+    let at3 = min(key3, cold_end - 1u);
     let row0 = (get_cold_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh0_1 = K_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let kh0_2 = K_cold[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
-    let kh0_3 = K_cold[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
     let vh0_0 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
     let vh0_1 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
-    let vh0_2 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live0);
-    let vh0_3 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live0);
     let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh1_1 = K_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let kh1_2 = K_cold[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
-    let kh1_3 = K_cold[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
     let vh1_0 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
     let vh1_1 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
-    let vh1_2 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live1);
-    let vh1_3 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live1);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
+    let row2 = (get_cold_pos(at2) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh2_0 = K_cold[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh2_1 = K_cold[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let vh2_0 = select(vec4<f16>(), V_cold[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live2);
+    let vh2_1 = select(vec4<f16>(), V_cold[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live2);
+    let row3 = (get_cold_pos(at3) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh3_0 = K_cold[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh3_1 = K_cold[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let vh3_0 = select(vec4<f16>(), V_cold[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live3);
+    let vh3_1 = select(vec4<f16>(), V_cold[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live3);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let part2 = dot(q_0, vec4<f32>(kh2_0)) + dot(q_1, vec4<f32>(kh2_1));
+    let part3 = dot(q_0, vec4<f32>(kh3_0)) + dot(q_1, vec4<f32>(kh3_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let dots2 = group_reduce(vec2<f32>(part2, part3), width);
     let score0 = finish_score(dots0[0], key0);
     let score1 = finish_score(dots0[1], key1);
+    let score2 = finish_score(dots2[0], key2);
+    let score3 = finish_score(dots2[1], key3);
 
     // Online softmax: fold the step's keys into the group's running max, sum and accumulator
     var m = run_max;
     if (live0) { m = max(m, score0); }
     if (live1) { m = max(m, score1); }
+    if (live2) { m = max(m, score2); }
+    if (live3) { m = max(m, score3); }
     let correction = exp(run_max - m);
     let w0 = select(0.0, exp(score0 - m), live0);
     let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
-    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
+    let w2 = select(0.0, exp(score2 - m), live2);
+    let w3 = select(0.0, exp(score3 - m), live3);
+    run_sum = run_sum * correction + w0 + w1 + w2 + w3;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0) + w2 * vec4<f32>(vh2_0) + w3 * vec4<f32>(vh3_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1) + w2 * vec4<f32>(vh2_1) + w3 * vec4<f32>(vh3_1);
     run_max = m;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 4
 fn hot_step(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -254,42 +261,57 @@ fn hot_step(first: u32, width: u32) {
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
     let at1 = min(key1, hot_end - 1u);
+    let key2 = first + 2u * num_groups + key_group;
+    let live2 = in_group && key2 < hot_end;
+    let at2 = min(key2, hot_end - 1u);
+    let key3 = first + 3u * num_groups + key_group;
+    let live3 = in_group && key3 < hot_end;
+    let at3 = min(key3, hot_end - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh0_1 = K_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let kh0_2 = K_hot[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
-    let kh0_3 = K_hot[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
     let vh0_0 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
     let vh0_1 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
-    let vh0_2 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live0);
-    let vh0_3 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live0);
     let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh1_1 = K_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let kh1_2 = K_hot[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)];
-    let kh1_3 = K_hot[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)];
     let vh1_0 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
     let vh1_1 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
-    let vh1_2 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 2u, u.head_dim / 4u - 1u)], live1);
-    let vh1_3 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 3u, u.head_dim / 4u - 1u)], live1);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
+    let row2 = (get_hot_pos(at2) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh2_0 = K_hot[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh2_1 = K_hot[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let vh2_0 = select(vec4<f16>(), V_hot[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live2);
+    let vh2_1 = select(vec4<f16>(), V_hot[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live2);
+    let row3 = (get_hot_pos(at3) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let kh3_0 = K_hot[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    let kh3_1 = K_hot[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    let vh3_0 = select(vec4<f16>(), V_hot[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live3);
+    let vh3_1 = select(vec4<f16>(), V_hot[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live3);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let part2 = dot(q_0, vec4<f32>(kh2_0)) + dot(q_1, vec4<f32>(kh2_1));
+    let part3 = dot(q_0, vec4<f32>(kh3_0)) + dot(q_1, vec4<f32>(kh3_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let dots2 = group_reduce(vec2<f32>(part2, part3), width);
     let score0 = finish_score(dots0[0], u.hot_start + key0);
     let score1 = finish_score(dots0[1], u.hot_start + key1);
+    let score2 = finish_score(dots2[0], u.hot_start + key2);
+    let score3 = finish_score(dots2[1], u.hot_start + key3);
 
     // Online softmax: fold the step's keys into the group's running max, sum and accumulator
     var m = run_max;
     if (live0) { m = max(m, score0); }
     if (live1) { m = max(m, score1); }
+    if (live2) { m = max(m, score2); }
+    if (live3) { m = max(m, score3); }
     let correction = exp(run_max - m);
     let w0 = select(0.0, exp(score0 - m), live0);
     let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
-    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
+    let w2 = select(0.0, exp(score2 - m), live2);
+    let w3 = select(0.0, exp(score3 - m), live3);
+    run_sum = run_sum * correction + w0 + w1 + w2 + w3;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0) + w2 * vec4<f32>(vh2_0) + w3 * vec4<f32>(vh3_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1) + w2 * vec4<f32>(vh2_1) + w3 * vec4<f32>(vh3_1);
     run_max = m;
 }
 
@@ -343,10 +365,6 @@ fn main(
     q_0 = vec4<f32>(0.0);
     acc_1 = vec4<f32>(0.0);
     q_1 = vec4<f32>(0.0);
-    acc_2 = vec4<f32>(0.0);
-    q_2 = vec4<f32>(0.0);
-    acc_3 = vec4<f32>(0.0);
-    q_3 = vec4<f32>(0.0);
     if (lane_live) {
         if (dim0 + 0u < head_dim) { q_0[0] = f32(Q[q_base + 0u]); }
         if (dim0 + 1u < head_dim) { q_0[1] = f32(Q[q_base + 1u]); }
@@ -356,19 +374,11 @@ fn main(
         if (dim0 + 5u < head_dim) { q_1[1] = f32(Q[q_base + 5u]); }
         if (dim0 + 6u < head_dim) { q_1[2] = f32(Q[q_base + 6u]); }
         if (dim0 + 7u < head_dim) { q_1[3] = f32(Q[q_base + 7u]); }
-        if (dim0 + 8u < head_dim) { q_2[0] = f32(Q[q_base + 8u]); }
-        if (dim0 + 9u < head_dim) { q_2[1] = f32(Q[q_base + 9u]); }
-        if (dim0 + 10u < head_dim) { q_2[2] = f32(Q[q_base + 10u]); }
-        if (dim0 + 11u < head_dim) { q_2[3] = f32(Q[q_base + 11u]); }
-        if (dim0 + 12u < head_dim) { q_3[0] = f32(Q[q_base + 12u]); }
-        if (dim0 + 13u < head_dim) { q_3[1] = f32(Q[q_base + 13u]); }
-        if (dim0 + 14u < head_dim) { q_3[2] = f32(Q[q_base + 14u]); }
-        if (dim0 + 15u < head_dim) { q_3[3] = f32(Q[q_base + 15u]); }
     }
 
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
     let groups = WORKGROUP_SIZE / lanes_per_key;
-    let keys_per_step = groups * 2u;
+    let keys_per_step = groups * 4u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
     for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
@@ -390,8 +400,6 @@ fn main(
             run_sum = run_sum * mine + other_sum * theirs;
             acc_0 = acc_0 * mine + subgroupShuffleXor(acc_0, mask) * theirs;
             acc_1 = acc_1 * mine + subgroupShuffleXor(acc_1, mask) * theirs;
-            acc_2 = acc_2 * mine + subgroupShuffleXor(acc_2, mask) * theirs;
-            acc_3 = acc_3 * mine + subgroupShuffleXor(acc_3, mask) * theirs;
             run_max = m;
         }
     }
@@ -457,39 +465,5 @@ fn main(
         if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
         if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
         if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
-    }
-
-    // Accumulator elements 8..11: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_2 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
-        }
-        if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
-        if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
-        if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
-        if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
-    }
-
-    // Accumulator elements 12..15: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_3 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
-        }
-        if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
-        if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
-        if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
-        if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
     }
 }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b74be3b3eee0cd1c900a92396c11387f091df89479393feba7cad6ffaf5e49f7
+// source-hash: sha256:f6c4df193d5fd0990f8a72fd38234b4cd1c725a45b14d3b479f929395eca65e6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:488bdbbb0616b76e3d3a9a81e4953fdd30cf685d60fd368093e6b22d87167c08
+// source-hash: sha256:ea17b170b968862f61b1f9196f73f11c43926db4362981fccffdca212b62f835
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -12,7 +12,7 @@
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
-// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// group scores 4 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
 // q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
@@ -27,7 +27,7 @@ enable subgroups;
 const MAX_KV_LEN: u32 = 131072u;
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
-const DIMS_PER_LANE: u32 = 16u;
+const DIMS_PER_LANE: u32 = 8u;
 const PACK_FACTOR: u32 = 4u;
 const MASKED_SCORE: f32 = -3.402823e+38;
 
@@ -95,12 +95,8 @@ var<private> run_sum: f32;
 var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
-var<private> q_2: vec4<f32>;
-var<private> q_3: vec4<f32>;
 var<private> acc_0: vec4<f32>;
 var<private> acc_1: vec4<f32>;
-var<private> acc_2: vec4<f32>;
-var<private> acc_3: vec4<f32>;
 
 // The split's ends (tier indices) for the step functions' key checks; main's loops use its own
 // `let` copies, which stay workgroup-uniform (barriers run inside the steps)
@@ -154,16 +150,12 @@ fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
 }
 
-// Scale, softcap and mask a key's q.k dot into its score
+// Scale, softcap and mask a key's q.k dot into its score, by select rather than branches (as
+// attention_common's softcap_score says, a softcap branch in the key loop costs time)
 fn finish_score(dot: f32, abs_key: u32) -> f32 {
-    var s = dot * u.scale;
-    if (u.attn_softcap > 0.0) {
-        s = tanh(s / u.attn_softcap) * u.attn_softcap;
-    }
-    if (is_masked(abs_key)) {
-        s = MASKED_SCORE;
-    }
-    return s;
+    let s = dot * u.scale;
+    let capped = select(s, tanh(s / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    return select(capped, MASKED_SCORE, is_masked(abs_key));
 }
 
 // Sum two key slots' partial q.k dots over each lane group
@@ -190,7 +182,7 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 4
 fn cold_step(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -201,6 +193,12 @@ fn cold_step(first: u32, width: u32) {
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < cold_end;
     let at1 = min(key1, cold_end - 1u);
+    let key2 = first + 2u * num_groups + key_group;
+    let live2 = in_group && key2 < cold_end;
+    let at2 = min(key2, cold_end - 1u);
+    let key3 = first + 3u * num_groups + key_group;
+    let live3 = in_group && key3 < cold_end;
+    let at3 = min(key3, cold_end - 1u);
     let scale_idx0 = at0 * u.num_kv_heads + kv_head;
     let base0 = scale_idx0 * u.packed_stride;
     let ks0 = f32(scales_k[scale_idx0]);
@@ -211,12 +209,6 @@ fn cold_step(first: u32, width: u32) {
     let word0_1 = base0 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
     let kw0_1 = K_cold[word0_1];
     let vw0_1 = V_cold[word0_1];
-    let word0_2 = base0 + min(dim0 / PACK_FACTOR + 2u, u.packed_stride - 1u);
-    let kw0_2 = K_cold[word0_2];
-    let vw0_2 = V_cold[word0_2];
-    let word0_3 = base0 + min(dim0 / PACK_FACTOR + 3u, u.packed_stride - 1u);
-    let kw0_3 = K_cold[word0_3];
-    let vw0_3 = V_cold[word0_3];
     let scale_idx1 = at1 * u.num_kv_heads + kv_head;
     let base1 = scale_idx1 * u.packed_stride;
     let ks1 = f32(scales_k[scale_idx1]);
@@ -227,34 +219,55 @@ fn cold_step(first: u32, width: u32) {
     let word1_1 = base1 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
     let kw1_1 = K_cold[word1_1];
     let vw1_1 = V_cold[word1_1];
-    let word1_2 = base1 + min(dim0 / PACK_FACTOR + 2u, u.packed_stride - 1u);
-    let kw1_2 = K_cold[word1_2];
-    let vw1_2 = V_cold[word1_2];
-    let word1_3 = base1 + min(dim0 / PACK_FACTOR + 3u, u.packed_stride - 1u);
-    let kw1_3 = K_cold[word1_3];
-    let vw1_3 = V_cold[word1_3];
-    let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_1, 0u)) + dot(q_2, unpack_quant(kw0_2, 0u)) + dot(q_3, unpack_quant(kw0_3, 0u))) * ks0;
-    let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_1, 0u)) + dot(q_2, unpack_quant(kw1_2, 0u)) + dot(q_3, unpack_quant(kw1_3, 0u))) * ks1;
+    let scale_idx2 = at2 * u.num_kv_heads + kv_head;
+    let base2 = scale_idx2 * u.packed_stride;
+    let ks2 = f32(scales_k[scale_idx2]);
+    let vs2 = select(0.0, f32(scales_v[scale_idx2]), live2);
+    let word2_0 = base2 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
+    let kw2_0 = K_cold[word2_0];
+    let vw2_0 = V_cold[word2_0];
+    let word2_1 = base2 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
+    let kw2_1 = K_cold[word2_1];
+    let vw2_1 = V_cold[word2_1];
+    let scale_idx3 = at3 * u.num_kv_heads + kv_head;
+    let base3 = scale_idx3 * u.packed_stride;
+    let ks3 = f32(scales_k[scale_idx3]);
+    let vs3 = select(0.0, f32(scales_v[scale_idx3]), live3);
+    let word3_0 = base3 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
+    let kw3_0 = K_cold[word3_0];
+    let vw3_0 = V_cold[word3_0];
+    let word3_1 = base3 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
+    let kw3_1 = K_cold[word3_1];
+    let vw3_1 = V_cold[word3_1];
+    let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_1, 0u))) * ks0;
+    let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_1, 0u))) * ks1;
+    let part2 = (dot(q_0, unpack_quant(kw2_0, 0u)) + dot(q_1, unpack_quant(kw2_1, 0u))) * ks2;
+    let part3 = (dot(q_0, unpack_quant(kw3_0, 0u)) + dot(q_1, unpack_quant(kw3_1, 0u))) * ks3;
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let dots2 = group_reduce(vec2<f32>(part2, part3), width);
     let score0 = finish_score(dots0[0], key0);
     let score1 = finish_score(dots0[1], key1);
+    let score2 = finish_score(dots2[0], key2);
+    let score3 = finish_score(dots2[1], key3);
 
     // Online softmax: fold the step's keys into the group's running max, sum and accumulator
     var m = run_max;
     if (live0) { m = max(m, score0); }
     if (live1) { m = max(m, score1); }
+    if (live2) { m = max(m, score2); }
+    if (live3) { m = max(m, score3); }
     let correction = exp(run_max - m);
     let w0 = select(0.0, exp(score0 - m), live0);
     let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vs0 * unpack_quant(vw0_0, 0u) + w1 * vs1 * unpack_quant(vw1_0, 0u);
-    acc_1 = acc_1 * correction + w0 * vs0 * unpack_quant(vw0_1, 0u) + w1 * vs1 * unpack_quant(vw1_1, 0u);
-    acc_2 = acc_2 * correction + w0 * vs0 * unpack_quant(vw0_2, 0u) + w1 * vs1 * unpack_quant(vw1_2, 0u);
-    acc_3 = acc_3 * correction + w0 * vs0 * unpack_quant(vw0_3, 0u) + w1 * vs1 * unpack_quant(vw1_3, 0u);
+    let w2 = select(0.0, exp(score2 - m), live2);
+    let w3 = select(0.0, exp(score3 - m), live3);
+    run_sum = run_sum * correction + w0 + w1 + w2 + w3;
+    acc_0 = acc_0 * correction + w0 * vs0 * unpack_quant(vw0_0, 0u) + w1 * vs1 * unpack_quant(vw1_0, 0u) + w2 * vs2 * unpack_quant(vw2_0, 0u) + w3 * vs3 * unpack_quant(vw3_0, 0u);
+    acc_1 = acc_1 * correction + w0 * vs0 * unpack_quant(vw0_1, 0u) + w1 * vs1 * unpack_quant(vw1_1, 0u) + w2 * vs2 * unpack_quant(vw2_1, 0u) + w3 * vs3 * unpack_quant(vw3_1, 0u);
     run_max = m;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 4
 fn hot_step(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -265,46 +278,61 @@ fn hot_step(first: u32, width: u32) {
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
     let at1 = min(key1, hot_end - 1u);
+    let key2 = first + 2u * num_groups + key_group;
+    let live2 = in_group && key2 < hot_end;
+    let at2 = min(key2, hot_end - 1u);
+    let key3 = first + 3u * num_groups + key_group;
+    let live3 = in_group && key3 < hot_end;
+    let at3 = min(key3, hot_end - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
     let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
     let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let kh0_2 = vec4<f16>(K_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]);
-    let kh0_3 = vec4<f16>(K_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]);
     let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
     let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
-    let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]), live0);
-    let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]), live0);
     let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
     let kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
     let kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let kh1_2 = vec4<f16>(K_hot[row1 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 11u, u.head_dim - 1u)]);
-    let kh1_3 = vec4<f16>(K_hot[row1 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 15u, u.head_dim - 1u)]);
     let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
     let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]), live1);
-    let vh1_2 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 11u, u.head_dim - 1u)]), live1);
-    let vh1_3 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 15u, u.head_dim - 1u)]), live1);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
+    let row2 = (get_hot_pos(at2) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh2_0 = vec4<f16>(K_hot[row2 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row2 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row2 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row2 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh2_1 = vec4<f16>(K_hot[row2 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row2 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row2 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row2 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let vh2_0 = select(vec4<f16>(), vec4<f16>(V_hot[row2 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row2 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row2 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row2 + min(dim0 + 3u, u.head_dim - 1u)]), live2);
+    let vh2_1 = select(vec4<f16>(), vec4<f16>(V_hot[row2 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row2 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row2 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row2 + min(dim0 + 7u, u.head_dim - 1u)]), live2);
+    let row3 = (get_hot_pos(at3) * u.num_kv_heads + kv_head) * u.head_dim;
+    let kh3_0 = vec4<f16>(K_hot[row3 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row3 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row3 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row3 + min(dim0 + 3u, u.head_dim - 1u)]);
+    let kh3_1 = vec4<f16>(K_hot[row3 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row3 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row3 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row3 + min(dim0 + 7u, u.head_dim - 1u)]);
+    let vh3_0 = select(vec4<f16>(), vec4<f16>(V_hot[row3 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row3 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row3 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row3 + min(dim0 + 3u, u.head_dim - 1u)]), live3);
+    let vh3_1 = select(vec4<f16>(), vec4<f16>(V_hot[row3 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row3 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row3 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row3 + min(dim0 + 7u, u.head_dim - 1u)]), live3);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let part2 = dot(q_0, vec4<f32>(kh2_0)) + dot(q_1, vec4<f32>(kh2_1));
+    let part3 = dot(q_0, vec4<f32>(kh3_0)) + dot(q_1, vec4<f32>(kh3_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let dots2 = group_reduce(vec2<f32>(part2, part3), width);
     let score0 = finish_score(dots0[0], u.hot_start + key0);
     let score1 = finish_score(dots0[1], u.hot_start + key1);
+    let score2 = finish_score(dots2[0], u.hot_start + key2);
+    let score3 = finish_score(dots2[1], u.hot_start + key3);
 
     // Online softmax: fold the step's keys into the group's running max, sum and accumulator
     var m = run_max;
     if (live0) { m = max(m, score0); }
     if (live1) { m = max(m, score1); }
+    if (live2) { m = max(m, score2); }
+    if (live3) { m = max(m, score3); }
     let correction = exp(run_max - m);
     let w0 = select(0.0, exp(score0 - m), live0);
     let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
-    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
+    let w2 = select(0.0, exp(score2 - m), live2);
+    let w3 = select(0.0, exp(score3 - m), live3);
+    run_sum = run_sum * correction + w0 + w1 + w2 + w3;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0) + w2 * vec4<f32>(vh2_0) + w3 * vec4<f32>(vh3_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1) + w2 * vec4<f32>(vh2_1) + w3 * vec4<f32>(vh3_1);
     run_max = m;
 }
 
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 4
 fn hot_step_aligned(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -315,42 +343,57 @@ fn hot_step_aligned(first: u32, width: u32) {
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
     let at1 = min(key1, hot_end - 1u);
+    let key2 = first + 2u * num_groups + key_group;
+    let live2 = in_group && key2 < hot_end;
+    let at2 = min(key2, hot_end - 1u);
+    let key3 = first + 3u * num_groups + key_group;
+    let live3 = in_group && key3 < hot_end;
+    let at3 = min(key3, hot_end - 1u);
     let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
     let kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
     let kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-    let kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
-    let kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
     let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]), live0);
     let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]), live0);
-    let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]), live0);
-    let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]), live0);
     let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
     let kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
     let kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-    let kh1_2 = vec4<f16>(K_hot[row1 + 8u], K_hot[row1 + 9u], K_hot[row1 + 10u], K_hot[row1 + 11u]);
-    let kh1_3 = vec4<f16>(K_hot[row1 + 12u], K_hot[row1 + 13u], K_hot[row1 + 14u], K_hot[row1 + 15u]);
     let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]), live1);
     let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]), live1);
-    let vh1_2 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 8u], V_hot[row1 + 9u], V_hot[row1 + 10u], V_hot[row1 + 11u]), live1);
-    let vh1_3 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 12u], V_hot[row1 + 13u], V_hot[row1 + 14u], V_hot[row1 + 15u]), live1);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
+    let row2 = ((get_hot_pos(at2) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
+    let kh2_0 = vec4<f16>(K_hot[row2 + 0u], K_hot[row2 + 1u], K_hot[row2 + 2u], K_hot[row2 + 3u]);
+    let kh2_1 = vec4<f16>(K_hot[row2 + 4u], K_hot[row2 + 5u], K_hot[row2 + 6u], K_hot[row2 + 7u]);
+    let vh2_0 = select(vec4<f16>(), vec4<f16>(V_hot[row2 + 0u], V_hot[row2 + 1u], V_hot[row2 + 2u], V_hot[row2 + 3u]), live2);
+    let vh2_1 = select(vec4<f16>(), vec4<f16>(V_hot[row2 + 4u], V_hot[row2 + 5u], V_hot[row2 + 6u], V_hot[row2 + 7u]), live2);
+    let row3 = ((get_hot_pos(at3) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
+    let kh3_0 = vec4<f16>(K_hot[row3 + 0u], K_hot[row3 + 1u], K_hot[row3 + 2u], K_hot[row3 + 3u]);
+    let kh3_1 = vec4<f16>(K_hot[row3 + 4u], K_hot[row3 + 5u], K_hot[row3 + 6u], K_hot[row3 + 7u]);
+    let vh3_0 = select(vec4<f16>(), vec4<f16>(V_hot[row3 + 0u], V_hot[row3 + 1u], V_hot[row3 + 2u], V_hot[row3 + 3u]), live3);
+    let vh3_1 = select(vec4<f16>(), vec4<f16>(V_hot[row3 + 4u], V_hot[row3 + 5u], V_hot[row3 + 6u], V_hot[row3 + 7u]), live3);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let part2 = dot(q_0, vec4<f32>(kh2_0)) + dot(q_1, vec4<f32>(kh2_1));
+    let part3 = dot(q_0, vec4<f32>(kh3_0)) + dot(q_1, vec4<f32>(kh3_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let dots2 = group_reduce(vec2<f32>(part2, part3), width);
     let score0 = finish_score(dots0[0], u.hot_start + key0);
     let score1 = finish_score(dots0[1], u.hot_start + key1);
+    let score2 = finish_score(dots2[0], u.hot_start + key2);
+    let score3 = finish_score(dots2[1], u.hot_start + key3);
 
     // Online softmax: fold the step's keys into the group's running max, sum and accumulator
     var m = run_max;
     if (live0) { m = max(m, score0); }
     if (live1) { m = max(m, score1); }
+    if (live2) { m = max(m, score2); }
+    if (live3) { m = max(m, score3); }
     let correction = exp(run_max - m);
     let w0 = select(0.0, exp(score0 - m), live0);
     let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
-    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
+    let w2 = select(0.0, exp(score2 - m), live2);
+    let w3 = select(0.0, exp(score3 - m), live3);
+    run_sum = run_sum * correction + w0 + w1 + w2 + w3;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0) + w2 * vec4<f32>(vh2_0) + w3 * vec4<f32>(vh3_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1) + w2 * vec4<f32>(vh2_1) + w3 * vec4<f32>(vh3_1);
     run_max = m;
 }
 
@@ -404,10 +447,6 @@ fn main(
     q_0 = vec4<f32>(0.0);
     acc_1 = vec4<f32>(0.0);
     q_1 = vec4<f32>(0.0);
-    acc_2 = vec4<f32>(0.0);
-    q_2 = vec4<f32>(0.0);
-    acc_3 = vec4<f32>(0.0);
-    q_3 = vec4<f32>(0.0);
     if (lane_live) {
         if (dim0 + 0u < head_dim) { q_0[0] = Q[q_base + 0u]; }
         if (dim0 + 1u < head_dim) { q_0[1] = Q[q_base + 1u]; }
@@ -417,19 +456,11 @@ fn main(
         if (dim0 + 5u < head_dim) { q_1[1] = Q[q_base + 5u]; }
         if (dim0 + 6u < head_dim) { q_1[2] = Q[q_base + 6u]; }
         if (dim0 + 7u < head_dim) { q_1[3] = Q[q_base + 7u]; }
-        if (dim0 + 8u < head_dim) { q_2[0] = Q[q_base + 8u]; }
-        if (dim0 + 9u < head_dim) { q_2[1] = Q[q_base + 9u]; }
-        if (dim0 + 10u < head_dim) { q_2[2] = Q[q_base + 10u]; }
-        if (dim0 + 11u < head_dim) { q_2[3] = Q[q_base + 11u]; }
-        if (dim0 + 12u < head_dim) { q_3[0] = Q[q_base + 12u]; }
-        if (dim0 + 13u < head_dim) { q_3[1] = Q[q_base + 13u]; }
-        if (dim0 + 14u < head_dim) { q_3[2] = Q[q_base + 14u]; }
-        if (dim0 + 15u < head_dim) { q_3[3] = Q[q_base + 15u]; }
     }
 
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
     let groups = WORKGROUP_SIZE / lanes_per_key;
-    let keys_per_step = groups * 2u;
+    let keys_per_step = groups * 4u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
     if (head_dim % DIMS_PER_LANE == 0u) {
@@ -460,8 +491,6 @@ fn main(
             run_sum = run_sum * mine + other_sum * theirs;
             acc_0 = acc_0 * mine + subgroupShuffleXor(acc_0, mask) * theirs;
             acc_1 = acc_1 * mine + subgroupShuffleXor(acc_1, mask) * theirs;
-            acc_2 = acc_2 * mine + subgroupShuffleXor(acc_2, mask) * theirs;
-            acc_3 = acc_3 * mine + subgroupShuffleXor(acc_3, mask) * theirs;
             run_max = m;
         }
     }
@@ -527,39 +556,5 @@ fn main(
         if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
         if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
         if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
-    }
-
-    // Accumulator elements 8..11: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_2 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
-        }
-        if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
-        if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
-        if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
-        if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
-    }
-
-    // Accumulator elements 12..15: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_3 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
-        }
-        if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
-        if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
-        if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
-        if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
     }
 }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2853c9b997b596aafad3bee04cd8dbc5efc082568f5a93c585945afa58e7dcdb
+// source-hash: sha256:2305af77b37b8f1cebde6ae0af2c428ff8b4588a846cf243c796ec9dd1dbd2d4
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
