@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0e6d636ec1f1917d63fdfd38e250897c20964482d47cf3d1a0f43eb357227d6f
+// source-hash: sha256:79d3a48d40b4861af071ff21dac2d7373bea7f72fed92c10cd5780b3f4114317
 
 // Fused Multi-Head Attention Kernel (f32 Q/K/V and output)
 //

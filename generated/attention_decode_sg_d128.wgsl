@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7b110d6ed759b50aac9684bd1065bde0ee8a446410914847c89d8489b194298d
+// source-hash: sha256:9cb61efc74c8681ec791169bf67349378500281bb6f3c1600bc535c9e5748c86
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -331,13 +331,17 @@ fn main(
             }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
-            let score_0_raw = dot_0 * scale;
-            let score_0 = select(score_0_raw, tanh(score_0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0: f32 = dot_0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max = max(block_max, score_0);
             }
-            let score_1_raw = dot_1 * scale;
-            let score_1 = select(score_1_raw, tanh(score_1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1: f32 = dot_1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max = max(block_max, score_1);
             }

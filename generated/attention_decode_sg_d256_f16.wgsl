@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4411d558f4ea3c28765c689f85bf2b4d2dc9773590f6ff21d777b99a99749fba
+// source-hash: sha256:9396562b0b4ec1388c911528e426c1e1dbb5186260f4e5b59e65215ed24f6c19
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -445,13 +445,17 @@ fn main(
             }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
-            let score_0_raw = dot_0 * scale;
-            let score_0 = select(score_0_raw, tanh(score_0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0: f32 = dot_0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max = max(block_max, score_0);
             }
-            let score_1_raw = dot_1 * scale;
-            let score_1 = select(score_1_raw, tanh(score_1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1: f32 = dot_1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max = max(block_max, score_1);
             }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b6db464b91bfd79fc594a1fa59b48a89368a8f79dfee9d53300bf69abbdc671
+// source-hash: sha256:5d7828cf1124ac6180e291e346368c6e8d910ad17f599220a8ba5a7e4af0d19c
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -349,23 +349,31 @@ fn main(
             }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
-            let score_0_raw = dot_0 * scale;
-            let score_0 = select(score_0_raw, tanh(score_0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0: f32 = dot_0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max = max(block_max, score_0);
             }
-            let score_1_raw = dot_1 * scale;
-            let score_1 = select(score_1_raw, tanh(score_1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1: f32 = dot_1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max = max(block_max, score_1);
             }
-            let score_2_raw = dot_2 * scale;
-            let score_2 = select(score_2_raw, tanh(score_2_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_2: f32 = dot_2 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_2 = tanh(score_2 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_2) {
                 block_max = max(block_max, score_2);
             }
-            let score_3_raw = dot_3 * scale;
-            let score_3 = select(score_3_raw, tanh(score_3_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_3: f32 = dot_3 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_3 = tanh(score_3 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_3) {
                 block_max = max(block_max, score_3);
             }

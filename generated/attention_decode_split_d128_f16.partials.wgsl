@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:890268ba36b9962df59f9bf52d5faecc55d4830b9d6bcf4521e64d4093bc24fe
+// source-hash: sha256:12cb54bfa8e09a103084a03de968002fa0bd38523529182e499f9dc6c80638b3
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -402,13 +402,17 @@ fn main(
             }
             // Scores and the online softmax update of this key group for head 0 of its 2
             var block_max_h0: f32 = NEG_BIG;
-            let score_0_h0_raw = dot_0_h0 * scale;
-            let score_0_h0 = select(score_0_h0_raw, tanh(score_0_h0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0_h0: f32 = dot_0_h0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0_h0 = tanh(score_0_h0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max_h0 = max(block_max_h0, score_0_h0);
             }
-            let score_1_h0_raw = dot_1_h0 * scale;
-            let score_1_h0 = select(score_1_h0_raw, tanh(score_1_h0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1_h0: f32 = dot_1_h0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1_h0 = tanh(score_1_h0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max_h0 = max(block_max_h0, score_1_h0);
             }
@@ -420,13 +424,17 @@ fn main(
             m_h0 = m_new_h0;
             // Scores and the online softmax update of this key group for head 1 of its 2
             var block_max_h1: f32 = NEG_BIG;
-            let score_0_h1_raw = dot_0_h1 * scale;
-            let score_0_h1 = select(score_0_h1_raw, tanh(score_0_h1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0_h1: f32 = dot_0_h1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0_h1 = tanh(score_0_h1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max_h1 = max(block_max_h1, score_0_h1);
             }
-            let score_1_h1_raw = dot_1_h1 * scale;
-            let score_1_h1 = select(score_1_h1_raw, tanh(score_1_h1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1_h1: f32 = dot_1_h1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1_h1 = tanh(score_1_h1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max_h1 = max(block_max_h1, score_1_h1);
             }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:99b5934af31db8ca52dba9af8be572fa835cd331c91ab56db789da17b4541050
+// source-hash: sha256:209edd728b31c586d4e400b90f7e240cba4e9c2bd314fb422ce5bbcf4db7f9cf
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

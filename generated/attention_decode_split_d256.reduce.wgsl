@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:adf28eee78f975062b676635b1be0eb4ffddb8fac4e48bd9cf097080b6e5b81a
+// source-hash: sha256:d718a1767b21cd77f0c84525f707c1d86172d28023385c9efc767d76a9d4075d
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:488e721c79a96fbedc2b46980977124e6ff461e8061c9c870c618745b2ef5881
+// source-hash: sha256:fd3db8218ae52809f16940378df531e1926ef05e3bd1cabadb515223ed999a72
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2a426e33826058c5adde8aad46f4db42c07ef567f4a0a559f69711e4f3fb6618
+// source-hash: sha256:c529ebbda6c56c4380932707fdca090445830abdc1c5d40b38a7931f304e7c28
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bad683511aa30549435df48c18e15252f2e284c7d0fb1b55b02d08c0f666e397
+// source-hash: sha256:071cc7980bfb6e0d23917c1e4ec63c905b0687b230e81d4f70bdc7a36e5d2878
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -334,13 +334,17 @@ fn main(
             }
             // Scores and the online softmax update of this key group for head 0 of its 2
             var block_max_h0: f32 = NEG_BIG;
-            let score_0_h0_raw = dot_0_h0 * scale;
-            let score_0_h0 = select(score_0_h0_raw, tanh(score_0_h0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0_h0: f32 = dot_0_h0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0_h0 = tanh(score_0_h0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max_h0 = max(block_max_h0, score_0_h0);
             }
-            let score_1_h0_raw = dot_1_h0 * scale;
-            let score_1_h0 = select(score_1_h0_raw, tanh(score_1_h0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1_h0: f32 = dot_1_h0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1_h0 = tanh(score_1_h0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max_h0 = max(block_max_h0, score_1_h0);
             }
@@ -352,13 +356,17 @@ fn main(
             m_h0 = m_new_h0;
             // Scores and the online softmax update of this key group for head 1 of its 2
             var block_max_h1: f32 = NEG_BIG;
-            let score_0_h1_raw = dot_0_h1 * scale;
-            let score_0_h1 = select(score_0_h1_raw, tanh(score_0_h1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0_h1: f32 = dot_0_h1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0_h1 = tanh(score_0_h1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max_h1 = max(block_max_h1, score_0_h1);
             }
-            let score_1_h1_raw = dot_1_h1 * scale;
-            let score_1_h1 = select(score_1_h1_raw, tanh(score_1_h1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1_h1: f32 = dot_1_h1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1_h1 = tanh(score_1_h1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max_h1 = max(block_max_h1, score_1_h1);
             }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ca5432badd72ec19ec995c4eb58d395038195882494b4625c6a7b8084e3d27e8
+// source-hash: sha256:7d97b88c8305a9169dca662df882185e6e9bfe58552f96063151914d3c0c11bd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

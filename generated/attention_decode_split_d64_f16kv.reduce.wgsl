@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e2057cc6794d12523754961f0d3641be223a999b6e8de66de5a6a583dfa9865a
+// source-hash: sha256:5ea2be9f955dd25479073e5969d0d19cc4cc4a3af0f8b6a9646423d01cd6590e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

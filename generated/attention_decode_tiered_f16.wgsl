@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:443d2184789eb78797a71a1a13695176f7f43cdbb1e890d2928f063bd61a11e3
+// source-hash: sha256:261c8bc90b6ab084161206fc33c6009f3dab6965e6df714532237911dbbf06f2
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -126,12 +126,16 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Scale, softcap and mask a key's q.k dot into its score, by select rather than branches (as
-// attention_common's softcap_score says, a softcap branch in the key loop costs time)
+// Scale, softcap and mask a key's q.k dot into its score
 fn finish_score(dot: f32, abs_key: u32) -> f32 {
-    let s = dot * u.scale;
-    let capped = select(s, tanh(s / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
-    return select(capped, MASKED_SCORE, is_masked(abs_key));
+    var s = dot * u.scale;
+    if (u.attn_softcap > 0.0) {
+        s = tanh(s / u.attn_softcap) * u.attn_softcap;
+    }
+    if (is_masked(abs_key)) {
+        s = MASKED_SCORE;
+    }
+    return s;
 }
 
 // Sum two key slots' partial q.k dots over each lane group

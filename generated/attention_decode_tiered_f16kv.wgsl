@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a03325391121e028cdb1674c730bfda8a9c0ffb89379a483e72e8c27a9477127
+// source-hash: sha256:e6bd0c2b43690b5ebf2366924deb49d1d7d206c92df708ad89dc88660506c2a6
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //
@@ -126,12 +126,16 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Scale, softcap and mask a key's q.k dot into its score, by select rather than branches (as
-// attention_common's softcap_score says, a softcap branch in the key loop costs time)
+// Scale, softcap and mask a key's q.k dot into its score
 fn finish_score(dot: f32, abs_key: u32) -> f32 {
-    let s = dot * u.scale;
-    let capped = select(s, tanh(s / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
-    return select(capped, MASKED_SCORE, is_masked(abs_key));
+    var s = dot * u.scale;
+    if (u.attn_softcap > 0.0) {
+        s = tanh(s / u.attn_softcap) * u.attn_softcap;
+    }
+    if (is_masked(abs_key)) {
+        s = MASKED_SCORE;
+    }
+    return s;
 }
 
 // Sum two key slots' partial q.k dots over each lane group

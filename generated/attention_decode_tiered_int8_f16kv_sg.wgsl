@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:317aff460bf130dedbe6e7ad8fbe9c77f46b22e5cae63b22344b44b555473c4d
+// source-hash: sha256:5bd84c7fa32496764a946f8290633628bf68cf2f03f0fc04dd57f324abe7fff3
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -124,12 +124,16 @@ fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
 }
 
-// Scale, softcap and mask a key's q.k dot into its score, by select rather than branches (as
-// attention_common's softcap_score says, a softcap branch in the key loop costs time)
+// Scale, softcap and mask a key's q.k dot into its score
 fn finish_score(dot: f32, abs_key: u32) -> f32 {
-    let s = dot * u.scale;
-    let capped = select(s, tanh(s / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
-    return select(capped, MASKED_SCORE, is_masked(abs_key));
+    var s = dot * u.scale;
+    if (u.attn_softcap > 0.0) {
+        s = tanh(s / u.attn_softcap) * u.attn_softcap;
+    }
+    if (is_masked(abs_key)) {
+        s = MASKED_SCORE;
+    }
+    return s;
 }
 
 // Sum two key slots' partial q.k dots over each lane group

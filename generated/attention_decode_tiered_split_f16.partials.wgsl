@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b022c9d40980f5401fe8f555b4aac06cad6a486742fdec532cfa1a13e80f7fc3
+// source-hash: sha256:f7914eca039a1494dedbed358731d086d1e65dfc8a34e436d090870c9d74bd36
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -153,12 +153,16 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Scale, softcap and mask a key's q.k dot into its score, by select rather than branches (as
-// attention_common's softcap_score says, a softcap branch in the key loop costs time)
+// Scale, softcap and mask a key's q.k dot into its score
 fn finish_score(dot: f32, abs_key: u32) -> f32 {
-    let s = dot * u.scale;
-    let capped = select(s, tanh(s / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
-    return select(capped, MASKED_SCORE, is_masked(abs_key));
+    var s = dot * u.scale;
+    if (u.attn_softcap > 0.0) {
+        s = tanh(s / u.attn_softcap) * u.attn_softcap;
+    }
+    if (is_masked(abs_key)) {
+        s = MASKED_SCORE;
+    }
+    return s;
 }
 
 // Sum two key slots' partial q.k dots over each lane group

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f6c4df193d5fd0990f8a72fd38234b4cd1c725a45b14d3b479f929395eca65e6
+// source-hash: sha256:f3dd3b9cfd3a01a304b861050922267057f6e5991a136a5efcbd2ab411d54bc1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

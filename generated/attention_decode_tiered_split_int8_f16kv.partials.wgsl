@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ea17b170b968862f61b1f9196f73f11c43926db4362981fccffdca212b62f835
+// source-hash: sha256:993e3ad4528827571200e6d0ae3fbde10306442930be3976243395a78fa7ce23
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -150,12 +150,16 @@ fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
 }
 
-// Scale, softcap and mask a key's q.k dot into its score, by select rather than branches (as
-// attention_common's softcap_score says, a softcap branch in the key loop costs time)
+// Scale, softcap and mask a key's q.k dot into its score
 fn finish_score(dot: f32, abs_key: u32) -> f32 {
-    let s = dot * u.scale;
-    let capped = select(s, tanh(s / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
-    return select(capped, MASKED_SCORE, is_masked(abs_key));
+    var s = dot * u.scale;
+    if (u.attn_softcap > 0.0) {
+        s = tanh(s / u.attn_softcap) * u.attn_softcap;
+    }
+    if (is_masked(abs_key)) {
+        s = MASKED_SCORE;
+    }
+    return s;
 }
 
 // Sum two key slots' partial q.k dots over each lane group

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2305af77b37b8f1cebde6ae0af2c428ff8b4588a846cf243c796ec9dd1dbd2d4
+// source-hash: sha256:3d323c8bb22e6addcabb4ed7db030f1bbc681d37e44fd2b69d8815242dc96a49
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5a8e521286509679f9e3dbc903d10f48a5eb504f30a71d346c991d16dbc6ef83
+// source-hash: sha256:1daf397af876cf618df5d8df7beff6da9c4555cd661aad94d47a0b65dc9bb5a1
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -413,13 +413,17 @@ fn main(
             }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
-            let score_0_raw = dot_0 * scale;
-            let score_0 = select(score_0_raw, tanh(score_0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0: f32 = dot_0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max = max(block_max, score_0);
             }
-            let score_1_raw = dot_1 * scale;
-            let score_1 = select(score_1_raw, tanh(score_1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1: f32 = dot_1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max = max(block_max, score_1);
             }

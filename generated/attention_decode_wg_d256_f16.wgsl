@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a20609a09c0d5d234a293aa8363858a7921e536e0e403971d27dcf6ba57e69a5
+// source-hash: sha256:fb776a76d76a43bf30a31fc2164b68f5d005df5f5620e96549a4ea6893d04da7
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -413,13 +413,17 @@ fn main(
             }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
-            let score_0_raw = dot_0 * scale;
-            let score_0 = select(score_0_raw, tanh(score_0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0: f32 = dot_0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max = max(block_max, score_0);
             }
-            let score_1_raw = dot_1 * scale;
-            let score_1 = select(score_1_raw, tanh(score_1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1: f32 = dot_1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max = max(block_max, score_1);
             }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d7ac2a03a6827aa7f99cadfbe7f4256a5cabbe9314477cc86d577f9e4764fc8d
+// source-hash: sha256:d06288dfa22018b17a35a65c1fbf973990eec8a3ad03405d621a3ff99ecc3467
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -299,13 +299,17 @@ fn main(
             }
             // Scores and the online softmax update of this key group
             var block_max: f32 = NEG_BIG;
-            let score_0_raw = dot_0 * scale;
-            let score_0 = select(score_0_raw, tanh(score_0_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_0: f32 = dot_0 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_0) {
                 block_max = max(block_max, score_0);
             }
-            let score_1_raw = dot_1 * scale;
-            let score_1 = select(score_1_raw, tanh(score_1_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+            var score_1: f32 = dot_1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+            }
             if (valid_1) {
                 block_max = max(block_max, score_1);
             }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f7e48d0cec3c48ef5e76963c9bfacd512a1e2bfd39f4517a18ca7c1309e2efdf
+// source-hash: sha256:70b9361cbd159328916764b0cd3a688d024d2ac930c2bfb5a4d46e1bd3efbddd
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

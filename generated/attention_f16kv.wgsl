@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1482d5772f93be301e68e312d2d10672db6b4fbf31f6019f46209c0e4bf3ffa7
+// source-hash: sha256:68d785bc70d94efa1e4f117b9eccda47a6f5b4c273a994740faf5ef743a8be7e
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7fe979f61204dedca56df5da99ab77e3def21343fef2ef43f280493eeb90cc73
+// source-hash: sha256:1ea3eb1f0f1a6240134655325dd4fa4250088c114bc5989fbcf68e9ffdbfca62
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -199,10 +199,12 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
 }
 
-// Scaled, soft-capped score (by select: no branch among the score loop's arithmetic)
+// Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
-    let score_raw = raw * u.scale;
-    let score = select(score_raw, tanh(score_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
     return score;
 }
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c349e8564cee9e791d6ff8e9f528ae051e279e54b12bb4e34c757a339181cc20
+// source-hash: sha256:17c3a767659b986b1171e6eb1390c71a77ec054337228cc656fdc918a5f4f0e1
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -201,10 +201,12 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
 }
 
-// Scaled, soft-capped score (by select: no branch among the score loop's arithmetic)
+// Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
-    let score_raw = raw * u.scale;
-    let score = select(score_raw, tanh(score_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
     return score;
 }
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a5cdad9d5b6f5c3cfb4a268f970bd611f9c8e23cb8934e62c31cbb10c8471b66
+// source-hash: sha256:9e8f768ec6ce05a739e79a9c8369c7186000bd5298e7969064efb37f26764642
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
@@ -201,10 +201,12 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
 }
 
-// Scaled, soft-capped score (by select: no branch among the score loop's arithmetic)
+// Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
-    let score_raw = raw * u.scale;
-    let score = select(score_raw, tanh(score_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
     return score;
 }
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fd5cdbfa223dda4eff9cc97189a385a1566d8754a5f93ae6d3ab582b9896b10f
+// source-hash: sha256:ed59f98cac6f6318bf9b61f3b8a91cb597840e554659829d688820f1b4ee4dcb
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -201,10 +201,12 @@ fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
 }
 
-// Scaled, soft-capped score (by select: no branch among the score loop's arithmetic)
+// Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
-    let score_raw = raw * u.scale;
-    let score = select(score_raw, tanh(score_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
     return score;
 }
 

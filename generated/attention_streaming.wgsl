@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bb9c236f1db9c9cdb35a94a51097715ae409717e708f29951673e0a51a4160cb
+// source-hash: sha256:9bc19b4d1956b5162fb41ee8901727a5d91b43bc601d017b9e9b9788bf7acf38
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //
@@ -135,10 +135,12 @@ fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
     }
 }
 
-// Scaled, soft-capped score (by select: no branch among the score loop's arithmetic)
+// Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
-    let score_raw = raw * u.scale;
-    let score = select(score_raw, tanh(score_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
     return score;
 }
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4a7300d27decd71ff08b2317df4069f6d555d99f85f162287ded70754cd6dff2
+// source-hash: sha256:2f836f7e131ccba6ee257f659a403899056924379c290f4b61f65243d71964fe
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //
@@ -137,10 +137,12 @@ fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
     }
 }
 
-// Scaled, soft-capped score (by select: no branch among the score loop's arithmetic)
+// Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
-    let score_raw = raw * u.scale;
-    let score = select(score_raw, tanh(score_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
     return score;
 }
 

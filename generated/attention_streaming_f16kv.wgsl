@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2b71e543a5bb14e25e28dbbff0b15be577032956576a1d1e340a63fe78f3bcfb
+// source-hash: sha256:ed1257c97d38fc5e9bcc50c8e6df69d0c4906b19e3c103ee3f602223a247b5a7
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -137,10 +137,12 @@ fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
     }
 }
 
-// Scaled, soft-capped score (by select: no branch among the score loop's arithmetic)
+// Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
-    let score_raw = raw * u.scale;
-    let score = select(score_raw, tanh(score_raw / u.attn_softcap) * u.attn_softcap, u.attn_softcap > 0.0);
+    var score = raw * u.scale;
+    if (u.attn_softcap > 0.0) {
+        score = tanh(score / u.attn_softcap) * u.attn_softcap;
+    }
     return score;
 }
 
