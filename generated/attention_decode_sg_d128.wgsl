@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9cb61efc74c8681ec791169bf67349378500281bb6f3c1600bc535c9e5748c86
+// source-hash: sha256:4b96041eb0a6170f940506d391e577dac1bc2a0b6c1eac53b0d684b90ffda6d4
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

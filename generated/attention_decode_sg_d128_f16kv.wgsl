@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0c521d642ee2780b02ceb309b1563f46023c5cf3e4a45a549b8d2cba8be26b6e
+// source-hash: sha256:716335d7aa049ad3b5eb3c589dd74d1ed413ca904abec1e2118abc42a22785e3
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6159eabca5c6174b0d024fe3bbc50cf5ca2e33b6d79f0902300bda7f42a24fe0
+// source-hash: sha256:f51296515c4e73d7159a556774e8f53be9e4682856a2db6fe603331c9b1b5ff6
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

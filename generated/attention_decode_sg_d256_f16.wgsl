@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9396562b0b4ec1388c911528e426c1e1dbb5186260f4e5b59e65215ed24f6c19
+// source-hash: sha256:36380544a8f55c2f19dc155562c78f3a6ace0bb2091e24f63aa3802b4e489b90
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:eb6dcde018ae70d4e598e054b2f0f1202a76560029c53f582272cb1d69a71eaa
+// source-hash: sha256:f68619266d59ff24dde0a1db80d513fd0bb7565010667b3ea1ead1addd3406ff
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f91eecde956650d8505cff64badb5a51b15bc70c33c712510d97f69a4448d6a
+// source-hash: sha256:36192a7f27af97a5a5a6f9de979660d99ad6b499271dcf8f88a649862c011f84
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7236842872fb71b3a39bceb20ea876fb564075b540c05a8aea3b173b417e5efd
+// source-hash: sha256:ab1dc043e560c3420a1d8eec7ebbf8888f91e13f816a23815266d6305fc6786e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

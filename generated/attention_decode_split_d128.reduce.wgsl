@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:56cfbdba3a722659f7b3d6d94be5de3a70f103b1597ee02be5147bcda3affb67
+// source-hash: sha256:fe56dad5ae7ae87aacb906171de7cceed326f21298dfa2a097f9f39ea0bedbdc
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:12cb54bfa8e09a103084a03de968002fa0bd38523529182e499f9dc6c80638b3
+// source-hash: sha256:ca0647fb1826ab9297097445803a68483c048566de556345be5a394cf083c32d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

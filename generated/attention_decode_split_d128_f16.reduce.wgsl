@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:209edd728b31c586d4e400b90f7e240cba4e9c2bd314fb422ce5bbcf4db7f9cf
+// source-hash: sha256:c405ff3580c0d299d36f9f72058a238c2ff33e587fa752a7922f7245142aa77d
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

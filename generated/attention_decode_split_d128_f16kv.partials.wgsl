@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:69b1953b487576846f2fb9d64ce0436daabc3e5516c4affd0e537670aa03a132
+// source-hash: sha256:09a2d48b92b3172e27ae6f38ed7fe25958f9c65b9d805471032c5a3ff303f83b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

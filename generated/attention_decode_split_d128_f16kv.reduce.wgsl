@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:87c100be1df57223269ffcc5060f5078c3bbd41c32ec4791b0b6bef06a4bd7f6
+// source-hash: sha256:6fb5d0aa61c1b1bfaa89c63c8e95a8ede5e59004bef1092e4eb08efc4dfd4015
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

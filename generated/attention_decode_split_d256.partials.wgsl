@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2e4f2676c1d83304b85b164dbec1b30f0339ce628efe818b86fe7aa9aa1f0a58
+// source-hash: sha256:dba1adba0f1e643d897a2a6c782f744696533a72c4a6f9dd715fa2b75eb3d7c7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fd3db8218ae52809f16940378df531e1926ef05e3bd1cabadb515223ed999a72
+// source-hash: sha256:fec8e07dd708201abf68e8bfbf5bc9ce6e4540ed78b292f07d2ad8a68b1015e4
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c529ebbda6c56c4380932707fdca090445830abdc1c5d40b38a7931f304e7c28
+// source-hash: sha256:7494b0f123d4d45b7ece51ac0c22983a52ab6c06c6805b2f28bf7e39ab79b05c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b981d2bfbcd40dc9db173a49566c80a18431398fd4ba9cdda25563d722745772
+// source-hash: sha256:41790f532f212e60625d72f915195ff37b896138cf2c3f4d79bff7c8a2495a78
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7d97b88c8305a9169dca662df882185e6e9bfe58552f96063151914d3c0c11bd
+// source-hash: sha256:6fe9a46bb559a9739de229138c937922b51ed4b8cc4d1bb14764653aed1d1d8a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

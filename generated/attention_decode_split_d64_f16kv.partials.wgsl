@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:57f14df7681d3c198ecb9bedd1f1c19637ab2e80a43139c4b84ac4424f0d5eb8
+// source-hash: sha256:1e0bd44494a58247a601cf2885524d8d86d1ec85e69d764a1b119edb38ff6bee
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:261c8bc90b6ab084161206fc33c6009f3dab6965e6df714532237911dbbf06f2
+// source-hash: sha256:434b6b0ee004d0b3e551e2216ebef7db655884406c23d4910c340490822a3db3
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d0d847b2805abb45b2f37a764dc1364c3544135e41f1c93c1f971653d4c3bb0b
+// source-hash: sha256:c39b03dea7b6fc9f560cc45867c06442e207d40276fed7b9102970fb41866b7d
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4213487283ec919e9f8f3caf024bbed378db2edbb76e71399dfc310b63c9e01a
+// source-hash: sha256:3e5109f1f3eada1753e23008f9c4601aa791fa6a9254fd865c057ad0ecbddcf1
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5bd84c7fa32496764a946f8290633628bf68cf2f03f0fc04dd57f324abe7fff3
+// source-hash: sha256:5b9ce308668edf196c0dc273cb760a6706e63c05571a1b6df9d6904137016bb3
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

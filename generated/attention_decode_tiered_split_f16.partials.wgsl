@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f7914eca039a1494dedbed358731d086d1e65dfc8a34e436d090870c9d74bd36
+// source-hash: sha256:9135242d69a7f8949850bb79bcde0075c906b927191e9d797c144dba360a7ab8
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f3dd3b9cfd3a01a304b861050922267057f6e5991a136a5efcbd2ab411d54bc1
+// source-hash: sha256:39999bdc61223e11c9137aaa1023452a3ed483022f871ae85d007dcdd45d4351
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f5d9c4d84104a51e0eebc78401f7db31ad17be046aa343b47034c79d1874acab
+// source-hash: sha256:37905d708885725bb661b5529884bd90bb60d17b8f0c776ebde351de1a34e1a5
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3d323c8bb22e6addcabb4ed7db030f1bbc681d37e44fd2b69d8815242dc96a49
+// source-hash: sha256:bd45f3eaf783dcc09caf533070317746d1c2cb6d4c07bd911cfe3ba1328178fd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bf01af82143b7dba653f28cc8e188cf9debe121332dcf49921ff02e493be483e
+// source-hash: sha256:2b425898eb5f6346d8603410ba52175da5098604b42a656e1d1d3edab623484d
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1daf397af876cf618df5d8df7beff6da9c4555cd661aad94d47a0b65dc9bb5a1
+// source-hash: sha256:1357281985af80c632129efff961cb769ef756ec8047cfc0bbd91e42ba234815
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8dce4e9867a7a32424c4ae204ff7fbfe2a595cc979c7295b5ebc33959ac62a56
+// source-hash: sha256:cd5b831f75e114bc137a31cf4011f64d6c46a6cf3f9987a0c24060ef3115e055
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fb776a76d76a43bf30a31fc2164b68f5d005df5f5620e96549a4ea6893d04da7
+// source-hash: sha256:bfe981b4bc3bd60d4dc0234b5f3a09d7e8743e8c174aff04023d6b2692a03527
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1d6194994a4d61c6d03844c5448fe9bf00ffac542ee7d5f78abdc1a546285e4c
+// source-hash: sha256:40ccb53697d9776ae9293a0fc89a16d2032bb6c4c1c9e8b1ddac04844952c642
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

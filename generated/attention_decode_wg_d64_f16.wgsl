@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2a1f23154799dbb16c81e433e75d34d10d111767744e72e3da5e129eda02683e
+// source-hash: sha256:45b92166ac3568dca34350838751e76a349f872f20a70db26ab7c155eac11587
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3ab4d160fbc1b82966925b3418d5a79d5952ff371b57518255d6a0ea8cdc57e1
+// source-hash: sha256:fc6b938a07ce45901dd7fbb21022435f742798852299e837d6c3245f8cf9b2d7
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

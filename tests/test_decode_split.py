@@ -159,3 +159,25 @@ def test_rows_outside_the_window_may_hold_nan(
     )
     result = runner.run_case(spec)
     assert result.passed, (result.verdict, result.refused)
+
+
+@pytest.mark.parametrize(
+    ("name", "constants"),
+    [
+        ("attention_decode_split_d64_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),
+        ("attention_decode_sg_d64", None),
+    ],
+)
+def test_softcap_loops_renders_two_key_loops_and_passes(
+    device: Device, name: str, constants: dict | None
+) -> None:
+    """softcap_loops (a tunable) emits the key loop twice, with the softcap and without, chosen
+    by one branch outside the loop; both copies must pass the full matrix, softcap cases
+    included."""
+    kernel, entry = _kernel(REPO_ROOT, name, {"softcap_loops": True})
+    text = kernel.passes[0].text
+    assert text.count("for (var it: u32 = 0u; it < iterations;") == 2
+    assert "tanh(dot_0" in text and "if (u.attn_softcap > 0.0) {\n            let span" in text
+    report = validate_variant(device, kernel, entry, quick=False, seed=0, constants=constants)
+    assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
+    assert any(c.spec.softcap > 0 for c in report.cases)
