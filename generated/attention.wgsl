@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:79d3a48d40b4861af071ff21dac2d7373bea7f72fed92c10cd5780b3f4114317
+// source-hash: sha256:420424ecb526cec1054617b3b7f262a0ab4c93b63c2b973f9e1f4d8a4de51dc9
 
 // Fused Multi-Head Attention Kernel (f32 Q/K/V and output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dcf1164ca3e3fa13952ff02f1a3e4f34c48ac4caf87521529a8411c0480b0f54
+// source-hash: sha256:3a779441894c9fd8e9e623f109719c9771a90f9f632ecb3e67c143d925c3f09c
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

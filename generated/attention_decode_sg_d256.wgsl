@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f51296515c4e73d7159a556774e8f53be9e4682856a2db6fe603331c9b1b5ff6
+// source-hash: sha256:b9db1a78c0187bac5a96c009d1a202fabddffde401bc314588de512838e791a3
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

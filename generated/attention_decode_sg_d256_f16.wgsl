@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:36380544a8f55c2f19dc155562c78f3a6ace0bb2091e24f63aa3802b4e489b90
+// source-hash: sha256:04bfb8b2546d299acd30a2121bc9cf8ccdd7f26026384318bebe00bddee965eb
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

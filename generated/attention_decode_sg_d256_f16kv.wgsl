@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f68619266d59ff24dde0a1db80d513fd0bb7565010667b3ea1ead1addd3406ff
+// source-hash: sha256:ce4fae7e509712f32293665973dd3dc8ad0fd67ca2eb5bf5d4c89d05b8017d7e
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

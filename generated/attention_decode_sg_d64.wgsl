@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:36192a7f27af97a5a5a6f9de979660d99ad6b499271dcf8f88a649862c011f84
+// source-hash: sha256:f70c712e98bd1299a8c28777e62e55226d8e7b239a1257806153c1e7a4ebd825
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

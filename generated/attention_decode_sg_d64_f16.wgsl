@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e2abb108d06777e353799ae7d46e14bab28e7ee2decef08d154077a75737a63f
+// source-hash: sha256:62258ebe7e9c83803dfd9f35136e737cae6ec58fe6656f4279ea9868ca171439
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ab1dc043e560c3420a1d8eec7ebbf8888f91e13f816a23815266d6305fc6786e
+// source-hash: sha256:79ff075abf20c41c9965897dd10849412b676e12175d9f14fd6de5a79991a34d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

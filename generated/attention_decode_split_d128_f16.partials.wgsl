@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ca0647fb1826ab9297097445803a68483c048566de556345be5a394cf083c32d
+// source-hash: sha256:e9edeef0ae0c96757bb4339c2cd2f78958a282e9b1b7d8a1f46bc943d108759f
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

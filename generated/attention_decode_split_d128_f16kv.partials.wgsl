@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:09a2d48b92b3172e27ae6f38ed7fe25958f9c65b9d805471032c5a3ff303f83b
+// source-hash: sha256:3c05af427a9ac5879665c862a5199e0150066ead2dcf4c61251ffc0d0d239e1a
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

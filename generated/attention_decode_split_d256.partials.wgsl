@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dba1adba0f1e643d897a2a6c782f744696533a72c4a6f9dd715fa2b75eb3d7c7
+// source-hash: sha256:a832c5e13d032beca1b844b8b1555c5715c62dce7df1e006fbea142f28ad840f
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

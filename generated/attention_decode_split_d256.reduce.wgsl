@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3b6757410ddba6c3b3248210bdb4bd21c55857bd76ff27c42e10321dd1923c48
+// source-hash: sha256:09efe8e996aa1dd466de7d91818c6936dd4b6698db78d0e480a65b19d2bf5b8a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

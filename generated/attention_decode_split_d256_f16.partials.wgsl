@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cadb5315afef93265cbe184a5e5e244b55d09bd3491cd1598e8fd33d192fe784
+// source-hash: sha256:146dff5c05fcf6136461dad29a1df6f24adc7bb9eabca28567113965d62084ba
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fec8e07dd708201abf68e8bfbf5bc9ce6e4540ed78b292f07d2ad8a68b1015e4
+// source-hash: sha256:26658cd2d02bd1e7049a83dc9bf4d7ca95effd23f06afbafb73b16812e718437
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

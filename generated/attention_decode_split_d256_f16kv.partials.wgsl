@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4035ce93b2687917ec0add7ef5d53e3ff2d88fc66c0c31d891e1a6519bdd83bd
+// source-hash: sha256:77cbae957cd4884ac358adf9a58125f1101a6498eddddb368af74719ccfe64e2
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

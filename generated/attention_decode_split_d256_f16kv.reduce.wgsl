@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7494b0f123d4d45b7ece51ac0c22983a52ab6c06c6805b2f28bf7e39ab79b05c
+// source-hash: sha256:94a06109ee63e8206bb58774ff1f126b46c3bdd6d7ce6a30edb03032d52c1fa1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c9c863cacfc83e54a9d22e1593d936139be94e5bf27231048304b595e3366b52
+// source-hash: sha256:a815d78434d3d348b48e3fd189df49ec96c27e71c02986390a26e650e3887f8d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:41790f532f212e60625d72f915195ff37b896138cf2c3f4d79bff7c8a2495a78
+// source-hash: sha256:9a58b0771b1647c07b2b6cc4604da7dd4b201257e2933b26ecd7f66a503ff827
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

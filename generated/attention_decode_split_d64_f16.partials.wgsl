@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2f6a09f0f8cee8e5b5f29506825f238d2566545d2fb44d566a136f7cb2a0fb26
+// source-hash: sha256:fd1bd165861bb2c0600b5fdd8549396dcc2416b48a92c259218dbbc43202172f
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6fe9a46bb559a9739de229138c937922b51ed4b8cc4d1bb14764653aed1d1d8a
+// source-hash: sha256:dfc795c5028ed2a0818ec3fd7be6d348d8bd372868d3ec44293e6ac744b777a1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1e0bd44494a58247a601cf2885524d8d86d1ec85e69d764a1b119edb38ff6bee
+// source-hash: sha256:af86a960ab65dad331e40c3392462dc66adeccc753ff9ca660b5787513f8871b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

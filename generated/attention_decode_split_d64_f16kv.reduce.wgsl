@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fead1f594c1494a5e50521d7586683b8660f056ee1f50ac19700995d67071519
+// source-hash: sha256:b2ae5482fde9c14a1b6520c0ca1ec622677a5e91cc4d36b20a35036cb2d0d2d6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:434b6b0ee004d0b3e551e2216ebef7db655884406c23d4910c340490822a3db3
+// source-hash: sha256:11e7471f70d5da0cac17bbf0ebe014cd650f4aa15d31235632ca65c1a1e14c1b
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

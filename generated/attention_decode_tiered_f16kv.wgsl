@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d609437f986b8933914984f0b49097bbeb70907f046741e7ca679c1067e7c637
+// source-hash: sha256:4186ee67d3c6358be4b50b7f5f0a1fda5763e70c81043717b7af7de5f801eebf
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

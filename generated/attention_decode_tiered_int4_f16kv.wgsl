@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4656d464c2905e842ff2d5db824b3836df87c95576771d41664b5454b7608578
+// source-hash: sha256:7e22c86f4ac37521d2c60649913e3de12f93d67f55be47da5a9f7b3bc52872ea
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

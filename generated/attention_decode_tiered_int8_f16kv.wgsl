@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9ba3e01f9c89fb7e9b1e981f7aaaa6a5de0976f85c14985e99f02d916fc12040
+// source-hash: sha256:f1dab92cfc456f90d4b21694954773abf7612fe1f99aeb95ec56d43f50cb23e1
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5b9ce308668edf196c0dc273cb760a6706e63c05571a1b6df9d6904137016bb3
+// source-hash: sha256:9a44d83e8c581c2501782b2c52c6e049726e1be46a91026e910b43b12cdc493a
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:37905d708885725bb661b5529884bd90bb60d17b8f0c776ebde351de1a34e1a5
+// source-hash: sha256:22a9aec4caf3c35e6db58f0bb6642dd1b0dda66949e84050112a7016dbd436e6
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:780b8053743f8f42c4e7f022715fd164b629eb268b5f4d0fc552de2e88efab5f
+// source-hash: sha256:902b05e22cf4c935c7d42ac0687f44a31975dccaa60e8b8cb30fc97956828c9a
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cd5b831f75e114bc137a31cf4011f64d6c46a6cf3f9987a0c24060ef3115e055
+// source-hash: sha256:fa3d8c3340fac58d2fc29330110d4bf1161d6a3d5d39a649e9eeb51e77745fcc
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

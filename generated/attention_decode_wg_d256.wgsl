@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bc7a2ab982a4774408682930b7ef89794fdb0ad558476d069a55302b3686b69b
+// source-hash: sha256:e6e5ec3bf087a0397086ad51244bacede2fe65ac6e21edfa71b034bd8469325c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:40ccb53697d9776ae9293a0fc89a16d2032bb6c4c1c9e8b1ddac04844952c642
+// source-hash: sha256:cd5e4fd3841b47f3374702baca2dd4ba88a1f36a6e90d68b776a163789e36aa2
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3a3a7e3d7dc8207a4e146ae35fee8c6a862cf39fb56deb14fc29a5fa98322500
+// source-hash: sha256:f8d862cfed628e78e724d0dd7e912177d646e58561ed3b485091f4b33987962a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fc6b938a07ce45901dd7fbb21022435f742798852299e837d6c3245f8cf9b2d7
+// source-hash: sha256:32765e9a2c8ef106633c6684718d2607aa287de3e208a146ef6c5e3b4bb0d70c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:70b9361cbd159328916764b0cd3a688d024d2ac930c2bfb5a4d46e1bd3efbddd
+// source-hash: sha256:e6aae39c3f1680d5ca30dd542bf9dc607766ddbd243f400d38f2ff27572a2ba0
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:68d785bc70d94efa1e4f117b9eccda47a6f5b4c273a994740faf5ef743a8be7e
+// source-hash: sha256:9246d5787055ef16c40ceef2924a847143f0b2faad687dd02599d27c88f35284
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ba84bfdbc9e14ef8edd8f124b6ffe0c097773975700311afbdc25ec046e88278
+// source-hash: sha256:5ccbb1e8e0fe442fe3dd1bd79844f232bb408cc7a85592ffde6bc18b1960994c
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

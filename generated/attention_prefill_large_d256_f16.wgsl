@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c3bbea93d23886f9842d1a6299139f2cf28bb9d0e649c4525371e12f8427d890
+// source-hash: sha256:2d52bd30713ed030363660d82e3c5bdb12bd345e1c59d3a8fd93498ba6576a32
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

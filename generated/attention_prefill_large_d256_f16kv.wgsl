@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9e8f768ec6ce05a739e79a9c8369c7186000bd5298e7969064efb37f26764642
+// source-hash: sha256:5375b82492d970dde356078205c8b46488190f142625cc5992800c1fcc0ce7f2
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

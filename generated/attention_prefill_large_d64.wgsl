@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7d196afa3a864db7930d2f978b44d068f91c86886bca75e589574e64dd4cee80
+// source-hash: sha256:4f5b5365dd7177fba29bd9ed85182b426b305e28700c3f3c4d34fc07cb78b268
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d304b119a80e82b7033bb658878f5ab386c5252d6c9254648b2b5879224eaa7c
+// source-hash: sha256:66a2a0525282363fb99271dce005e8f47bd8e126baf112c35727417b273b6f71
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

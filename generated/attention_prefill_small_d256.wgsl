@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b75f6f745f3091cdb42d9e5f8b5221d6be9665b169302a77252cab9f4468b907
+// source-hash: sha256:84204412cd927898ebdebff678f77a9f9470d5a2e563c29d3875470f16b25edf
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

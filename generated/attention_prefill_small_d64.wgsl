@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f3b1f7669e8ef65c3e05cfb50894330f9920c543b26f46ef8b533cf6d3b79228
+// source-hash: sha256:5fb9488102986a75808e46c959a611abed7a571ab229f3b1b090f2ee3d1a68dc
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

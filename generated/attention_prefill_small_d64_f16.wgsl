@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ed59f98cac6f6318bf9b61f3b8a91cb597840e554659829d688820f1b4ee4dcb
+// source-hash: sha256:f3539fe08a18b4d154209c3e28514d53efc928c297f7a61d40d523750ff90e03
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:92db4728452cca4b45a4a574b7afe598722dd41ae210b5493127abeb5a8b48b3
+// source-hash: sha256:f726664a5ffeabbfeecc4d82da85637f512853e9c6482c9b2191dc67b5e4b1f8
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

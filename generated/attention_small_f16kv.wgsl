@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8fc0750e996f107b69197ed18e00d2fd312da4d43ee37b482e452dfad7d582bc
+// source-hash: sha256:9fa95249cba5cd9c1738d3eb11c8576ecdc007fc6d8a76cb74f00f85b8115264
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9bc19b4d1956b5162fb41ee8901727a5d91b43bc601d017b9e9b9788bf7acf38
+// source-hash: sha256:9be19d102102fdb9e8ca9255b9b20607730c76a05b98f3f7a36ce67141e86d33
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2f836f7e131ccba6ee257f659a403899056924379c290f4b61f65243d71964fe
+// source-hash: sha256:c4b49b79dfe3a428e7fa88e26d21e8c0431ee58045b5e89b7696069ed43c274f
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ed1257c97d38fc5e9bcc50c8e6df69d0c4906b19e3c103ee3f602223a247b5a7
+// source-hash: sha256:6e1865859886ed1c856b115388aaed2407f258fbeab0a11273c32b3a0ce80360
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -551,7 +551,6 @@ def contract_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
 
 
 def format_report(run: TuneRun) -> str:
-
     current_ns = run.current.median_ns
     rows = [_row(i, r, current_ns, r is run.winner) for i, r in enumerate(run.results, start=1)]
     headers = ["#", "candidate", "validation", "median µs", "p10–p90 µs", "vs current", "note"]
