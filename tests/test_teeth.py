@@ -49,7 +49,7 @@ MUTATIONS = [
     (
         "softcap-dropped",
         COMMON,
-        "{{ score }} = tanh({{ score }} / u.attn_softcap) * u.attn_softcap;",
+        "{{ score }} = {{ capped(score) }};",
         "{{ score }} = {{ score }};",
         [SMALL, "attention_decode_tiered_f16kv"],
     ),
