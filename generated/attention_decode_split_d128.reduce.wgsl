@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:54c30d3be5976f284664d371c046770734c6aea4ecad1991f650bba777ac4ee9
+// source-hash: sha256:046fcbb2a112aaa5d6b66856722c3e7cd1eb3e5afecce9abe23b99e551ccfcb8
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e9edeef0ae0c96757bb4339c2cd2f78958a282e9b1b7d8a1f46bc943d108759f
+// source-hash: sha256:79633d82871e1cd795fbfa1934b50c7a155c884aec0d0cd5cb22bbea6c3b088d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -20,6 +20,7 @@ const LANES_PER_KEY: u32 = 8u;
 const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
 const HEADS_PER_GROUP: u32 = 2u;  // query heads each key group serves
+const HEAD_SLOTS: u32 = 2u;       // key-group slots: HEAD_SLOTS * HEADS_PER_GROUP heads at once
 const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 16u;
@@ -62,8 +63,10 @@ struct Uniforms {
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
-// Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
-var<workgroup> subgroup_counter: atomic<u32>;
+// key_groups' check of the subgroup layout (WGSL does not specify it): set by any invocation
+// out of place, then published as a uniform flag
+var<workgroup> layout_breaks: atomic<u32>;
+var<workgroup> layout_linear: u32;
 // Partial dot products: [invocation][key][head] (used only when subgroups are narrower than a key group)
 var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER * HEADS_PER_GROUP>;
 
@@ -154,28 +157,32 @@ fn main(
     let group = u.num_heads / u.num_kv_heads;
     // Key group kg serves slot kg % slots (HEADS_PER_GROUP consecutive heads of the current chunk
     // of heads) and walks key stream kg / slots of the split; groups beyond slots * streams idle.
-    // Each head of a chunk has rows_per_head rows of the merge buffer.
-    let slots = min(min((group + HEADS_PER_GROUP - 1u) / HEADS_PER_GROUP, nkg), MERGE_ROWS / HEADS_PER_GROUP);
+    // Each head of a chunk has rows_per_head rows of the merge buffer. slots is fixed when the
+    // pipeline is made (not derived from the GQA group at run time): a constant stride keeps
+    // the key loop's index arithmetic out of registers (on the H200, at kv=32768, 107 -> 77 us
+    // for 4 heads per group). A group wider than the chunk takes several chunks in turn; slots
+    // whose heads are past the group compute nothing that is stored.
+    let slots = min(HEAD_SLOTS, nkg);
     let heads_at_once = slots * HEADS_PER_GROUP;
     let streams = nkg / slots;
     let rows_per_head = max(1u, min(MERGE_ROWS / heads_at_once, streams));
     let split_begin = split * split_len;
 
-    // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
-    // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
-    // workgroup memory instead
+    let kg = lid / LANES_PER_KEY;
+    let lane = lid % LANES_PER_KEY;
+    // Is every subgroup [b * sg_size, (b + 1) * sg_size) in lane order? (workgroup-uniform)
     if (lid == 0u) {
-        atomicStore(&subgroup_counter, 0u);
+        atomicStore(&layout_breaks, 0u);
     }
     workgroupBarrier();
-    var first_lane_slot: u32 = 0u;
-    if (sg_lane == 0u) {
-        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
+    if (sg_lane != lid % sg_size || subgroupMin(lid) + sg_lane != lid) {
+        atomicStore(&layout_breaks, 1u);
     }
-    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
-    let subgroup_ok = sg_size >= LANES_PER_KEY;
-    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
-    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
+    workgroupBarrier();
+    if (lid == 0u) {
+        layout_linear = select(0u, 1u, atomicLoad(&layout_breaks) == 0u);
+    }
+    let subgroup_ok = sg_size >= LANES_PER_KEY && workgroupUniformLoad(&layout_linear) == 1u;
 
     let slot = kg % slots;
     let stream = kg / slots;

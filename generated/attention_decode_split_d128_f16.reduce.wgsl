@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa1a2eb52c27df62bd228851fddcf67e522dd08f227da230b217803e477115a8
+// source-hash: sha256:4408c98407ff0d37f60161b17920d95459bc89d01a9e17281bd9a90544ce9765
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

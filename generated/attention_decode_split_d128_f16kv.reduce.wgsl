@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:abc9555d0206fe02beda0094309a04df64b8db6e9eb11f9c3182e2e7db5a7704
+// source-hash: sha256:6deba3ad90bb07bd4bb533034e192fb9889cb5b7573c94dc6d41f70afb251560
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:09efe8e996aa1dd466de7d91818c6936dd4b6698db78d0e480a65b19d2bf5b8a
+// source-hash: sha256:e5500db5ec1b7efc75ec41961c434c7cdac5f3fb372bce64a05d9252423f8c9e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

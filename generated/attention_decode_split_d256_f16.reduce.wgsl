@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:26658cd2d02bd1e7049a83dc9bf4d7ca95effd23f06afbafb73b16812e718437
+// source-hash: sha256:d6eb215b83285f142ef851684b20bf177112fea0d99525e737332a304cdff408
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

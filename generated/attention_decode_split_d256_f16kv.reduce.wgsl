@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:94a06109ee63e8206bb58774ff1f126b46c3bdd6d7ce6a30edb03032d52c1fa1
+// source-hash: sha256:0bb8d21476acb27e29e14d87e9bfffd5113d29b464ffdc61863e80d756948051
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dfc795c5028ed2a0818ec3fd7be6d348d8bd372868d3ec44293e6ac744b777a1
+// source-hash: sha256:c11e043c6f09cb437e4b8eca86677178f47b06893d30388b7b520d38323c10fb
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

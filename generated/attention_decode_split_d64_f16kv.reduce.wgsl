@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b2ae5482fde9c14a1b6520c0ca1ec622677a5e91cc4d36b20a35036cb2d0d2d6
+// source-hash: sha256:dd272c657740bd41de9f5eaaa54b400f5dafd83751108e1dae035e575d86c84e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

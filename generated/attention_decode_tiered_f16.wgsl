@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:11e7471f70d5da0cac17bbf0ebe014cd650f4aa15d31235632ca65c1a1e14c1b
+// source-hash: sha256:38dbc15994f2c6a4bad5b84154500526e6cbe9f7fd1328cd0b76ed86516b9430
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:658bfafa0448c500b04e50455b9f6717a8486f0b406147ab3b8603fee379048f
+// source-hash: sha256:46c8a3e49d4d9f0256ba606f4283ca475d7b6cb519903ff5e0e9e59e2b879aa9
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4186ee67d3c6358be4b50b7f5f0a1fda5763e70c81043717b7af7de5f801eebf
+// source-hash: sha256:f5cb9f40b6f0a0585a2c6af13272d4f5bb4eec3bccd6b9dbee1d135af8dcbaa0
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7e22c86f4ac37521d2c60649913e3de12f93d67f55be47da5a9f7b3bc52872ea
+// source-hash: sha256:edda956b6792a48e4628947532b121b4116c662255920c12442aed6ba7c8f882
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

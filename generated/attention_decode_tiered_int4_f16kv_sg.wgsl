@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:216feec3074cdaa9938104c806f277c7b7d0968beb165c5efb41e1aee1979877
+// source-hash: sha256:35771e6c8c65d48adbd9fa5d7bd648937579372d900d32082512fc5e037199e7
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

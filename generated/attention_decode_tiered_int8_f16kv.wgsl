@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f1dab92cfc456f90d4b21694954773abf7612fe1f99aeb95ec56d43f50cb23e1
+// source-hash: sha256:554ac1c5cd4dc9489b286d1f4d4a7673b8b62830672ef6707f3faefd3732843f
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9a44d83e8c581c2501782b2c52c6e049726e1be46a91026e910b43b12cdc493a
+// source-hash: sha256:403086f160e02afa83a9fd2c84b444033bb36fc57aef9a741a2424f474d2b452
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

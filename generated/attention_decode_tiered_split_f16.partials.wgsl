@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cc900550a5e3549d214398165c2f5eaf9e38f2cc9e7c74c8c0168811ba471f4c
+// source-hash: sha256:cbed8825755577875edb168a9f1479d0b24d5aab2173255576a09eedf168a175
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

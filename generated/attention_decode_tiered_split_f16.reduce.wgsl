@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f871fdea2e05797a18b18096fc2432658142a6deaf2c1ec5445a0d81053dbdf0
+// source-hash: sha256:b87a9b25aac966fec9644208a40c49bc9b439d159f96819c3b84e4a3b1f13cfe
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:22a9aec4caf3c35e6db58f0bb6642dd1b0dda66949e84050112a7016dbd436e6
+// source-hash: sha256:845e35952dc3b57dc8ec4e0ee09c4e81cb275406c818ca99188cc32ba85d5391
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

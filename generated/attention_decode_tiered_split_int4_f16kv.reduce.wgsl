@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:63bfe2c1723506d522352ded681107e619577bda3f56fa593d2c1b44404fa707
+// source-hash: sha256:549473ebe7b254f05924523a381e0269842752259e25de11d48d0634012f1b1c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:902b05e22cf4c935c7d42ac0687f44a31975dccaa60e8b8cb30fc97956828c9a
+// source-hash: sha256:fd9ab4ce92fafcdc4c5b4f66ff1611670994f269379750d0bd3185c0fe3b7720
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

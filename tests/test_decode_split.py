@@ -21,7 +21,7 @@ from doppler_gen.backends import Device, get_backend
 from doppler_gen.config import load_project
 from doppler_gen.families.tiled import CaseSpec
 from doppler_gen.manifest import parse_kernel, variant_entry
-from doppler_gen.render import Renderer
+from doppler_gen.render import Renderer, TemplateError
 from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.validate import open_run_device
@@ -81,6 +81,38 @@ def test_mqa_heads_in_chunks_over_forty_splits(device: Device) -> None:
     for case in (spec, replace(spec, sliding_window=50), replace(spec, kv_len_source=1)):
         result = runner.run_case(case)
         assert result.passed, (case, result.verdict, result.refused)
+
+
+@pytest.mark.parametrize(
+    ("slots", "per_group"), [(1, 4), (1, 1), (2, 2), (4, 1)], ids=lambda v: str(v)
+)
+def test_head_slots_cover_groups_wider_and_narrower_than_a_chunk(
+    device: Device, slots: int, per_group: int
+) -> None:
+    """head_slots x heads_per_group heads at once is fixed at render time: MQA's 24 heads take
+    several chunks, MHA's one head leaves slots idle, and every head must still be right."""
+    kernel, entry = _kernel(
+        REPO_ROOT,
+        "attention_decode_split_d64_f16",
+        {"head_slots": slots, "heads_per_group": per_group},
+    )
+    assert f"const HEAD_SLOTS: u32 = {slots}u;" in kernel.passes[0].text
+    runner = KernelRunner(device, kernel, entry, {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 16})
+    mqa = CaseSpec("mqa", num_heads=24, num_kv_heads=1, head_dim=64, kv_len=301, start_pos=300)
+    mha = replace(mqa, name="mha", num_heads=6, num_kv_heads=6)
+    gqa = replace(mqa, name="gqa", num_heads=12, num_kv_heads=4, sliding_window=90)
+    for case in (mqa, mha, gqa):
+        result = runner.run_case(case)
+        assert result.passed, (case.name, result.verdict, result.refused)
+
+
+def test_head_slots_beyond_the_merge_rows_are_refused_at_render() -> None:
+    """head_slots x heads_per_group rows of the merge buffer must exist: d256 has 8."""
+    project = load_project(REPO_ROOT)
+    variant = project.variant("attention_decode_split_d256")
+    variant = replace(variant, params={**variant.params, "head_slots": 4, "heads_per_group": 4})
+    with pytest.raises(TemplateError, match=r"head_slots \(4\) x heads_per_group \(4\)"):
+        Renderer(project).render(variant)
 
 
 @pytest.mark.parametrize(
