@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:363066ade91e12fff5e6d76a3166a3416cc7808b9075c42a8186d0404167630f
+// source-hash: sha256:04bfb8b2546d299acd30a2121bc9cf8ccdd7f26026384318bebe00bddee965eb
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -58,10 +58,8 @@ struct Uniforms {
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
-// key_groups' check of the subgroup layout (WGSL does not specify it): set by any invocation
-// out of place, then published as a uniform flag
-var<workgroup> layout_breaks: atomic<u32>;
-var<workgroup> layout_linear: u32;
+// Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
+var<workgroup> subgroup_counter: atomic<u32>;
 // Partial dot products: [invocation][key] (used only when subgroups are narrower than a key group)
 var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER>;
 
@@ -144,21 +142,21 @@ fn main(
     let scale = u.scale;
     let nkg = WORKGROUP_SIZE / LANES_PER_KEY;
 
-    let kg = lid / LANES_PER_KEY;
-    let lane = lid % LANES_PER_KEY;
-    // Is every subgroup [b * sg_size, (b + 1) * sg_size) in lane order? (workgroup-uniform)
+    // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
+    // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
+    // workgroup memory instead
     if (lid == 0u) {
-        atomicStore(&layout_breaks, 0u);
+        atomicStore(&subgroup_counter, 0u);
     }
     workgroupBarrier();
-    if (sg_lane != lid % sg_size || subgroupMin(lid) + sg_lane != lid) {
-        atomicStore(&layout_breaks, 1u);
+    var first_lane_slot: u32 = 0u;
+    if (sg_lane == 0u) {
+        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
     }
-    workgroupBarrier();
-    if (lid == 0u) {
-        layout_linear = select(0u, 1u, atomicLoad(&layout_breaks) == 0u);
-    }
-    let subgroup_ok = sg_size >= LANES_PER_KEY && workgroupUniformLoad(&layout_linear) == 1u;
+    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let subgroup_ok = sg_size >= LANES_PER_KEY;
+    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
 
     for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
         let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e497861843dc91bf7d3a442915044e7b61bde8ea0ffa1643d1627ebdbc6a0216
+// source-hash: sha256:33d7921233ab5d90aaff4977c322171c979e1cb551771018aa8e34ec57c5235b
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -58,10 +58,8 @@ struct Uniforms {
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS>;
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
-// key_groups' check of the subgroup layout (WGSL does not specify it): set by any invocation
-// out of place, then published as a uniform flag
-var<workgroup> layout_breaks: atomic<u32>;
-var<workgroup> layout_linear: u32;
+// Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
+var<workgroup> subgroup_counter: atomic<u32>;
 // Partial dot products: [invocation][key] (used only when subgroups are narrower than a key group)
 var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER>;
 
@@ -144,21 +142,21 @@ fn main(
     let scale = u.scale;
     let nkg = WORKGROUP_SIZE / LANES_PER_KEY;
 
-    let kg = lid / LANES_PER_KEY;
-    let lane = lid % LANES_PER_KEY;
-    // Is every subgroup [b * sg_size, (b + 1) * sg_size) in lane order? (workgroup-uniform)
+    // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
+    // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
+    // workgroup memory instead
     if (lid == 0u) {
-        atomicStore(&layout_breaks, 0u);
+        atomicStore(&subgroup_counter, 0u);
     }
     workgroupBarrier();
-    if (sg_lane != lid % sg_size || subgroupMin(lid) + sg_lane != lid) {
-        atomicStore(&layout_breaks, 1u);
+    var first_lane_slot: u32 = 0u;
+    if (sg_lane == 0u) {
+        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
     }
-    workgroupBarrier();
-    if (lid == 0u) {
-        layout_linear = select(0u, 1u, atomicLoad(&layout_breaks) == 0u);
-    }
-    let subgroup_ok = sg_size >= LANES_PER_KEY && workgroupUniformLoad(&layout_linear) == 1u;
+    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let subgroup_ok = sg_size >= LANES_PER_KEY;
+    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
 
     for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
         let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;
@@ -189,211 +187,399 @@ fn main(
         // Keys [key_begin, key_end) of this query: key group kg takes keys key_begin + kg,
         // + nkg, + 2 nkg, ... (KEYS_PER_ITER of them per iteration)
         let keys = key_range(query_pos, kv_len);
-        let span = keys.y - min(keys.x, keys.y);
-        let per_iter = nkg * KEYS_PER_ITER;
-        let iterations = (span + per_iter - 1u) / per_iter;
-        for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-            let base = keys.x + it * per_iter + kg;
-            // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_0 = base + 0u * nkg;
-            let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
-            let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_0 = array<vec4<f16>, VEC_PER_LANE>();
-            var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-            {
-                let j = 0u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 1u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
+        // The key loop twice, with and without the softcap, so that neither copy branches on it
+        // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
+        if (u.attn_softcap > 0.0) {
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = nkg * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + kg;
+                // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_0 = base + 0u * nkg;
+                let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
+                let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
 
-            // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_1 = base + 1u * nkg;
-            let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
-            let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_1 = array<vec4<f16>, VEC_PER_LANE>();
-            var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-            {
-                let j = 0u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 1u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
+                // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_1 = base + 1u * nkg;
+                let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
+                let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
 
-            // key 2 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_2 = base + 2u * nkg;
-            let valid_2 = key_2 < keys.y && !is_masked(query_pos, key_2);
-            let row_2 = (get_kv_pos(min(key_2, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_2 = array<vec4<f16>, VEC_PER_LANE>();
-            var v_2 = array<vec4<f16>, VEC_PER_LANE>();
-            {
-                let j = 0u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_2[j] = K[row_2 + v];
-                v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
-            }
-            {
-                let j = 1u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_2[j] = K[row_2 + v];
-                v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
-            }
+                // key 2 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_2 = base + 2u * nkg;
+                let valid_2 = key_2 < keys.y && !is_masked(query_pos, key_2);
+                let row_2 = (get_kv_pos(min(key_2, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_2 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_2 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
 
-            // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_3 = base + 3u * nkg;
-            let valid_3 = key_3 < keys.y && !is_masked(query_pos, key_3);
-            let row_3 = (get_kv_pos(min(key_3, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_3 = array<vec4<f16>, VEC_PER_LANE>();
-            var v_3 = array<vec4<f16>, VEC_PER_LANE>();
-            {
-                let j = 0u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_3[j] = K[row_3 + v];
-                v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
-            }
-            {
-                let j = 1u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_3[j] = K[row_3 + v];
-                v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
-            }
+                // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_3 = base + 3u * nkg;
+                let valid_3 = key_3 < keys.y && !is_masked(query_pos, key_3);
+                let row_3 = (get_kv_pos(min(key_3, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_3 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_3 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
 
-            // dot products of key 0 (an invalid key's score is never used)
-            var dot_0: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            {
-                let j = 1u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-            }
-            // dot products of key 1 (an invalid key's score is never used)
-            var dot_1: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            {
-                let j = 1u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-            }
-            // dot products of key 2 (an invalid key's score is never used)
-            var dot_2: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-            }
-            {
-                let j = 1u;
-                dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-            }
-            // dot products of key 3 (an invalid key's score is never used)
-            var dot_3: f32 = 0.0;
-            {
-                let j = 0u;
-                dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-            }
-            {
-                let j = 1u;
-                dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-            }
-            // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-            if (subgroup_ok) {
-                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
-                dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
-                dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
-                dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
-                dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
-                dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
-                dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
-            } else {
-                // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                let parity = 0u;
-                workgroupBarrier();  // the previous iteration's reads are done
-                partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
-                partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
-                workgroupBarrier();
-                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                dot_0 = 0.0;
-                dot_1 = 0.0;
-                dot_2 = 0.0;
-                dot_3 = 0.0;
-                for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                    dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                    dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                    dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
-                    dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                // dot products of key 2 (an invalid key's score is never used)
+                var dot_2: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                // dot products of key 3 (an invalid key's score is never used)
+                var dot_3: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                if (subgroup_ok) {
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                } else {
+                    // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                    let parity = 0u;
+                    workgroupBarrier();  // the previous iteration's reads are done
+                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
+                    workgroupBarrier();
+                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                    dot_0 = 0.0;
+                    dot_1 = 0.0;
+                    dot_2 = 0.0;
+                    dot_3 = 0.0;
+                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                        dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
+                        dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
+                    }
+                }
+                // Scores and the online softmax update of this key group
+                var block_max: f32 = NEG_BIG;
+                let score_0 = tanh(dot_0 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_0) {
+                    block_max = max(block_max, score_0);
+                }
+                let score_1 = tanh(dot_1 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_1) {
+                    block_max = max(block_max, score_1);
+                }
+                let score_2 = tanh(dot_2 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_2) {
+                    block_max = max(block_max, score_2);
+                }
+                let score_3 = tanh(dot_3 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_3) {
+                    block_max = max(block_max, score_3);
+                }
+                let m_new = max(m, block_max);
+                let correction = exp(m - m_new);
+                let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+                let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+                let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
+                let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
+                l = l * correction + p_0 + p_1 + p_2 + p_3;
+                m = m_new;
+                {
+                    let j = 0u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 1u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                 }
             }
-            // Scores and the online softmax update of this key group
-            var block_max: f32 = NEG_BIG;
-            var score_0: f32 = dot_0 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_0) {
-                block_max = max(block_max, score_0);
-            }
-            var score_1: f32 = dot_1 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_1) {
-                block_max = max(block_max, score_1);
-            }
-            var score_2: f32 = dot_2 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_2 = tanh(score_2 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_2) {
-                block_max = max(block_max, score_2);
-            }
-            var score_3: f32 = dot_3 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_3 = tanh(score_3 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_3) {
-                block_max = max(block_max, score_3);
-            }
-            let m_new = max(m, block_max);
-            let correction = exp(m - m_new);
-            let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-            let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-            let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
-            let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
-            l = l * correction + p_0 + p_1 + p_2 + p_3;
-            m = m_new;
-            {
-                let j = 0u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-            }
-            {
-                let j = 1u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+        } else {
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = nkg * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + kg;
+                // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_0 = base + 0u * nkg;
+                let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
+                let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
+
+                // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_1 = base + 1u * nkg;
+                let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
+                let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
+
+                // key 2 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_2 = base + 2u * nkg;
+                let valid_2 = key_2 < keys.y && !is_masked(query_pos, key_2);
+                let row_2 = (get_kv_pos(min(key_2, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_2 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_2 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
+
+                // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_3 = base + 3u * nkg;
+                let valid_3 = key_3 < keys.y && !is_masked(query_pos, key_3);
+                let row_3 = (get_kv_pos(min(key_3, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_3 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_3 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
+
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                // dot products of key 2 (an invalid key's score is never used)
+                var dot_2: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                // dot products of key 3 (an invalid key's score is never used)
+                var dot_3: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                if (subgroup_ok) {
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                } else {
+                    // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                    let parity = 0u;
+                    workgroupBarrier();  // the previous iteration's reads are done
+                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
+                    workgroupBarrier();
+                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                    dot_0 = 0.0;
+                    dot_1 = 0.0;
+                    dot_2 = 0.0;
+                    dot_3 = 0.0;
+                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                        dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
+                        dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
+                    }
+                }
+                // Scores and the online softmax update of this key group
+                var block_max: f32 = NEG_BIG;
+                let score_0 = dot_0 * scale;
+                if (valid_0) {
+                    block_max = max(block_max, score_0);
+                }
+                let score_1 = dot_1 * scale;
+                if (valid_1) {
+                    block_max = max(block_max, score_1);
+                }
+                let score_2 = dot_2 * scale;
+                if (valid_2) {
+                    block_max = max(block_max, score_2);
+                }
+                let score_3 = dot_3 * scale;
+                if (valid_3) {
+                    block_max = max(block_max, score_3);
+                }
+                let m_new = max(m, block_max);
+                let correction = exp(m - m_new);
+                let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+                let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+                let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
+                let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
+                l = l * correction + p_0 + p_1 + p_2 + p_3;
+                m = m_new;
+                {
+                    let j = 0u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 1u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
             }
         }
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e627f81e77f81d29524b2815fc8a15245924a86e99d62cae56b1206d41e608ed
+// source-hash: sha256:307e375f6a6c5317ac16c9dc185a5340aea53b4093194d4a6a77e3e272065587
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -61,10 +61,8 @@ struct Uniforms {
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
 var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
-// key_groups' check of the subgroup layout (WGSL does not specify it): set by any invocation
-// out of place, then published as a uniform flag
-var<workgroup> layout_breaks: atomic<u32>;
-var<workgroup> layout_linear: u32;
+// Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
+var<workgroup> subgroup_counter: atomic<u32>;
 // Partial dot products: [invocation][key][head] (used only when subgroups are narrower than a key group)
 var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER * HEADS_PER_GROUP>;
 
@@ -166,21 +164,21 @@ fn main(
     let rows_per_head = max(1u, min(MERGE_ROWS / heads_at_once, streams));
     let split_begin = split * split_len;
 
-    let kg = lid / LANES_PER_KEY;
-    let lane = lid % LANES_PER_KEY;
-    // Is every subgroup [b * sg_size, (b + 1) * sg_size) in lane order? (workgroup-uniform)
+    // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
+    // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
+    // workgroup memory instead
     if (lid == 0u) {
-        atomicStore(&layout_breaks, 0u);
+        atomicStore(&subgroup_counter, 0u);
     }
     workgroupBarrier();
-    if (sg_lane != lid % sg_size || subgroupMin(lid) + sg_lane != lid) {
-        atomicStore(&layout_breaks, 1u);
+    var first_lane_slot: u32 = 0u;
+    if (sg_lane == 0u) {
+        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
     }
-    workgroupBarrier();
-    if (lid == 0u) {
-        layout_linear = select(0u, 1u, atomicLoad(&layout_breaks) == 0u);
-    }
-    let subgroup_ok = sg_size >= LANES_PER_KEY && workgroupUniformLoad(&layout_linear) == 1u;
+    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let subgroup_ok = sg_size >= LANES_PER_KEY;
+    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
 
     let slot = kg % slots;
     let stream = kg / slots;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:046fcbb2a112aaa5d6b66856722c3e7cd1eb3e5afecce9abe23b99e551ccfcb8
+// source-hash: sha256:4fa0b57ed2bdabec381aef9e88ab4efc6419faaec6829ef86a44832fe84a8eff
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

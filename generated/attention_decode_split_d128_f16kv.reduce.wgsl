@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6deba3ad90bb07bd4bb533034e192fb9889cb5b7573c94dc6d41f70afb251560
+// source-hash: sha256:1016ab29a2de1097c4e496b6820a31c8e5f65951d5e03af821e1547072a13c12
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

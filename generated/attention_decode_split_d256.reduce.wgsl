@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e5500db5ec1b7efc75ec41961c434c7cdac5f3fb372bce64a05d9252423f8c9e
+// source-hash: sha256:dde36dc469c78cbfcad964cee4735265dfc83a1c5c7e3a3e945d193f5a9cb5f2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

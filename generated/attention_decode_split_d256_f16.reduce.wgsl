@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d6eb215b83285f142ef851684b20bf177112fea0d99525e737332a304cdff408
+// source-hash: sha256:b4a10ac4a26b5aaee045b4c4f86d70bcf80e252f51d57c93f571a1fb0d807717
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

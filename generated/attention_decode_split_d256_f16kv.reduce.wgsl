@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0bb8d21476acb27e29e14d87e9bfffd5113d29b464ffdc61863e80d756948051
+// source-hash: sha256:5bffb6dff9cc5655d9c5f1f928f9d5d15b48e90f60c1ca578024e95bed4d09d6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

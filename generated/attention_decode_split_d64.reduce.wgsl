@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:28b4ce8339d0c54e11f0c75092d84c55b144af0d56ee8b4a692c13e8c78cfe03
+// source-hash: sha256:da30e7c3b0103f725355d1f75894866c1ebc2b3ce64f0854f53438f6e57d5b41
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

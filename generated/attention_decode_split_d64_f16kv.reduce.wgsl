@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dd272c657740bd41de9f5eaaa54b400f5dafd83751108e1dae035e575d86c84e
+// source-hash: sha256:aa1d84c303b0a2a7bbfcc1deb949adbe8ff106d368a566aeb0fba77ae08f4f22
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:38dbc15994f2c6a4bad5b84154500526e6cbe9f7fd1328cd0b76ed86516b9430
+// source-hash: sha256:aca81b7f696b46b4d7ef69bbaf48e99afb63621a0e74632a55a1a8a25b46aef0
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -79,9 +79,9 @@ var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes lefto
 var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> run_max: f32;
 var<private> run_sum: f32;
-var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
 var<private> acc_0: vec4<f32>;
@@ -263,9 +263,9 @@ fn main(
     dim0 = group_lane * DIMS_PER_LANE;
     lane_live = in_group && dim0 < head_dim;
     kv_head = get_kv_head_idx(head_idx);
+    exchange_half = 0u;
     run_max = MASKED_SCORE;
     run_sum = 0.0;
-    exchange_half = 0u;
     let q_base = head_idx * head_dim + dim0;
     acc_0 = vec4<f32>(0.0);
     q_0 = vec4<f32>(0.0);
@@ -298,6 +298,7 @@ fn main(
     let reps = WORKGROUP_SIZE / block;
     let rep = tid / block;
     let is_rep = rep < reps && tid - rep * block < lanes_per_key;
+    let slot = rep * lanes_per_key + group_lane;
     workgroupBarrier();
     if (is_rep && group_lane == 0u) {
         exchange[4u * rep] = run_max;
@@ -315,7 +316,6 @@ fn main(
     // This block's share of the softmax, relative to the row max
     let weight = exp(run_max - row_max);
     let out_base = head_idx * head_dim + dim0;
-    let slot = rep * lanes_per_key + group_lane;
 
     // Accumulator elements 0..3: the representatives', summed by the first group
     workgroupBarrier();

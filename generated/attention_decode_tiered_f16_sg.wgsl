@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:46c8a3e49d4d9f0256ba606f4283ca475d7b6cb519903ff5e0e9e59e2b879aa9
+// source-hash: sha256:42ee7507e47cb6469df258a5235492280eb106a86025b5da44023033a3b3cb7b
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -80,9 +80,9 @@ var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes lefto
 var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> run_max: f32;
 var<private> run_sum: f32;
-var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
 var<private> acc_0: vec4<f32>;
@@ -272,9 +272,9 @@ fn main(
     dim0 = group_lane * DIMS_PER_LANE;
     lane_live = in_group && dim0 < head_dim;
     kv_head = get_kv_head_idx(head_idx);
+    exchange_half = 0u;
     run_max = MASKED_SCORE;
     run_sum = 0.0;
-    exchange_half = 0u;
     let q_base = head_idx * head_dim + dim0;
     acc_0 = vec4<f32>(0.0);
     q_0 = vec4<f32>(0.0);
@@ -323,6 +323,7 @@ fn main(
     let reps = WORKGROUP_SIZE / block;
     let rep = tid / block;
     let is_rep = rep < reps && tid - rep * block < lanes_per_key;
+    let slot = rep * lanes_per_key + group_lane;
     workgroupBarrier();
     if (is_rep && group_lane == 0u) {
         exchange[4u * rep] = run_max;
@@ -340,7 +341,6 @@ fn main(
     // This block's share of the softmax, relative to the row max
     let weight = exp(run_max - row_max);
     let out_base = head_idx * head_dim + dim0;
-    let slot = rep * lanes_per_key + group_lane;
 
     // Accumulator elements 0..3: the representatives', summed by the first group
     workgroupBarrier();

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f5cb9f40b6f0a0585a2c6af13272d4f5bb4eec3bccd6b9dbee1d135af8dcbaa0
+// source-hash: sha256:0875e4078f5af595621c5ea37abc62b5c34019e35ded04d1ae75b241590fbc63
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //
@@ -79,9 +79,9 @@ var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes lefto
 var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> run_max: f32;
 var<private> run_sum: f32;
-var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
 var<private> acc_0: vec4<f32>;
@@ -263,9 +263,9 @@ fn main(
     dim0 = group_lane * DIMS_PER_LANE;
     lane_live = in_group && dim0 < head_dim;
     kv_head = get_kv_head_idx(head_idx);
+    exchange_half = 0u;
     run_max = MASKED_SCORE;
     run_sum = 0.0;
-    exchange_half = 0u;
     let q_base = head_idx * head_dim + dim0;
     acc_0 = vec4<f32>(0.0);
     q_0 = vec4<f32>(0.0);
@@ -298,6 +298,7 @@ fn main(
     let reps = WORKGROUP_SIZE / block;
     let rep = tid / block;
     let is_rep = rep < reps && tid - rep * block < lanes_per_key;
+    let slot = rep * lanes_per_key + group_lane;
     workgroupBarrier();
     if (is_rep && group_lane == 0u) {
         exchange[4u * rep] = run_max;
@@ -315,7 +316,6 @@ fn main(
     // This block's share of the softmax, relative to the row max
     let weight = exp(run_max - row_max);
     let out_base = head_idx * head_dim + dim0;
-    let slot = rep * lanes_per_key + group_lane;
 
     // Accumulator elements 0..3: the representatives', summed by the first group
     workgroupBarrier();

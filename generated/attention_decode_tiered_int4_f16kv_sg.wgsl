@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:35771e6c8c65d48adbd9fa5d7bd648937579372d900d32082512fc5e037199e7
+// source-hash: sha256:aa75b487dacbfbbbb7973dbd7f686f1d4cf73cd1d31f2c3507e27bd0980ac105
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //
@@ -80,9 +80,9 @@ var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes lefto
 var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> run_max: f32;
 var<private> run_sum: f32;
-var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
 var<private> q_0: vec4<f32>;
 var<private> q_1: vec4<f32>;
 var<private> acc_0: vec4<f32>;
@@ -313,9 +313,9 @@ fn main(
     dim0 = group_lane * DIMS_PER_LANE;
     lane_live = in_group && dim0 < head_dim;
     kv_head = get_kv_head_idx(head_idx);
+    exchange_half = 0u;
     run_max = MASKED_SCORE;
     run_sum = 0.0;
-    exchange_half = 0u;
     let q_base = head_idx * head_dim + dim0;
     acc_0 = vec4<f32>(0.0);
     q_0 = vec4<f32>(0.0);
@@ -373,6 +373,7 @@ fn main(
     let reps = WORKGROUP_SIZE / block;
     let rep = tid / block;
     let is_rep = rep < reps && tid - rep * block < lanes_per_key;
+    let slot = rep * lanes_per_key + group_lane;
     workgroupBarrier();
     if (is_rep && group_lane == 0u) {
         exchange[4u * rep] = run_max;
@@ -390,7 +391,6 @@ fn main(
     // This block's share of the softmax, relative to the row max
     let weight = exp(run_max - row_max);
     let out_base = head_idx * head_dim + dim0;
-    let slot = rep * lanes_per_key + group_lane;
 
     // Accumulator elements 0..3: the representatives', summed by the first group
     workgroupBarrier();

@@ -1,14 +1,15 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cbed8825755577875edb168a9f1479d0b24d5aab2173255576a09eedf168a175
+// source-hash: sha256:8b67fe8fa96667b129d8ce20c40ca52b8cbec412f9af44c330d2d23ed2e573b6
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
-// One workgroup per (query head, split): dispatch KV_SPLITS * num_heads. The cold-then-hot keys
+// One workgroup per (split, KV head, chunk of HEADS_PER_WORKGROUP of its query heads): dispatch
+// KV_SPLITS * num_kv_heads * ceil(num_heads / num_kv_heads / HEADS_PER_WORKGROUP). Each K/V
+// slice is loaded and unpacked once for the chunk's heads. The cold-then-hot keys
 // are cut into at most KV_SPLITS splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the
 // workgroup walks its split as below and writes the split's (max, sum, unnormalised
-// accumulator) to scratch; attention_decode_split_reduce combines the splits of each head.
-// Workgroups of one split are adjacent, so the heads of a KV head share its rows through L2.
+// accumulator) of each head to scratch; attention_decode_split_reduce combines the splits.
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
@@ -31,6 +32,7 @@ const DIMS_PER_LANE: u32 = 8u;
 const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
+const HEADS_PER_WORKGROUP: u32 = 4u;  // query heads each workgroup serves
 override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
 
@@ -90,13 +92,31 @@ var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes lefto
 var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
-var<private> run_max: f32;
-var<private> run_sum: f32;
 var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
-var<private> q_0: vec4<f32>;
-var<private> q_1: vec4<f32>;
-var<private> acc_0: vec4<f32>;
-var<private> acc_1: vec4<f32>;
+var<private> run_max_h0: f32;
+var<private> run_sum_h0: f32;
+var<private> q_0_h0: vec4<f32>;
+var<private> q_1_h0: vec4<f32>;
+var<private> acc_0_h0: vec4<f32>;
+var<private> acc_1_h0: vec4<f32>;
+var<private> run_max_h1: f32;
+var<private> run_sum_h1: f32;
+var<private> q_0_h1: vec4<f32>;
+var<private> q_1_h1: vec4<f32>;
+var<private> acc_0_h1: vec4<f32>;
+var<private> acc_1_h1: vec4<f32>;
+var<private> run_max_h2: f32;
+var<private> run_sum_h2: f32;
+var<private> q_0_h2: vec4<f32>;
+var<private> q_1_h2: vec4<f32>;
+var<private> acc_0_h2: vec4<f32>;
+var<private> acc_1_h2: vec4<f32>;
+var<private> run_max_h3: f32;
+var<private> run_sum_h3: f32;
+var<private> q_0_h3: vec4<f32>;
+var<private> q_1_h3: vec4<f32>;
+var<private> acc_0_h3: vec4<f32>;
+var<private> acc_1_h3: vec4<f32>;
 
 // The split's ends (tier indices) for the step functions' key checks; main's loops use its own
 // `let` copies, which stay workgroup-uniform (barriers run inside the steps)
@@ -226,32 +246,127 @@ fn cold_step(first: u32, width: u32) {
     let kh3_1 = K_cold[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
     let vh3_0 = select(vec4<f16>(), V_cold[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live3);
     let vh3_1 = select(vec4<f16>(), V_cold[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live3);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
-    let part2 = dot(q_0, vec4<f32>(kh2_0)) + dot(q_1, vec4<f32>(kh2_1));
-    let part3 = dot(q_0, vec4<f32>(kh3_0)) + dot(q_1, vec4<f32>(kh3_1));
-    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let dots2 = group_reduce(vec2<f32>(part2, part3), width);
-    let score0 = finish_score(dots0[0], key0);
-    let score1 = finish_score(dots0[1], key1);
-    let score2 = finish_score(dots2[0], key2);
-    let score3 = finish_score(dots2[1], key3);
+    // Each slice converted (unpacked) once, for all 4 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let kf2_0 = vec4<f32>(kh2_0);
+    let kf2_1 = vec4<f32>(kh2_1);
+    let vf2_0 = vec4<f32>(vh2_0);
+    let vf2_1 = vec4<f32>(vh2_1);
+    let kf3_0 = vec4<f32>(kh3_0);
+    let kf3_1 = vec4<f32>(kh3_1);
+    let vf3_0 = vec4<f32>(vh3_0);
+    let vf3_1 = vec4<f32>(vh3_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
+    let part2_h0 = dot(q_0_h0, kf2_0) + dot(q_1_h0, kf2_1);
+    let part2_h1 = dot(q_0_h1, kf2_0) + dot(q_1_h1, kf2_1);
+    let part2_h2 = dot(q_0_h2, kf2_0) + dot(q_1_h2, kf2_1);
+    let part2_h3 = dot(q_0_h3, kf2_0) + dot(q_1_h3, kf2_1);
+    let part3_h0 = dot(q_0_h0, kf3_0) + dot(q_1_h0, kf3_1);
+    let part3_h1 = dot(q_0_h1, kf3_0) + dot(q_1_h1, kf3_1);
+    let part3_h2 = dot(q_0_h2, kf3_0) + dot(q_1_h2, kf3_1);
+    let part3_h3 = dot(q_0_h3, kf3_0) + dot(q_1_h3, kf3_1);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
+    let dots8 = group_reduce(vec2<f32>(part2_h0, part2_h1), width);
+    let dots10 = group_reduce(vec2<f32>(part2_h2, part2_h3), width);
+    let dots12 = group_reduce(vec2<f32>(part3_h0, part3_h1), width);
+    let dots14 = group_reduce(vec2<f32>(part3_h2, part3_h3), width);
+    let score0_h0 = finish_score(dots0[0], key0);
+    let score0_h1 = finish_score(dots0[1], key0);
+    let score0_h2 = finish_score(dots2[0], key0);
+    let score0_h3 = finish_score(dots2[1], key0);
+    let score1_h0 = finish_score(dots4[0], key1);
+    let score1_h1 = finish_score(dots4[1], key1);
+    let score1_h2 = finish_score(dots6[0], key1);
+    let score1_h3 = finish_score(dots6[1], key1);
+    let score2_h0 = finish_score(dots8[0], key2);
+    let score2_h1 = finish_score(dots8[1], key2);
+    let score2_h2 = finish_score(dots10[0], key2);
+    let score2_h3 = finish_score(dots10[1], key2);
+    let score3_h0 = finish_score(dots12[0], key3);
+    let score3_h1 = finish_score(dots12[1], key3);
+    let score3_h2 = finish_score(dots14[0], key3);
+    let score3_h3 = finish_score(dots14[1], key3);
 
-    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    if (live2) { m = max(m, score2); }
-    if (live3) { m = max(m, score3); }
-    let correction = exp(run_max - m);
-    let w0 = select(0.0, exp(score0 - m), live0);
-    let w1 = select(0.0, exp(score1 - m), live1);
-    let w2 = select(0.0, exp(score2 - m), live2);
-    let w3 = select(0.0, exp(score3 - m), live3);
-    run_sum = run_sum * correction + w0 + w1 + w2 + w3;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0) + w2 * vec4<f32>(vh2_0) + w3 * vec4<f32>(vh3_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1) + w2 * vec4<f32>(vh2_1) + w3 * vec4<f32>(vh3_1);
-    run_max = m;
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    if (live2) { m_h0 = max(m_h0, score2_h0); }
+    if (live3) { m_h0 = max(m_h0, score3_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    let w2_h0 = select(0.0, exp(score2_h0 - m_h0), live2);
+    let w3_h0 = select(0.0, exp(score3_h0 - m_h0), live3);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0 + w2_h0 + w3_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0 + w2_h0 * vf2_0 + w3_h0 * vf3_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1 + w2_h0 * vf2_1 + w3_h0 * vf3_1;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    if (live2) { m_h1 = max(m_h1, score2_h1); }
+    if (live3) { m_h1 = max(m_h1, score3_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    let w2_h1 = select(0.0, exp(score2_h1 - m_h1), live2);
+    let w3_h1 = select(0.0, exp(score3_h1 - m_h1), live3);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1 + w2_h1 + w3_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0 + w2_h1 * vf2_0 + w3_h1 * vf3_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1 + w2_h1 * vf2_1 + w3_h1 * vf3_1;
+    run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    if (live2) { m_h2 = max(m_h2, score2_h2); }
+    if (live3) { m_h2 = max(m_h2, score3_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    let w2_h2 = select(0.0, exp(score2_h2 - m_h2), live2);
+    let w3_h2 = select(0.0, exp(score3_h2 - m_h2), live3);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2 + w2_h2 + w3_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0 + w2_h2 * vf2_0 + w3_h2 * vf3_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1 + w2_h2 * vf2_1 + w3_h2 * vf3_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    if (live2) { m_h3 = max(m_h3, score2_h3); }
+    if (live3) { m_h3 = max(m_h3, score3_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    let w2_h3 = select(0.0, exp(score2_h3 - m_h3), live2);
+    let w3_h3 = select(0.0, exp(score3_h3 - m_h3), live3);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3 + w2_h3 + w3_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0 + w2_h3 * vf2_0 + w3_h3 * vf3_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1 + w2_h3 * vf2_1 + w3_h3 * vf3_1;
+    run_max_h3 = m_h3;
 }
 
 // One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 4
@@ -291,32 +406,127 @@ fn hot_step(first: u32, width: u32) {
     let kh3_1 = K_hot[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
     let vh3_0 = select(vec4<f16>(), V_hot[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live3);
     let vh3_1 = select(vec4<f16>(), V_hot[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live3);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
-    let part2 = dot(q_0, vec4<f32>(kh2_0)) + dot(q_1, vec4<f32>(kh2_1));
-    let part3 = dot(q_0, vec4<f32>(kh3_0)) + dot(q_1, vec4<f32>(kh3_1));
-    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let dots2 = group_reduce(vec2<f32>(part2, part3), width);
-    let score0 = finish_score(dots0[0], u.hot_start + key0);
-    let score1 = finish_score(dots0[1], u.hot_start + key1);
-    let score2 = finish_score(dots2[0], u.hot_start + key2);
-    let score3 = finish_score(dots2[1], u.hot_start + key3);
+    // Each slice converted (unpacked) once, for all 4 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let kf2_0 = vec4<f32>(kh2_0);
+    let kf2_1 = vec4<f32>(kh2_1);
+    let vf2_0 = vec4<f32>(vh2_0);
+    let vf2_1 = vec4<f32>(vh2_1);
+    let kf3_0 = vec4<f32>(kh3_0);
+    let kf3_1 = vec4<f32>(kh3_1);
+    let vf3_0 = vec4<f32>(vh3_0);
+    let vf3_1 = vec4<f32>(vh3_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
+    let part2_h0 = dot(q_0_h0, kf2_0) + dot(q_1_h0, kf2_1);
+    let part2_h1 = dot(q_0_h1, kf2_0) + dot(q_1_h1, kf2_1);
+    let part2_h2 = dot(q_0_h2, kf2_0) + dot(q_1_h2, kf2_1);
+    let part2_h3 = dot(q_0_h3, kf2_0) + dot(q_1_h3, kf2_1);
+    let part3_h0 = dot(q_0_h0, kf3_0) + dot(q_1_h0, kf3_1);
+    let part3_h1 = dot(q_0_h1, kf3_0) + dot(q_1_h1, kf3_1);
+    let part3_h2 = dot(q_0_h2, kf3_0) + dot(q_1_h2, kf3_1);
+    let part3_h3 = dot(q_0_h3, kf3_0) + dot(q_1_h3, kf3_1);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
+    let dots8 = group_reduce(vec2<f32>(part2_h0, part2_h1), width);
+    let dots10 = group_reduce(vec2<f32>(part2_h2, part2_h3), width);
+    let dots12 = group_reduce(vec2<f32>(part3_h0, part3_h1), width);
+    let dots14 = group_reduce(vec2<f32>(part3_h2, part3_h3), width);
+    let score0_h0 = finish_score(dots0[0], u.hot_start + key0);
+    let score0_h1 = finish_score(dots0[1], u.hot_start + key0);
+    let score0_h2 = finish_score(dots2[0], u.hot_start + key0);
+    let score0_h3 = finish_score(dots2[1], u.hot_start + key0);
+    let score1_h0 = finish_score(dots4[0], u.hot_start + key1);
+    let score1_h1 = finish_score(dots4[1], u.hot_start + key1);
+    let score1_h2 = finish_score(dots6[0], u.hot_start + key1);
+    let score1_h3 = finish_score(dots6[1], u.hot_start + key1);
+    let score2_h0 = finish_score(dots8[0], u.hot_start + key2);
+    let score2_h1 = finish_score(dots8[1], u.hot_start + key2);
+    let score2_h2 = finish_score(dots10[0], u.hot_start + key2);
+    let score2_h3 = finish_score(dots10[1], u.hot_start + key2);
+    let score3_h0 = finish_score(dots12[0], u.hot_start + key3);
+    let score3_h1 = finish_score(dots12[1], u.hot_start + key3);
+    let score3_h2 = finish_score(dots14[0], u.hot_start + key3);
+    let score3_h3 = finish_score(dots14[1], u.hot_start + key3);
 
-    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    if (live2) { m = max(m, score2); }
-    if (live3) { m = max(m, score3); }
-    let correction = exp(run_max - m);
-    let w0 = select(0.0, exp(score0 - m), live0);
-    let w1 = select(0.0, exp(score1 - m), live1);
-    let w2 = select(0.0, exp(score2 - m), live2);
-    let w3 = select(0.0, exp(score3 - m), live3);
-    run_sum = run_sum * correction + w0 + w1 + w2 + w3;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0) + w2 * vec4<f32>(vh2_0) + w3 * vec4<f32>(vh3_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1) + w2 * vec4<f32>(vh2_1) + w3 * vec4<f32>(vh3_1);
-    run_max = m;
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    if (live2) { m_h0 = max(m_h0, score2_h0); }
+    if (live3) { m_h0 = max(m_h0, score3_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    let w2_h0 = select(0.0, exp(score2_h0 - m_h0), live2);
+    let w3_h0 = select(0.0, exp(score3_h0 - m_h0), live3);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0 + w2_h0 + w3_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0 + w2_h0 * vf2_0 + w3_h0 * vf3_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1 + w2_h0 * vf2_1 + w3_h0 * vf3_1;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    if (live2) { m_h1 = max(m_h1, score2_h1); }
+    if (live3) { m_h1 = max(m_h1, score3_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    let w2_h1 = select(0.0, exp(score2_h1 - m_h1), live2);
+    let w3_h1 = select(0.0, exp(score3_h1 - m_h1), live3);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1 + w2_h1 + w3_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0 + w2_h1 * vf2_0 + w3_h1 * vf3_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1 + w2_h1 * vf2_1 + w3_h1 * vf3_1;
+    run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    if (live2) { m_h2 = max(m_h2, score2_h2); }
+    if (live3) { m_h2 = max(m_h2, score3_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    let w2_h2 = select(0.0, exp(score2_h2 - m_h2), live2);
+    let w3_h2 = select(0.0, exp(score3_h2 - m_h2), live3);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2 + w2_h2 + w3_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0 + w2_h2 * vf2_0 + w3_h2 * vf3_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1 + w2_h2 * vf2_1 + w3_h2 * vf3_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    if (live2) { m_h3 = max(m_h3, score2_h3); }
+    if (live3) { m_h3 = max(m_h3, score3_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    let w2_h3 = select(0.0, exp(score2_h3 - m_h3), live2);
+    let w3_h3 = select(0.0, exp(score3_h3 - m_h3), live3);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3 + w2_h3 + w3_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0 + w2_h3 * vf2_0 + w3_h3 * vf3_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1 + w2_h3 * vf2_1 + w3_h3 * vf3_1;
+    run_max_h3 = m_h3;
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
@@ -325,8 +535,22 @@ fn main(
     @builtin(workgroup_id) workgroup_id: vec3<u32>,
     @builtin(subgroup_size) subgroup_size: u32,
 ) {
-    let head_idx = workgroup_id.x % u.num_heads;
-    let split = workgroup_id.x / u.num_heads;
+    // Workgroup -> (split, KV head, chunk of the KV head's query heads); a chunk past the group's
+    // end serves its last head again and stores nothing for it
+    let group = u.num_heads / u.num_kv_heads;
+    let chunks_per_kv = (group + HEADS_PER_WORKGROUP - 1u) / HEADS_PER_WORKGROUP;
+    let split = workgroup_id.x / (u.num_kv_heads * chunks_per_kv);
+    let rest = workgroup_id.x % (u.num_kv_heads * chunks_per_kv);
+    let first_in_group = (rest % chunks_per_kv) * HEADS_PER_WORKGROUP;
+    let first_head = (rest / chunks_per_kv) * group + first_in_group;
+    let head_live_h0 = first_in_group + 0u < group;
+    let head_idx_h0 = first_head + min(0u, group - 1u - first_in_group);
+    let head_live_h1 = first_in_group + 1u < group;
+    let head_idx_h1 = first_head + min(1u, group - 1u - first_in_group);
+    let head_live_h2 = first_in_group + 2u < group;
+    let head_idx_h2 = first_head + min(2u, group - 1u - first_in_group);
+    let head_live_h3 = first_in_group + 3u < group;
+    let head_idx_h3 = first_head + min(3u, group - 1u - first_in_group);
     let head_dim = u.head_dim;
     let total_len = u.cold_len + u.hot_len;
     // This split's keys [first_key, last_key) of the cold-then-hot sequence, as tier ranges
@@ -360,24 +584,69 @@ fn main(
     in_group = key_group < num_groups;
     dim0 = group_lane * DIMS_PER_LANE;
     lane_live = in_group && dim0 < head_dim;
-    kv_head = get_kv_head_idx(head_idx);
-    run_max = MASKED_SCORE;
-    run_sum = 0.0;
+    kv_head = get_kv_head_idx(head_idx_h0);
     exchange_half = 0u;
-    let q_base = head_idx * head_dim + dim0;
-    acc_0 = vec4<f32>(0.0);
-    q_0 = vec4<f32>(0.0);
-    acc_1 = vec4<f32>(0.0);
-    q_1 = vec4<f32>(0.0);
+    run_max_h0 = MASKED_SCORE;
+    run_sum_h0 = 0.0;
+    let q_base_h0 = head_idx_h0 * head_dim + dim0;
+    acc_0_h0 = vec4<f32>(0.0);
+    q_0_h0 = vec4<f32>(0.0);
+    acc_1_h0 = vec4<f32>(0.0);
+    q_1_h0 = vec4<f32>(0.0);
+    run_max_h1 = MASKED_SCORE;
+    run_sum_h1 = 0.0;
+    let q_base_h1 = head_idx_h1 * head_dim + dim0;
+    acc_0_h1 = vec4<f32>(0.0);
+    q_0_h1 = vec4<f32>(0.0);
+    acc_1_h1 = vec4<f32>(0.0);
+    q_1_h1 = vec4<f32>(0.0);
+    run_max_h2 = MASKED_SCORE;
+    run_sum_h2 = 0.0;
+    let q_base_h2 = head_idx_h2 * head_dim + dim0;
+    acc_0_h2 = vec4<f32>(0.0);
+    q_0_h2 = vec4<f32>(0.0);
+    acc_1_h2 = vec4<f32>(0.0);
+    q_1_h2 = vec4<f32>(0.0);
+    run_max_h3 = MASKED_SCORE;
+    run_sum_h3 = 0.0;
+    let q_base_h3 = head_idx_h3 * head_dim + dim0;
+    acc_0_h3 = vec4<f32>(0.0);
+    q_0_h3 = vec4<f32>(0.0);
+    acc_1_h3 = vec4<f32>(0.0);
+    q_1_h3 = vec4<f32>(0.0);
     if (lane_live) {
-        if (dim0 + 0u < head_dim) { q_0[0] = f32(Q[q_base + 0u]); }
-        if (dim0 + 1u < head_dim) { q_0[1] = f32(Q[q_base + 1u]); }
-        if (dim0 + 2u < head_dim) { q_0[2] = f32(Q[q_base + 2u]); }
-        if (dim0 + 3u < head_dim) { q_0[3] = f32(Q[q_base + 3u]); }
-        if (dim0 + 4u < head_dim) { q_1[0] = f32(Q[q_base + 4u]); }
-        if (dim0 + 5u < head_dim) { q_1[1] = f32(Q[q_base + 5u]); }
-        if (dim0 + 6u < head_dim) { q_1[2] = f32(Q[q_base + 6u]); }
-        if (dim0 + 7u < head_dim) { q_1[3] = f32(Q[q_base + 7u]); }
+        if (dim0 + 0u < head_dim) { q_0_h0[0] = f32(Q[q_base_h0 + 0u]); }
+        if (dim0 + 1u < head_dim) { q_0_h0[1] = f32(Q[q_base_h0 + 1u]); }
+        if (dim0 + 2u < head_dim) { q_0_h0[2] = f32(Q[q_base_h0 + 2u]); }
+        if (dim0 + 3u < head_dim) { q_0_h0[3] = f32(Q[q_base_h0 + 3u]); }
+        if (dim0 + 4u < head_dim) { q_1_h0[0] = f32(Q[q_base_h0 + 4u]); }
+        if (dim0 + 5u < head_dim) { q_1_h0[1] = f32(Q[q_base_h0 + 5u]); }
+        if (dim0 + 6u < head_dim) { q_1_h0[2] = f32(Q[q_base_h0 + 6u]); }
+        if (dim0 + 7u < head_dim) { q_1_h0[3] = f32(Q[q_base_h0 + 7u]); }
+        if (dim0 + 0u < head_dim) { q_0_h1[0] = f32(Q[q_base_h1 + 0u]); }
+        if (dim0 + 1u < head_dim) { q_0_h1[1] = f32(Q[q_base_h1 + 1u]); }
+        if (dim0 + 2u < head_dim) { q_0_h1[2] = f32(Q[q_base_h1 + 2u]); }
+        if (dim0 + 3u < head_dim) { q_0_h1[3] = f32(Q[q_base_h1 + 3u]); }
+        if (dim0 + 4u < head_dim) { q_1_h1[0] = f32(Q[q_base_h1 + 4u]); }
+        if (dim0 + 5u < head_dim) { q_1_h1[1] = f32(Q[q_base_h1 + 5u]); }
+        if (dim0 + 6u < head_dim) { q_1_h1[2] = f32(Q[q_base_h1 + 6u]); }
+        if (dim0 + 7u < head_dim) { q_1_h1[3] = f32(Q[q_base_h1 + 7u]); }
+        if (dim0 + 0u < head_dim) { q_0_h2[0] = f32(Q[q_base_h2 + 0u]); }
+        if (dim0 + 1u < head_dim) { q_0_h2[1] = f32(Q[q_base_h2 + 1u]); }
+        if (dim0 + 2u < head_dim) { q_0_h2[2] = f32(Q[q_base_h2 + 2u]); }
+        if (dim0 + 3u < head_dim) { q_0_h2[3] = f32(Q[q_base_h2 + 3u]); }
+        if (dim0 + 4u < head_dim) { q_1_h2[0] = f32(Q[q_base_h2 + 4u]); }
+        if (dim0 + 5u < head_dim) { q_1_h2[1] = f32(Q[q_base_h2 + 5u]); }
+        if (dim0 + 6u < head_dim) { q_1_h2[2] = f32(Q[q_base_h2 + 6u]); }
+        if (dim0 + 7u < head_dim) { q_1_h2[3] = f32(Q[q_base_h2 + 7u]); }
+        if (dim0 + 0u < head_dim) { q_0_h3[0] = f32(Q[q_base_h3 + 0u]); }
+        if (dim0 + 1u < head_dim) { q_0_h3[1] = f32(Q[q_base_h3 + 1u]); }
+        if (dim0 + 2u < head_dim) { q_0_h3[2] = f32(Q[q_base_h3 + 2u]); }
+        if (dim0 + 3u < head_dim) { q_0_h3[3] = f32(Q[q_base_h3 + 3u]); }
+        if (dim0 + 4u < head_dim) { q_1_h3[0] = f32(Q[q_base_h3 + 4u]); }
+        if (dim0 + 5u < head_dim) { q_1_h3[1] = f32(Q[q_base_h3 + 5u]); }
+        if (dim0 + 6u < head_dim) { q_1_h3[2] = f32(Q[q_base_h3 + 6u]); }
+        if (dim0 + 7u < head_dim) { q_1_h3[3] = f32(Q[q_base_h3 + 7u]); }
     }
 
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
@@ -396,15 +665,50 @@ fn main(
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;
     if (by_subgroup) {
         for (var mask: u32 = lanes_per_key; mask < subgroup_size; mask = mask * 2u) {
-            let other_max = subgroupShuffleXor(run_max, mask);
-            let other_sum = subgroupShuffleXor(run_sum, mask);
-            let m = max(run_max, other_max);
-            let mine = exp(run_max - m);
+            {  // head 0
+            let other_max = subgroupShuffleXor(run_max_h0, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h0, mask);
+            let m = max(run_max_h0, other_max);
+            let mine = exp(run_max_h0 - m);
             let theirs = exp(other_max - m);
-            run_sum = run_sum * mine + other_sum * theirs;
-            acc_0 = acc_0 * mine + subgroupShuffleXor(acc_0, mask) * theirs;
-            acc_1 = acc_1 * mine + subgroupShuffleXor(acc_1, mask) * theirs;
-            run_max = m;
+            run_sum_h0 = run_sum_h0 * mine + other_sum * theirs;
+            acc_0_h0 = acc_0_h0 * mine + subgroupShuffleXor(acc_0_h0, mask) * theirs;
+            acc_1_h0 = acc_1_h0 * mine + subgroupShuffleXor(acc_1_h0, mask) * theirs;
+            run_max_h0 = m;
+            }
+            {  // head 1
+            let other_max = subgroupShuffleXor(run_max_h1, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h1, mask);
+            let m = max(run_max_h1, other_max);
+            let mine = exp(run_max_h1 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h1 = run_sum_h1 * mine + other_sum * theirs;
+            acc_0_h1 = acc_0_h1 * mine + subgroupShuffleXor(acc_0_h1, mask) * theirs;
+            acc_1_h1 = acc_1_h1 * mine + subgroupShuffleXor(acc_1_h1, mask) * theirs;
+            run_max_h1 = m;
+            }
+            {  // head 2
+            let other_max = subgroupShuffleXor(run_max_h2, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h2, mask);
+            let m = max(run_max_h2, other_max);
+            let mine = exp(run_max_h2 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h2 = run_sum_h2 * mine + other_sum * theirs;
+            acc_0_h2 = acc_0_h2 * mine + subgroupShuffleXor(acc_0_h2, mask) * theirs;
+            acc_1_h2 = acc_1_h2 * mine + subgroupShuffleXor(acc_1_h2, mask) * theirs;
+            run_max_h2 = m;
+            }
+            {  // head 3
+            let other_max = subgroupShuffleXor(run_max_h3, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h3, mask);
+            let m = max(run_max_h3, other_max);
+            let mine = exp(run_max_h3 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h3 = run_sum_h3 * mine + other_sum * theirs;
+            acc_0_h3 = acc_0_h3 * mine + subgroupShuffleXor(acc_0_h3, mask) * theirs;
+            acc_1_h3 = acc_1_h3 * mine + subgroupShuffleXor(acc_1_h3, mask) * theirs;
+            run_max_h3 = m;
+            }
         }
     }
     let block = select(lanes_per_key, subgroup_size, by_subgroup);
@@ -412,62 +716,241 @@ fn main(
     let reps = WORKGROUP_SIZE / block;
     let rep = tid / block;
     let is_rep = rep < reps && tid - rep * block < lanes_per_key;
-    workgroupBarrier();
-    if (is_rep && group_lane == 0u) {
-        exchange[4u * rep] = run_max;
-        exchange[4u * rep + 1u] = run_sum;
-    }
-    workgroupBarrier();
-    var row_max = MASKED_SCORE;
-    var row_sum = 0.0;
-    for (var r: u32 = 0u; r < reps; r++) {
-        let m = max(row_max, exchange[4u * r]);
-        row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
-        row_max = m;
-    }
-    // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
-    // reduce pass normalises (and applies masked_row)
-    let partial_slot = split * u.num_heads + head_idx;
-    if (tid == 0u) {
-        partial_ml[2u * partial_slot] = row_max;
-        partial_ml[2u * partial_slot + 1u] = row_sum;
-    }
-    // This block's share of the softmax, relative to the row max
-    let weight = exp(run_max - row_max);
-    let out_base = partial_slot * head_dim + dim0;
     let slot = rep * lanes_per_key + group_lane;
-
-    // Accumulator elements 0..3: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_0 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
+    {  // head 0 of the workgroup's 4
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h0;
+            exchange[4u * rep + 1u] = run_sum_h0;
         }
-        if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
-        if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
-        if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
-        if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
-    }
-
-    // Accumulator elements 4..7: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_1 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
         for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
         }
-        if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
-        if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
-        if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
-        if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h0;
+        if (tid == 0u && head_live_h0) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h0 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h0 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h0) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+
+        // Accumulator elements 4..7: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_1_h0 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h0) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        }
+    }
+    {  // head 1 of the workgroup's 4
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h1;
+            exchange[4u * rep + 1u] = run_sum_h1;
+        }
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h1;
+        if (tid == 0u && head_live_h1) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h1 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h1 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h1) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+
+        // Accumulator elements 4..7: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_1_h1 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h1) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        }
+    }
+    {  // head 2 of the workgroup's 4
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h2;
+            exchange[4u * rep + 1u] = run_sum_h2;
+        }
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h2;
+        if (tid == 0u && head_live_h2) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h2 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h2 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h2) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+
+        // Accumulator elements 4..7: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_1_h2 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h2) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        }
+    }
+    {  // head 3 of the workgroup's 4
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h3;
+            exchange[4u * rep + 1u] = run_sum_h3;
+        }
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h3;
+        if (tid == 0u && head_live_h3) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h3 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h3 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h3) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+
+        // Accumulator elements 4..7: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_1_h3 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h3) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        }
     }
 }

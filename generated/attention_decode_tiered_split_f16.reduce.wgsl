@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b87a9b25aac966fec9644208a40c49bc9b439d159f96819c3b84e4a3b1f13cfe
+// source-hash: sha256:93d9fad800db7b9d878134f58173301153447fcce3733c3d9ae046047536a1bc
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,18 +1,19 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:845e35952dc3b57dc8ec4e0ee09c4e81cb275406c818ca99188cc32ba85d5391
+// source-hash: sha256:bf47cc6d51436d5041c064515c2358f88796bd1f14a2d45908aec0d877de04f9
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
-// One workgroup per (query head, split): dispatch KV_SPLITS * num_heads. The cold-then-hot keys
+// One workgroup per (split, KV head, chunk of HEADS_PER_WORKGROUP of its query heads): dispatch
+// KV_SPLITS * num_kv_heads * ceil(num_heads / num_kv_heads / HEADS_PER_WORKGROUP). Each K/V
+// slice is loaded and unpacked once for the chunk's heads. The cold-then-hot keys
 // are cut into at most KV_SPLITS splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the
 // workgroup walks its split as below and writes the split's (max, sum, unnormalised
-// accumulator) to scratch; attention_decode_split_reduce combines the splits of each head.
-// Workgroups of one split are adjacent, so the heads of a KV head share its rows through L2.
+// accumulator) of each head to scratch; attention_decode_split_reduce combines the splits.
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
-// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// group scores 1 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
 // q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
@@ -32,6 +33,7 @@ const PACK_FACTOR: u32 = 8u;
 const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
+const HEADS_PER_WORKGROUP: u32 = 2u;  // query heads each workgroup serves
 override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
 
@@ -90,17 +92,27 @@ var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes lefto
 var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
-var<private> run_max: f32;
-var<private> run_sum: f32;
 var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
-var<private> q_0: vec4<f32>;
-var<private> q_1: vec4<f32>;
-var<private> q_2: vec4<f32>;
-var<private> q_3: vec4<f32>;
-var<private> acc_0: vec4<f32>;
-var<private> acc_1: vec4<f32>;
-var<private> acc_2: vec4<f32>;
-var<private> acc_3: vec4<f32>;
+var<private> run_max_h0: f32;
+var<private> run_sum_h0: f32;
+var<private> q_0_h0: vec4<f32>;
+var<private> q_1_h0: vec4<f32>;
+var<private> q_2_h0: vec4<f32>;
+var<private> q_3_h0: vec4<f32>;
+var<private> acc_0_h0: vec4<f32>;
+var<private> acc_1_h0: vec4<f32>;
+var<private> acc_2_h0: vec4<f32>;
+var<private> acc_3_h0: vec4<f32>;
+var<private> run_max_h1: f32;
+var<private> run_sum_h1: f32;
+var<private> q_0_h1: vec4<f32>;
+var<private> q_1_h1: vec4<f32>;
+var<private> q_2_h1: vec4<f32>;
+var<private> q_3_h1: vec4<f32>;
+var<private> acc_0_h1: vec4<f32>;
+var<private> acc_1_h1: vec4<f32>;
+var<private> acc_2_h1: vec4<f32>;
+var<private> acc_3_h1: vec4<f32>;
 
 // The split's ends (tier indices) for the step functions' key checks; main's loops use its own
 // `let` copies, which stay workgroup-uniform (barriers run inside the steps)
@@ -190,7 +202,7 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 1
 fn cold_step(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -198,9 +210,6 @@ fn cold_step(first: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < cold_end;
     let at0 = min(key0, cold_end - 1u);
-    let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < cold_end;
-    let at1 = min(key1, cold_end - 1u);
     let scale_idx0 = at0 * u.num_kv_heads + kv_head;
     let base0 = scale_idx0 * u.packed_stride;
     let ks0 = f32(scales_k[scale_idx0]);
@@ -211,38 +220,47 @@ fn cold_step(first: u32, width: u32) {
     let word0_1 = base0 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
     let kw0_1 = K_cold[word0_1];
     let vw0_1 = V_cold[word0_1];
-    let scale_idx1 = at1 * u.num_kv_heads + kv_head;
-    let base1 = scale_idx1 * u.packed_stride;
-    let ks1 = f32(scales_k[scale_idx1]);
-    let vs1 = select(0.0, f32(scales_v[scale_idx1]), live1);
-    let word1_0 = base1 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
-    let kw1_0 = K_cold[word1_0];
-    let vw1_0 = V_cold[word1_0];
-    let word1_1 = base1 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
-    let kw1_1 = K_cold[word1_1];
-    let vw1_1 = V_cold[word1_1];
-    let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_0, 4u)) + dot(q_2, unpack_quant(kw0_1, 0u)) + dot(q_3, unpack_quant(kw0_1, 4u))) * ks0;
-    let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_0, 4u)) + dot(q_2, unpack_quant(kw1_1, 0u)) + dot(q_3, unpack_quant(kw1_1, 4u))) * ks1;
-    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let score0 = finish_score(dots0[0], key0);
-    let score1 = finish_score(dots0[1], key1);
+    // Each slice converted (unpacked, V scaled) once, for all 2 heads
+    let kf0_0 = unpack_quant(kw0_0, 0u);
+    let kf0_1 = unpack_quant(kw0_0, 4u);
+    let kf0_2 = unpack_quant(kw0_1, 0u);
+    let kf0_3 = unpack_quant(kw0_1, 4u);
+    let vf0_0 = unpack_quant(vw0_0, 0u) * vs0;
+    let vf0_1 = unpack_quant(vw0_0, 4u) * vs0;
+    let vf0_2 = unpack_quant(vw0_1, 0u) * vs0;
+    let vf0_3 = unpack_quant(vw0_1, 4u) * vs0;
+    let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3)) * ks0;
+    let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3)) * ks0;
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let score0_h0 = finish_score(dots0[0], key0);
+    let score0_h1 = finish_score(dots0[1], key0);
 
-    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    let correction = exp(run_max - m);
-    let w0 = select(0.0, exp(score0 - m), live0);
-    let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vs0 * unpack_quant(vw0_0, 0u) + w1 * vs1 * unpack_quant(vw1_0, 0u);
-    acc_1 = acc_1 * correction + w0 * vs0 * unpack_quant(vw0_0, 4u) + w1 * vs1 * unpack_quant(vw1_0, 4u);
-    acc_2 = acc_2 * correction + w0 * vs0 * unpack_quant(vw0_1, 0u) + w1 * vs1 * unpack_quant(vw1_1, 0u);
-    acc_3 = acc_3 * correction + w0 * vs0 * unpack_quant(vw0_1, 4u) + w1 * vs1 * unpack_quant(vw1_1, 4u);
-    run_max = m;
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
+    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
+    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
+    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
+    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    run_max_h1 = m_h1;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 1
 fn hot_step(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -250,9 +268,6 @@ fn hot_step(first: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
     let at0 = min(key0, hot_end - 1u);
-    let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < hot_end;
-    let at1 = min(key1, hot_end - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
     let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
     let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
@@ -262,37 +277,47 @@ fn hot_step(first: u32, width: u32) {
     let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
     let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]), live0);
     let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]), live0);
-    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
-    let kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
-    let kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let kh1_2 = vec4<f16>(K_hot[row1 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 11u, u.head_dim - 1u)]);
-    let kh1_3 = vec4<f16>(K_hot[row1 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 15u, u.head_dim - 1u)]);
-    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
-    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]), live1);
-    let vh1_2 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 11u, u.head_dim - 1u)]), live1);
-    let vh1_3 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 15u, u.head_dim - 1u)]), live1);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
-    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let score0 = finish_score(dots0[0], u.hot_start + key0);
-    let score1 = finish_score(dots0[1], u.hot_start + key1);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let kf0_2 = vec4<f32>(kh0_2);
+    let kf0_3 = vec4<f32>(kh0_3);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let vf0_2 = vec4<f32>(vh0_2);
+    let vf0_3 = vec4<f32>(vh0_3);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let score0_h0 = finish_score(dots0[0], u.hot_start + key0);
+    let score0_h1 = finish_score(dots0[1], u.hot_start + key0);
 
-    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    let correction = exp(run_max - m);
-    let w0 = select(0.0, exp(score0 - m), live0);
-    let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
-    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
-    run_max = m;
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
+    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
+    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
+    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
+    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    run_max_h1 = m_h1;
 }
 
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 1
 fn hot_step_aligned(first: u32, width: u32) {
     // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
     // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
@@ -300,9 +325,6 @@ fn hot_step_aligned(first: u32, width: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
     let at0 = min(key0, hot_end - 1u);
-    let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < hot_end;
-    let at1 = min(key1, hot_end - 1u);
     let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
     let kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
     let kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
@@ -312,34 +334,44 @@ fn hot_step_aligned(first: u32, width: u32) {
     let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]), live0);
     let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]), live0);
     let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]), live0);
-    let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
-    let kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-    let kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-    let kh1_2 = vec4<f16>(K_hot[row1 + 8u], K_hot[row1 + 9u], K_hot[row1 + 10u], K_hot[row1 + 11u]);
-    let kh1_3 = vec4<f16>(K_hot[row1 + 12u], K_hot[row1 + 13u], K_hot[row1 + 14u], K_hot[row1 + 15u]);
-    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]), live1);
-    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]), live1);
-    let vh1_2 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 8u], V_hot[row1 + 9u], V_hot[row1 + 10u], V_hot[row1 + 11u]), live1);
-    let vh1_3 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 12u], V_hot[row1 + 13u], V_hot[row1 + 14u], V_hot[row1 + 15u]), live1);
-    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1)) + dot(q_2, vec4<f32>(kh0_2)) + dot(q_3, vec4<f32>(kh0_3));
-    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1)) + dot(q_2, vec4<f32>(kh1_2)) + dot(q_3, vec4<f32>(kh1_3));
-    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let score0 = finish_score(dots0[0], u.hot_start + key0);
-    let score1 = finish_score(dots0[1], u.hot_start + key1);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let kf0_2 = vec4<f32>(kh0_2);
+    let kf0_3 = vec4<f32>(kh0_3);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let vf0_2 = vec4<f32>(vh0_2);
+    let vf0_3 = vec4<f32>(vh0_3);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let score0_h0 = finish_score(dots0[0], u.hot_start + key0);
+    let score0_h1 = finish_score(dots0[1], u.hot_start + key0);
 
-    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
-    var m = run_max;
-    if (live0) { m = max(m, score0); }
-    if (live1) { m = max(m, score1); }
-    let correction = exp(run_max - m);
-    let w0 = select(0.0, exp(score0 - m), live0);
-    let w1 = select(0.0, exp(score1 - m), live1);
-    run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
-    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
-    acc_2 = acc_2 * correction + w0 * vec4<f32>(vh0_2) + w1 * vec4<f32>(vh1_2);
-    acc_3 = acc_3 * correction + w0 * vec4<f32>(vh0_3) + w1 * vec4<f32>(vh1_3);
-    run_max = m;
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
+    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
+    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
+    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
+    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    run_max_h1 = m_h1;
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
@@ -348,8 +380,18 @@ fn main(
     @builtin(workgroup_id) workgroup_id: vec3<u32>,
     @builtin(subgroup_size) subgroup_size: u32,
 ) {
-    let head_idx = workgroup_id.x % u.num_heads;
-    let split = workgroup_id.x / u.num_heads;
+    // Workgroup -> (split, KV head, chunk of the KV head's query heads); a chunk past the group's
+    // end serves its last head again and stores nothing for it
+    let group = u.num_heads / u.num_kv_heads;
+    let chunks_per_kv = (group + HEADS_PER_WORKGROUP - 1u) / HEADS_PER_WORKGROUP;
+    let split = workgroup_id.x / (u.num_kv_heads * chunks_per_kv);
+    let rest = workgroup_id.x % (u.num_kv_heads * chunks_per_kv);
+    let first_in_group = (rest % chunks_per_kv) * HEADS_PER_WORKGROUP;
+    let first_head = (rest / chunks_per_kv) * group + first_in_group;
+    let head_live_h0 = first_in_group + 0u < group;
+    let head_idx_h0 = first_head + min(0u, group - 1u - first_in_group);
+    let head_live_h1 = first_in_group + 1u < group;
+    let head_idx_h1 = first_head + min(1u, group - 1u - first_in_group);
     let head_dim = u.head_dim;
     let total_len = u.cold_len + u.hot_len;
     // This split's keys [first_key, last_key) of the cold-then-hot sequence, as tier ranges
@@ -383,41 +425,68 @@ fn main(
     in_group = key_group < num_groups;
     dim0 = group_lane * DIMS_PER_LANE;
     lane_live = in_group && dim0 < head_dim;
-    kv_head = get_kv_head_idx(head_idx);
-    run_max = MASKED_SCORE;
-    run_sum = 0.0;
+    kv_head = get_kv_head_idx(head_idx_h0);
     exchange_half = 0u;
-    let q_base = head_idx * head_dim + dim0;
-    acc_0 = vec4<f32>(0.0);
-    q_0 = vec4<f32>(0.0);
-    acc_1 = vec4<f32>(0.0);
-    q_1 = vec4<f32>(0.0);
-    acc_2 = vec4<f32>(0.0);
-    q_2 = vec4<f32>(0.0);
-    acc_3 = vec4<f32>(0.0);
-    q_3 = vec4<f32>(0.0);
+    run_max_h0 = MASKED_SCORE;
+    run_sum_h0 = 0.0;
+    let q_base_h0 = head_idx_h0 * head_dim + dim0;
+    acc_0_h0 = vec4<f32>(0.0);
+    q_0_h0 = vec4<f32>(0.0);
+    acc_1_h0 = vec4<f32>(0.0);
+    q_1_h0 = vec4<f32>(0.0);
+    acc_2_h0 = vec4<f32>(0.0);
+    q_2_h0 = vec4<f32>(0.0);
+    acc_3_h0 = vec4<f32>(0.0);
+    q_3_h0 = vec4<f32>(0.0);
+    run_max_h1 = MASKED_SCORE;
+    run_sum_h1 = 0.0;
+    let q_base_h1 = head_idx_h1 * head_dim + dim0;
+    acc_0_h1 = vec4<f32>(0.0);
+    q_0_h1 = vec4<f32>(0.0);
+    acc_1_h1 = vec4<f32>(0.0);
+    q_1_h1 = vec4<f32>(0.0);
+    acc_2_h1 = vec4<f32>(0.0);
+    q_2_h1 = vec4<f32>(0.0);
+    acc_3_h1 = vec4<f32>(0.0);
+    q_3_h1 = vec4<f32>(0.0);
     if (lane_live) {
-        if (dim0 + 0u < head_dim) { q_0[0] = Q[q_base + 0u]; }
-        if (dim0 + 1u < head_dim) { q_0[1] = Q[q_base + 1u]; }
-        if (dim0 + 2u < head_dim) { q_0[2] = Q[q_base + 2u]; }
-        if (dim0 + 3u < head_dim) { q_0[3] = Q[q_base + 3u]; }
-        if (dim0 + 4u < head_dim) { q_1[0] = Q[q_base + 4u]; }
-        if (dim0 + 5u < head_dim) { q_1[1] = Q[q_base + 5u]; }
-        if (dim0 + 6u < head_dim) { q_1[2] = Q[q_base + 6u]; }
-        if (dim0 + 7u < head_dim) { q_1[3] = Q[q_base + 7u]; }
-        if (dim0 + 8u < head_dim) { q_2[0] = Q[q_base + 8u]; }
-        if (dim0 + 9u < head_dim) { q_2[1] = Q[q_base + 9u]; }
-        if (dim0 + 10u < head_dim) { q_2[2] = Q[q_base + 10u]; }
-        if (dim0 + 11u < head_dim) { q_2[3] = Q[q_base + 11u]; }
-        if (dim0 + 12u < head_dim) { q_3[0] = Q[q_base + 12u]; }
-        if (dim0 + 13u < head_dim) { q_3[1] = Q[q_base + 13u]; }
-        if (dim0 + 14u < head_dim) { q_3[2] = Q[q_base + 14u]; }
-        if (dim0 + 15u < head_dim) { q_3[3] = Q[q_base + 15u]; }
+        if (dim0 + 0u < head_dim) { q_0_h0[0] = Q[q_base_h0 + 0u]; }
+        if (dim0 + 1u < head_dim) { q_0_h0[1] = Q[q_base_h0 + 1u]; }
+        if (dim0 + 2u < head_dim) { q_0_h0[2] = Q[q_base_h0 + 2u]; }
+        if (dim0 + 3u < head_dim) { q_0_h0[3] = Q[q_base_h0 + 3u]; }
+        if (dim0 + 4u < head_dim) { q_1_h0[0] = Q[q_base_h0 + 4u]; }
+        if (dim0 + 5u < head_dim) { q_1_h0[1] = Q[q_base_h0 + 5u]; }
+        if (dim0 + 6u < head_dim) { q_1_h0[2] = Q[q_base_h0 + 6u]; }
+        if (dim0 + 7u < head_dim) { q_1_h0[3] = Q[q_base_h0 + 7u]; }
+        if (dim0 + 8u < head_dim) { q_2_h0[0] = Q[q_base_h0 + 8u]; }
+        if (dim0 + 9u < head_dim) { q_2_h0[1] = Q[q_base_h0 + 9u]; }
+        if (dim0 + 10u < head_dim) { q_2_h0[2] = Q[q_base_h0 + 10u]; }
+        if (dim0 + 11u < head_dim) { q_2_h0[3] = Q[q_base_h0 + 11u]; }
+        if (dim0 + 12u < head_dim) { q_3_h0[0] = Q[q_base_h0 + 12u]; }
+        if (dim0 + 13u < head_dim) { q_3_h0[1] = Q[q_base_h0 + 13u]; }
+        if (dim0 + 14u < head_dim) { q_3_h0[2] = Q[q_base_h0 + 14u]; }
+        if (dim0 + 15u < head_dim) { q_3_h0[3] = Q[q_base_h0 + 15u]; }
+        if (dim0 + 0u < head_dim) { q_0_h1[0] = Q[q_base_h1 + 0u]; }
+        if (dim0 + 1u < head_dim) { q_0_h1[1] = Q[q_base_h1 + 1u]; }
+        if (dim0 + 2u < head_dim) { q_0_h1[2] = Q[q_base_h1 + 2u]; }
+        if (dim0 + 3u < head_dim) { q_0_h1[3] = Q[q_base_h1 + 3u]; }
+        if (dim0 + 4u < head_dim) { q_1_h1[0] = Q[q_base_h1 + 4u]; }
+        if (dim0 + 5u < head_dim) { q_1_h1[1] = Q[q_base_h1 + 5u]; }
+        if (dim0 + 6u < head_dim) { q_1_h1[2] = Q[q_base_h1 + 6u]; }
+        if (dim0 + 7u < head_dim) { q_1_h1[3] = Q[q_base_h1 + 7u]; }
+        if (dim0 + 8u < head_dim) { q_2_h1[0] = Q[q_base_h1 + 8u]; }
+        if (dim0 + 9u < head_dim) { q_2_h1[1] = Q[q_base_h1 + 9u]; }
+        if (dim0 + 10u < head_dim) { q_2_h1[2] = Q[q_base_h1 + 10u]; }
+        if (dim0 + 11u < head_dim) { q_2_h1[3] = Q[q_base_h1 + 11u]; }
+        if (dim0 + 12u < head_dim) { q_3_h1[0] = Q[q_base_h1 + 12u]; }
+        if (dim0 + 13u < head_dim) { q_3_h1[1] = Q[q_base_h1 + 13u]; }
+        if (dim0 + 14u < head_dim) { q_3_h1[2] = Q[q_base_h1 + 14u]; }
+        if (dim0 + 15u < head_dim) { q_3_h1[3] = Q[q_base_h1 + 15u]; }
     }
 
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
     let groups = WORKGROUP_SIZE / lanes_per_key;
-    let keys_per_step = groups * 2u;
+    let keys_per_step = groups * 1u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
     if (head_dim % DIMS_PER_LANE == 0u) {
@@ -440,17 +509,32 @@ fn main(
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;
     if (by_subgroup) {
         for (var mask: u32 = lanes_per_key; mask < subgroup_size; mask = mask * 2u) {
-            let other_max = subgroupShuffleXor(run_max, mask);
-            let other_sum = subgroupShuffleXor(run_sum, mask);
-            let m = max(run_max, other_max);
-            let mine = exp(run_max - m);
+            {  // head 0
+            let other_max = subgroupShuffleXor(run_max_h0, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h0, mask);
+            let m = max(run_max_h0, other_max);
+            let mine = exp(run_max_h0 - m);
             let theirs = exp(other_max - m);
-            run_sum = run_sum * mine + other_sum * theirs;
-            acc_0 = acc_0 * mine + subgroupShuffleXor(acc_0, mask) * theirs;
-            acc_1 = acc_1 * mine + subgroupShuffleXor(acc_1, mask) * theirs;
-            acc_2 = acc_2 * mine + subgroupShuffleXor(acc_2, mask) * theirs;
-            acc_3 = acc_3 * mine + subgroupShuffleXor(acc_3, mask) * theirs;
-            run_max = m;
+            run_sum_h0 = run_sum_h0 * mine + other_sum * theirs;
+            acc_0_h0 = acc_0_h0 * mine + subgroupShuffleXor(acc_0_h0, mask) * theirs;
+            acc_1_h0 = acc_1_h0 * mine + subgroupShuffleXor(acc_1_h0, mask) * theirs;
+            acc_2_h0 = acc_2_h0 * mine + subgroupShuffleXor(acc_2_h0, mask) * theirs;
+            acc_3_h0 = acc_3_h0 * mine + subgroupShuffleXor(acc_3_h0, mask) * theirs;
+            run_max_h0 = m;
+            }
+            {  // head 1
+            let other_max = subgroupShuffleXor(run_max_h1, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h1, mask);
+            let m = max(run_max_h1, other_max);
+            let mine = exp(run_max_h1 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h1 = run_sum_h1 * mine + other_sum * theirs;
+            acc_0_h1 = acc_0_h1 * mine + subgroupShuffleXor(acc_0_h1, mask) * theirs;
+            acc_1_h1 = acc_1_h1 * mine + subgroupShuffleXor(acc_1_h1, mask) * theirs;
+            acc_2_h1 = acc_2_h1 * mine + subgroupShuffleXor(acc_2_h1, mask) * theirs;
+            acc_3_h1 = acc_3_h1 * mine + subgroupShuffleXor(acc_3_h1, mask) * theirs;
+            run_max_h1 = m;
+            }
         }
     }
     let block = select(lanes_per_key, subgroup_size, by_subgroup);
@@ -458,96 +542,191 @@ fn main(
     let reps = WORKGROUP_SIZE / block;
     let rep = tid / block;
     let is_rep = rep < reps && tid - rep * block < lanes_per_key;
-    workgroupBarrier();
-    if (is_rep && group_lane == 0u) {
-        exchange[4u * rep] = run_max;
-        exchange[4u * rep + 1u] = run_sum;
-    }
-    workgroupBarrier();
-    var row_max = MASKED_SCORE;
-    var row_sum = 0.0;
-    for (var r: u32 = 0u; r < reps; r++) {
-        let m = max(row_max, exchange[4u * r]);
-        row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
-        row_max = m;
-    }
-    // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
-    // reduce pass normalises (and applies masked_row)
-    let partial_slot = split * u.num_heads + head_idx;
-    if (tid == 0u) {
-        partial_ml[2u * partial_slot] = row_max;
-        partial_ml[2u * partial_slot + 1u] = row_sum;
-    }
-    // This block's share of the softmax, relative to the row max
-    let weight = exp(run_max - row_max);
-    let out_base = partial_slot * head_dim + dim0;
     let slot = rep * lanes_per_key + group_lane;
-
-    // Accumulator elements 0..3: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_0 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
+    {  // head 0 of the workgroup's 2
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h0;
+            exchange[4u * rep + 1u] = run_sum_h0;
         }
-        if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
-        if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
-        if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
-        if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
-    }
-
-    // Accumulator elements 4..7: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_1 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
         for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
         }
-        if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
-        if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
-        if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
-        if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
-    }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h0;
+        if (tid == 0u && head_live_h0) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h0 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
 
-    // Accumulator elements 8..11: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_2 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h0 * weight);
         }
-        if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
-        if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
-        if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
-        if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
-    }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h0) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
 
-    // Accumulator elements 12..15: the representatives', summed by the first group
-    workgroupBarrier();
-    if (is_rep) {
-        set4(slot, acc_3 * weight);
-    }
-    workgroupBarrier();
-    if (key_group == 0u && lane_live) {
-        var total = vec4<f32>(0.0);
-        for (var r: u32 = 0u; r < reps; r++) {
-            total += get4(r * lanes_per_key + group_lane);
+        // Accumulator elements 4..7: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_1_h0 * weight);
         }
-        if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
-        if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
-        if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
-        if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h0) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        }
+
+        // Accumulator elements 8..11: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_2_h0 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h0) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
+            if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
+            if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
+            if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
+        }
+
+        // Accumulator elements 12..15: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_3_h0 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h0) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
+            if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
+            if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
+            if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
+        }
+    }
+    {  // head 1 of the workgroup's 2
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h1;
+            exchange[4u * rep + 1u] = run_sum_h1;
+        }
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h1;
+        if (tid == 0u && head_live_h1) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h1 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h1 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h1) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+
+        // Accumulator elements 4..7: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_1_h1 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h1) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        }
+
+        // Accumulator elements 8..11: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_2_h1 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h1) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
+            if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
+            if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
+            if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
+        }
+
+        // Accumulator elements 12..15: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_3_h1 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h1) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
+            if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
+            if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
+            if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
+        }
     }
 }

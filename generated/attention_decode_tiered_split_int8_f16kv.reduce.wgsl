@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6751003216af74a25d16a95622982de3f0b0912f58e27f443bcd6b15de0e82ea
+// source-hash: sha256:1c322bf2f0ca1cecd6f5717bbf3648be472ae9bda8d5971c505f4e57268b6859
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7a07c1ef5fe44b8314fb2e8d67dfd914674634cf1a41dd298c75f82f6f75b53f
+// source-hash: sha256:4c62797200f7446698e6c062a78255893b40fb31850b5eefa6a1de96f3cbbfd8
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

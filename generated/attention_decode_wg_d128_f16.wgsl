@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c886547898448b1fb78d637b7896416247105bf8912dee93ee3a5b7c17c6f7f3
+// source-hash: sha256:52680d59ab8bbe0dc8da07e7bbbd5021a2c36d70f0df4de3329c9415feb70437
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

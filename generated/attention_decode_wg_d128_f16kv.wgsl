@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:62546d0fcca2eaf60fcfa78504abacc953233f25dec4131d8e87e2e9240d3ac2
+// source-hash: sha256:fa3d8c3340fac58d2fc29330110d4bf1161d6a3d5d39a649e9eeb51e77745fcc
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa79a2239c81b46ded7c10ed0476fe36bdba8717654cd7340922206dcbdde405
+// source-hash: sha256:cd5e4fd3841b47f3374702baca2dd4ba88a1f36a6e90d68b776a163789e36aa2
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

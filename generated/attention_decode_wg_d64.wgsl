@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c40ea9a72f8e59a5329526acfd848fb5c32de94ca83b9c42cd7fda31367344b6
+// source-hash: sha256:f8d862cfed628e78e724d0dd7e912177d646e58561ed3b485091f4b33987962a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8cfe780e62f0254028045e8b184304b2dd1ff3d0cb9973e33cec9a9b276d2aca
+// source-hash: sha256:32765e9a2c8ef106633c6684718d2607aa287de3e208a146ef6c5e3b4bb0d70c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

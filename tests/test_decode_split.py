@@ -152,6 +152,51 @@ def test_both_reduce_scans_pass_over_many_splits(device: Device, name: str) -> N
 
 
 @pytest.mark.parametrize(
+    ("name", "heads"),
+    [
+        ("attention_decode_tiered_split_f16", 2),
+        ("attention_decode_tiered_split_int8_f16kv", 2),
+        ("attention_decode_tiered_split_int4_f16kv", 4),
+    ],
+)
+def test_tiered_split_heads_per_workgroup_over_many_splits(
+    device: Device, name: str, heads: int
+) -> None:
+    """A tiered partials workgroup serving `heads` query heads of one KV head (each slice loaded
+    and unpacked once): the quick matrix (GQA groups 1 to 8) over 8 splits, and a group of 6,
+    whose last chunk of 4 runs past the group and must store nothing for the missing heads."""
+    kernel, entry = _kernel(REPO_ROOT, name, {"heads_per_workgroup": heads})
+    partials = kernel.passes[0].text
+    assert f"const HEADS_PER_WORKGROUP: u32 = {heads}u;" in partials
+    assert "head_live_h1" in partials
+    constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
+    report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
+    assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
+    runner = KernelRunner(device, kernel, entry, {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 16})
+    spec = CaseSpec(
+        "group of 6",
+        num_heads=12,
+        num_kv_heads=2,
+        cold_len=150,
+        hot_len=20,
+        hot_start=160,
+        hot_window=32,
+        start_pos=179,
+        head_dim=64,
+    )
+    result = runner.run_case(spec)
+    assert result.passed, (result.verdict, result.refused)
+
+
+def test_tiered_heads_per_workgroup_outside_one_two_four_is_refused_at_render() -> None:
+    project = load_project(REPO_ROOT)
+    variant = project.variant("attention_decode_tiered_split_f16")
+    variant = replace(variant, params={**variant.params, "heads_per_workgroup": 3})
+    with pytest.raises(TemplateError, match="heads_per_workgroup must be 1, 2 or 4"):
+        Renderer(project).render(variant)
+
+
+@pytest.mark.parametrize(
     ("name", "constants"),
     [
         ("attention_decode_split_d128_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),

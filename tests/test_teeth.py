@@ -181,6 +181,20 @@ MUTATIONS = [
         ["attention_decode_tiered_f16kv"],
     ),
     (
+        "tiered-split-chunk-offset-dropped",
+        TIERED,
+        "let first_head = (rest / chunks_per_kv) * group + first_in_group;",
+        "let first_head = (rest / chunks_per_kv) * group;",
+        ["attention_decode_tiered_split_int8_f16kv"],
+    ),
+    (
+        "tiered-split-heads-share-one-q",
+        TIERED_LIB,
+        "let q_base{{ sfx }} = {{ head }}{{ sfx }} * head_dim + dim0;",
+        "let q_base{{ sfx }} = {{ head }}{{ hs[0] }} * head_dim + dim0;",
+        ["attention_decode_tiered_split_f16"],
+    ),
+    (
         "masked-score-not-applied",
         TIERED,
         "        s = MASKED_SCORE;\n",
@@ -232,8 +246,8 @@ SIZE_MUTATIONS = [
     (
         "tiered-head-index-aliases-above-32-heads",
         TIERED_LIB,
-        "let q_base = {{ head }} * head_dim + dim0;",
-        "let q_base = ({{ head }} % 32u) * head_dim + dim0;",
+        "let q_base{{ sfx }} = {{ head }}{{ sfx }} * head_dim + dim0;",
+        "let q_base{{ sfx }} = ({{ head }}{{ sfx }} % 32u) * head_dim + dim0;",
         [TIERED_INT8],
     ),
     (
