@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:420424ecb526cec1054617b3b7f262a0ab4c93b63c2b973f9e1f4d8a4de51dc9
+// source-hash: sha256:42da14170ba9f8f895c0fe7c7137c00670025e302fe0354bd50712a183c5d2b3
 
 // Fused Multi-Head Attention Kernel (f32 Q/K/V and output)
 //

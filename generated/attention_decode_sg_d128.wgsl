@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b72162cf2efafa2b4b462e5d73c998e062d0ebef3e37bd23d9d04f5348754ee4
+// source-hash: sha256:91b81a673903ea597b85bfacc280ca89348f6ec8148d843fc494ac4b9ab8495c
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f177179dd03887201dfba106556af31ab4a555f44f463936331f6c9e1c7c9759
+// source-hash: sha256:98b6b21a09874fe7c650c0fb9a0703f87086f915effa9f8ff195b1131b7dff80
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b452dd9f04680017c8b9b3a5a0fec22605ce01d8b57b2f729c17c6d48ee20d80
+// source-hash: sha256:cad2f273d68ca9a61e604343818c7cb5a5ece830191de3e8a63be31da3d9becb
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

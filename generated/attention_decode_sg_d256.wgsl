@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b9db1a78c0187bac5a96c009d1a202fabddffde401bc314588de512838e791a3
+// source-hash: sha256:49e701b11028c859c45760140b6e7a53561c92c698f06900f99257ac8ca2330b
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

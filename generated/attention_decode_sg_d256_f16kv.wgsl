@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ce4fae7e509712f32293665973dd3dc8ad0fd67ca2eb5bf5d4c89d05b8017d7e
+// source-hash: sha256:291308c56bbeb05fb41fa97a0b508aa773f6a88bfade4ff6ac46014c5a3c0d8d
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f70c712e98bd1299a8c28777e62e55226d8e7b239a1257806153c1e7a4ebd825
+// source-hash: sha256:3daea946713b1db3e68b062f6f5a58af47be16a1d78f07ea8fe39c24e35b4d5f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

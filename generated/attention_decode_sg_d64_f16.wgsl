@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:33d7921233ab5d90aaff4977c322171c979e1cb551771018aa8e34ec57c5235b
+// source-hash: sha256:715e34947864c91524247eb6c5638856062b080c4d13731035a5477e623b4cae
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

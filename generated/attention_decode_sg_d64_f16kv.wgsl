@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d67da6ed1ce6e177941a8855295e3db76e048da7667399be3e42252c07f790e9
+// source-hash: sha256:b6392634a47bd0dda80a34d55ae9b161cbc22f21707b88315beedcede357ccdc
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:307e375f6a6c5317ac16c9dc185a5340aea53b4093194d4a6a77e3e272065587
+// source-hash: sha256:fb54903465fa4c92dcb978f3a89ed8eda65b46df345efae22b5fee63a3769ffc
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -154,10 +154,9 @@ fn main(
     // Key group kg serves slot kg % slots (HEADS_PER_GROUP consecutive heads of the current chunk
     // of heads) and walks key stream kg / slots of the split; groups beyond slots * streams idle.
     // Each head of a chunk has rows_per_head rows of the merge buffer. slots is fixed when the
-    // pipeline is made (not derived from the GQA group at run time): a constant stride keeps
-    // the key loop's index arithmetic out of registers (on the H200, at kv=32768, 107 -> 77 us
-    // for 4 heads per group). A group wider than the chunk takes several chunks in turn; slots
-    // whose heads are past the group compute nothing that is stored.
+    // pipeline is made (not derived from the GQA group at run time), so the key loop's stride
+    // is a constant (README, "Where the decode time went"). A group wider than the chunk takes
+    // several chunks in turn; slots whose heads are past the group compute nothing that is stored.
     let slots = min(HEAD_SLOTS, nkg);
     let heads_at_once = slots * HEADS_PER_GROUP;
     let streams = nkg / slots;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4fa0b57ed2bdabec381aef9e88ab4efc6419faaec6829ef86a44832fe84a8eff
+// source-hash: sha256:7d8fa06d9d8b1ab149ba38d3edf8ba781deb69296a615065bf1ad3f4eb5f3ae7
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

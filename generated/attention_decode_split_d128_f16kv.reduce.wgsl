@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1016ab29a2de1097c4e496b6820a31c8e5f65951d5e03af821e1547072a13c12
+// source-hash: sha256:987e6e2b015d80b1207020b726424d5c3b929c2604e23f0734e04f34b5aac5d9
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

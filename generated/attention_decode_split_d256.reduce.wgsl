@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dde36dc469c78cbfcad964cee4735265dfc83a1c5c7e3a3e945d193f5a9cb5f2
+// source-hash: sha256:c497eaa0ad192dcaed36d3547aad23e302905b4aad46db980ad57db3f49cd019
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

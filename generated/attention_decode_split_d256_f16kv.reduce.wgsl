@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5bffb6dff9cc5655d9c5f1f928f9d5d15b48e90f60c1ca578024e95bed4d09d6
+// source-hash: sha256:e38a5c92d995a6ad147a26def174a06b6d5faf9677bbadabe4d2cd07691ce24a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8dfb3ee631786859794da45c857de42f2181c9882446b12d44ddab939ec119b6
+// source-hash: sha256:585781542f6b06a1f8daa32c038212efcf93d6d4a0121a02e68a65a869ea4062
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

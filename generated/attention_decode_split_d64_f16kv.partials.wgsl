@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:339f1d5c2d411502502ef0068c93b8835ef1549b8b7a0bfb5187782b32f703cb
+// source-hash: sha256:a39f7b35e9dcb17018247415af99dd8e6398d3a8a6eed1a51c4dbd614039502a
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -156,10 +156,9 @@ fn main(
     // Key group kg serves slot kg % slots (HEADS_PER_GROUP consecutive heads of the current chunk
     // of heads) and walks key stream kg / slots of the split; groups beyond slots * streams idle.
     // Each head of a chunk has rows_per_head rows of the merge buffer. slots is fixed when the
-    // pipeline is made (not derived from the GQA group at run time): a constant stride keeps
-    // the key loop's index arithmetic out of registers (on the H200, at kv=32768, 107 -> 77 us
-    // for 4 heads per group). A group wider than the chunk takes several chunks in turn; slots
-    // whose heads are past the group compute nothing that is stored.
+    // pipeline is made (not derived from the GQA group at run time), so the key loop's stride
+    // is a constant (README, "Where the decode time went"). A group wider than the chunk takes
+    // several chunks in turn; slots whose heads are past the group compute nothing that is stored.
     let slots = min(HEAD_SLOTS, nkg);
     let heads_at_once = slots * HEADS_PER_GROUP;
     let streams = nkg / slots;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0875e4078f5af595621c5ea37abc62b5c34019e35ded04d1ae75b241590fbc63
+// source-hash: sha256:e6edf83350419180ab0a514d005811d343e253661d3404e204faf79bd8168d2a
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:477484e96843b1871331817be323cefa31fa901c6328b02e236b8d3789ab7ea5
+// source-hash: sha256:5a61ac8f89bd50e79acec13d8142ee106bc87bc0c3a0fdb4e83342cc02d4e677
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

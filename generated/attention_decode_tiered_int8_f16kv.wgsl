@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ea90b36dc6154677f96907404a6807722db1264256cf1b20d47023c3e43a0d42
+// source-hash: sha256:245661fc71e929b09dee638a7c182df243d783f29afc4c41b4c7736449037757
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

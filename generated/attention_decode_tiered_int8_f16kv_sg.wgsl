@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8a51ba00704ffc128f01f47c4b2862d598db492f92758e71ace7c28baf34da24
+// source-hash: sha256:0fa6feeda68c1c491c0475650531acb811df82fff4b71f947e193e1bad39555c
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

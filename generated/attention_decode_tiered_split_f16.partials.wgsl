@@ -1,15 +1,16 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8b67fe8fa96667b129d8ce20c40ca52b8cbec412f9af44c330d2d23ed2e573b6
+// source-hash: sha256:50655881eff0bf24d4198c1a0547590b101389c44bd026a00aa7e4359170e669
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
 // One workgroup per (split, KV head, chunk of HEADS_PER_WORKGROUP of its query heads): dispatch
-// KV_SPLITS * num_kv_heads * ceil(num_heads / num_kv_heads / HEADS_PER_WORKGROUP). Each K/V
-// slice is loaded and unpacked once for the chunk's heads. The cold-then-hot keys
-// are cut into at most KV_SPLITS splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the
-// workgroup walks its split as below and writes the split's (max, sum, unnormalised
-// accumulator) of each head to scratch; attention_decode_split_reduce combines the splits.
+// KV_SPLITS * num_kv_heads * ceil(num_heads / num_kv_heads / HEADS_PER_WORKGROUP), the chunks of
+// one split adjacent so that they share the KV head's rows through L2. Each K/V slice is loaded
+// and unpacked once for the chunk's heads. The cold-then-hot keys are cut into at most KV_SPLITS
+// splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the workgroup walks its split as
+// below and writes the split's (max, sum, unnormalised accumulator) of each head to scratch;
+// attention_decode_split_reduce combines the splits.
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a

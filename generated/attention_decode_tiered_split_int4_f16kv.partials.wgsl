@@ -1,15 +1,16 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bf47cc6d51436d5041c064515c2358f88796bd1f14a2d45908aec0d877de04f9
+// source-hash: sha256:ea6efa0e11d0053012fe45d4d2e6ca2fdc9efad5d2495b3106171439cf8b9c28
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
 // One workgroup per (split, KV head, chunk of HEADS_PER_WORKGROUP of its query heads): dispatch
-// KV_SPLITS * num_kv_heads * ceil(num_heads / num_kv_heads / HEADS_PER_WORKGROUP). Each K/V
-// slice is loaded and unpacked once for the chunk's heads. The cold-then-hot keys
-// are cut into at most KV_SPLITS splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the
-// workgroup walks its split as below and writes the split's (max, sum, unnormalised
-// accumulator) of each head to scratch; attention_decode_split_reduce combines the splits.
+// KV_SPLITS * num_kv_heads * ceil(num_heads / num_kv_heads / HEADS_PER_WORKGROUP), the chunks of
+// one split adjacent so that they share the KV head's rows through L2. Each K/V slice is loaded
+// and unpacked once for the chunk's heads. The cold-then-hot keys are cut into at most KV_SPLITS
+// splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the workgroup walks its split as
+// below and writes the split's (max, sum, unnormalised accumulator) of each head to scratch;
+// attention_decode_split_reduce combines the splits.
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c23d47b4c6a4850664b72baaea7e6b165e96cfd1cb23df452508b738cb93c9b8
+// source-hash: sha256:c274a24ada7de149c9406b4d7f508e47b7c9359e8504c301cc9b1ce562302cf1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:52680d59ab8bbe0dc8da07e7bbbd5021a2c36d70f0df4de3329c9415feb70437
+// source-hash: sha256:df53aedee60fa4b0620bfeaa9faaf112c937027ce2cae41b46963474ea28314f
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa3d8c3340fac58d2fc29330110d4bf1161d6a3d5d39a649e9eeb51e77745fcc
+// source-hash: sha256:916e3d5174f6a8a0101a89addcac1c6cf853c6b9cbb9b4aae979860a7f5b19dc
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:25bf396253ace6e7c98080ecbfb363c0af1c2b4a7a4db2352e9a873dcc6af4ff
+// source-hash: sha256:dab01097d73c4139b6004479c09afc1038bbdb58a759bb57e65ec7cddbb8a93d
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cd5e4fd3841b47f3374702baca2dd4ba88a1f36a6e90d68b776a163789e36aa2
+// source-hash: sha256:ff23913dc0030b8067ad7150767cc16a9e18a1a5c67c27ce69b26d61a8ccdab4
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f8d862cfed628e78e724d0dd7e912177d646e58561ed3b485091f4b33987962a
+// source-hash: sha256:6d3c322c81f27b90809962860bd6533e3ed1b298e7bb8d2b939c095492e2b47f
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ab6b240352e92367ff3fd3ba8361bfbef799694aac1777c8ebd926314617e73f
+// source-hash: sha256:ae61ca160349777b99022a1f61846f7a3490fb9fcf389083adc6d986d001409b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

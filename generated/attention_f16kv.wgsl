@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9246d5787055ef16c40ceef2924a847143f0b2faad687dd02599d27c88f35284
+// source-hash: sha256:1c72d9a58f0f70862343ad69835f2599236fdd5ed06ebc9fddc00ebca32216fd
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0160caf2f9ffe5ce525ca7d76ad3a71b1fe431ad9e9b0c81eeab955ef2a90e80
+// source-hash: sha256:021b66d1d0e6f0ab877afd686913073605a65b16895a1ea065e7877f8a16b325
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:672531c1210f8a31d493ebc05cbac130c60a2a1140e464484ed2fc09942e82c3
+// source-hash: sha256:555889b246079e981b2dcfd5ef8f75169cc0c03b7cfaeb02a79cd5f0786aebd3
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2d52bd30713ed030363660d82e3c5bdb12bd345e1c59d3a8fd93498ba6576a32
+// source-hash: sha256:f290ee90a6ead6684864af4cb5325599bb4a1926d383d9c7954a3d5856f6a127
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5375b82492d970dde356078205c8b46488190f142625cc5992800c1fcc0ce7f2
+// source-hash: sha256:8f2d0dbb8fb913a86462f3b77b8b6baa90573d75032491f2407a3fe3d46b2524
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:66a2a0525282363fb99271dce005e8f47bd8e126baf112c35727417b273b6f71
+// source-hash: sha256:967c3b1e3ecb8c19487ba3473298f36bfe82db32ed958d51952b50832c52d960
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

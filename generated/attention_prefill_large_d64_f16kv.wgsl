@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:926e470e6e808c4dcf447f3bf339cf849f2eaf46d92b0fb0b40423a8c29854d3
+// source-hash: sha256:694d88e87dde466f6d868bc47b8e08b3f8570fbdd50b6deac335bf07d3d053e4
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:84204412cd927898ebdebff678f77a9f9470d5a2e563c29d3875470f16b25edf
+// source-hash: sha256:02005d3c1a54ef812c300f4c9966e93a1d65026197936bc6bc4b35960df73a69
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:046ca57683ce7419778913d18cee305d32856b8cc716cd36cbc5c337ec01a4ce
+// source-hash: sha256:4278a748d5811919d69428d73a3314775435fefa7c4c484335774163640df2c9
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

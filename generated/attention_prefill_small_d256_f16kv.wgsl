@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9169a2f976515b7612fa411f57c01d792b86579abe9cf13786b31e70506279b4
+// source-hash: sha256:02c563d5dfcf548e758db4032dfd1a843a0775514a73398816c80e82cb2ef8a8
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f3539fe08a18b4d154209c3e28514d53efc928c297f7a61d40d523750ff90e03
+// source-hash: sha256:33c27fcccb34e040dd1f4018b225e7963e2c862b174688c43269727596ea1f10
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

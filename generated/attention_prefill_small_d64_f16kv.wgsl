@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f726664a5ffeabbfeecc4d82da85637f512853e9c6482c9b2191dc67b5e4b1f8
+// source-hash: sha256:005fddb42f7e614d6f45256430dc55b816217c5f18c1b5fa60a992c70c9f0db2
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9fa95249cba5cd9c1738d3eb11c8576ecdc007fc6d8a76cb74f00f85b8115264
+// source-hash: sha256:8b32451498f1bae208e3a71d37593a4a58d156caa73ef9bf743bd97b0b59e746
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

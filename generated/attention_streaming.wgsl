@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9be19d102102fdb9e8ca9255b9b20607730c76a05b98f3f7a36ce67141e86d33
+// source-hash: sha256:c80b2e56a51246eda90e0a7969d2383b05d258680e714de52af09560fa4f7aa4
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

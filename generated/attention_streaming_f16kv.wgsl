@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6e1865859886ed1c856b115388aaed2407f258fbeab0a11273c32b3a0ce80360
+// source-hash: sha256:5b0c985c8abd000b774a6f2a3914bb8b5dee7bc0017902852f54948dd4b48379
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -154,6 +154,7 @@ def test_both_reduce_scans_pass_over_many_splits(device: Device, name: str) -> N
 @pytest.mark.parametrize(
     ("name", "heads"),
     [
+        ("attention_decode_tiered_split_f16", 1),
         ("attention_decode_tiered_split_f16", 2),
         ("attention_decode_tiered_split_int8_f16kv", 2),
         ("attention_decode_tiered_split_int4_f16kv", 4),
@@ -168,7 +169,7 @@ def test_tiered_split_heads_per_workgroup_over_many_splits(
     kernel, entry = _kernel(REPO_ROOT, name, {"heads_per_workgroup": heads})
     partials = kernel.passes[0].text
     assert f"const HEADS_PER_WORKGROUP: u32 = {heads}u;" in partials
-    assert "head_live_h1" in partials
+    assert ("head_live_h1" in partials) == (heads > 1) and "let head_live" in partials
     constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
     report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
     assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
