@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:91b81a673903ea597b85bfacc280ca89348f6ec8148d843fc494ac4b9ab8495c
+// source-hash: sha256:db4b855701b40c9c426a2600f5c3d29220a44e602888aefee9dc8b29eeaf8441
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:98b6b21a09874fe7c650c0fb9a0703f87086f915effa9f8ff195b1131b7dff80
+// source-hash: sha256:459a8124d73d6f52460ae8ec2b5efa1de95811bb4ad06b9f4ebb51bbc5b693e7
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cad2f273d68ca9a61e604343818c7cb5a5ece830191de3e8a63be31da3d9becb
+// source-hash: sha256:1c14a0e1ec5bd1e2c464c3b8777804599e3aae0d9d851ee64ef4572ca1c5be9d
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3a571299e4a70c0a343925cec76b6e91c55e04214caaa5bb7ad7c67a929a15b0
+// source-hash: sha256:97fabeebf83ff6069aacb1f664adb91d2edc5a33d6da7c5293829b12e20c0fa2
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

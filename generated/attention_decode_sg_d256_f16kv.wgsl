@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:291308c56bbeb05fb41fa97a0b508aa773f6a88bfade4ff6ac46014c5a3c0d8d
+// source-hash: sha256:007cac4da5dc91bfb538e98e7a355c5355a89499c18477efe74559420529fe78
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3daea946713b1db3e68b062f6f5a58af47be16a1d78f07ea8fe39c24e35b4d5f
+// source-hash: sha256:e0ca501e3889e50b2501d76910d92b8816cdb18f4a0cd17e374c333499891e19
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b6392634a47bd0dda80a34d55ae9b161cbc22f21707b88315beedcede357ccdc
+// source-hash: sha256:a5c3d681d23617a1cfa8fa683a3536c6de456f090fd82d2bc4dd0090891dc42f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fb54903465fa4c92dcb978f3a89ed8eda65b46df345efae22b5fee63a3769ffc
+// source-hash: sha256:0dc1cbf26fb6a42723411ad832d9c7a85cedc9bdcc1dddbf0a003836be2bccd7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7d8fa06d9d8b1ab149ba38d3edf8ba781deb69296a615065bf1ad3f4eb5f3ae7
+// source-hash: sha256:82b40e8da32c6bd37cc08770dce63e3419ab81b054affc0723c0d09a8e706069
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c0f09aadd9e4bc64d6f2c5b1954c423f409b1d4bc4e431a63689c2b6a9f1535b
+// source-hash: sha256:2ab8946c9585242d21b383ab631f3e2e161c334198de7e4feed20f8f4afd180b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3960b8464294600d4ec0091e9f132bffeec5a7526be646cfeb9b678851a651f7
+// source-hash: sha256:9779f6da81f4a2c9711c09a8b44eedcc42fe66b267428a4e38f6b272ddccf54c
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1cac8cddc9d33e902d5cfe6cd508aa5b37448f5b6f941b09108de3441d0d98df
+// source-hash: sha256:d5e346a4e5d49dde43836a1379769f25a7e0516c3237cce3a09979452ceca114
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2d062adfa971f116e9e52a3b06e2ad95987530d107523a5872558383218800fb
+// source-hash: sha256:22ebdd2d3574289c46637bbc227817f889bcd538a4edfab979a2db0fc2f207a3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

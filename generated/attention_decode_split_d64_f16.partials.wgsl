@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7c03a2c347ed7f5c6efc0ad3fa06d3de5e466b157d2aeb0a03b38c1e698f2250
+// source-hash: sha256:7fe833fdf7290c09a8403e03900352904f11539cf1e3b6e0b846f660425a8a9e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:585781542f6b06a1f8daa32c038212efcf93d6d4a0121a02e68a65a869ea4062
+// source-hash: sha256:cd1272268618b8d7ca11cf3efb3ffb3fd30a6a047ae3548224739870e6c5d46c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

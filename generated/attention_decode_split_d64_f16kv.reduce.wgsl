@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:22cf1a7d528ad8725232d790153b974ad46766d1e3809f8ef0d9021e0dcb3bd0
+// source-hash: sha256:284aabce7f1659f7b1e089b3f28d14e52f060a850a103f1eb1cb6722c416fc2c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b56fc180efd4e6861fcca4e8a8bd0e3506d339587fa5d81b1d060f4a23a6166f
+// source-hash: sha256:2c29ca9f491f8e85dc45485634b381ed82ea5396d033d096e7e4bbe9d4760744
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2c8eea69733fcd59d6361a5eca0386b64bdbc25ca3c63ea9ba0992d0b4fc2dbf
+// source-hash: sha256:5658f39439f44e5dcc8b762cc40a14f2039bb62be045b48b9a4a540883b42032
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e6edf83350419180ab0a514d005811d343e253661d3404e204faf79bd8168d2a
+// source-hash: sha256:9c38a42e732b1a45c18e853d2d34d9abc32f13e704a1b08ffe4503032ece469f
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

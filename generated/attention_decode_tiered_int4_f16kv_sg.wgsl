@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ecae741a6c6e629578a2ec4033ea6f95b586c952fdece9edffb7c7792f838f4
+// source-hash: sha256:b51ad43d5e456da586a9179e6f81821e988c2186494d393a94ce45f2d45cdf75
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0fa6feeda68c1c491c0475650531acb811df82fff4b71f947e193e1bad39555c
+// source-hash: sha256:e96fa7550d561d089efa0653ac3679883a23f56f31590fec1c66b495726df772
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:50655881eff0bf24d4198c1a0547590b101389c44bd026a00aa7e4359170e669
+// source-hash: sha256:536193bc9f9f8ec32ce3e7a0a8738c0401fbbf178b3e2ea3d7be113b0d5dd154
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

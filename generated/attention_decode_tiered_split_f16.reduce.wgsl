@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:771c60997b63b6e879331d6a68f4f04e216c43fbdbe1f280d844ee0ec7b13c18
+// source-hash: sha256:7d4b7aaf57ee544ca057edd534f6f2ddace37844d6021e3a29459f3cab853bf3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

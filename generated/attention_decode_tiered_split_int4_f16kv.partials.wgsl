@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ea6efa0e11d0053012fe45d4d2e6ca2fdc9efad5d2495b3106171439cf8b9c28
+// source-hash: sha256:edaad12ffd035550bb09b929c575c4f0e9fa6eb7e8423a9c12b5ccd93348da4e
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

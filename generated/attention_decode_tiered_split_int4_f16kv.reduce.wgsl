@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c274a24ada7de149c9406b4d7f508e47b7c9359e8504c301cc9b1ce562302cf1
+// source-hash: sha256:229146fe04f8018b8dd3f17cbf528641cedb0ce4548b9d955362dfaa4d75d793
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

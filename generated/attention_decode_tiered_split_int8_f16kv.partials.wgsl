@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:30a5e8a79f42fa49d74c02255e91370e37ce542bba4acd386de383886e9ce5d5
+// source-hash: sha256:bc7e77350cef194bdd96d60428fc55499b7ed67d8ba8d51e5318d0e6116f5d67
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

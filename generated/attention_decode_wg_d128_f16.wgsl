@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:df53aedee60fa4b0620bfeaa9faaf112c937027ce2cae41b46963474ea28314f
+// source-hash: sha256:ef31eb67379fd4bb4467efb4112754e37705e1b5ca333195b15a9b395cf93ebc
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a9f683bb97d5f8e66d198567ef3845364c22d53d58db1f834587dc94614203ca
+// source-hash: sha256:771829849a66a8021255ccfc89d789abffae506570a59dcfd66b171cba60a8e7
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dab01097d73c4139b6004479c09afc1038bbdb58a759bb57e65ec7cddbb8a93d
+// source-hash: sha256:bdc652418fac95e7479b78a013c2841a780a48ff5a262ae082ffc75682b7a800
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

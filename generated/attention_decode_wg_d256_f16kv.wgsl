@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ff23913dc0030b8067ad7150767cc16a9e18a1a5c67c27ce69b26d61a8ccdab4
+// source-hash: sha256:12e8fc4a0f438d8ef1fd2b63e377a9d67c8a5c8056c85c8b830b8b90b9f5fa47
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8b7ba42b22489ab498c4290bc9d0d55091b86b14a1f6d59433ab40b38e4956e9
+// source-hash: sha256:1e3dbeb5658cb4465fed93790dd80868ed4c61ec6505673b38ba3a567bd390f0
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -23,6 +23,7 @@ from doppler_gen.families.tiled import CaseSpec
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer, TemplateError
 from doppler_gen.runtime.runner import KernelRunner
+from doppler_gen.runtime.session import subgroup_width
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.validate import open_run_device
 
@@ -259,3 +260,67 @@ def test_softcap_loops_renders_two_key_loops_and_passes(
     report = validate_variant(device, kernel, entry, quick=False, seed=0, constants=constants)
     assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
     assert any(c.spec.softcap > 0 for c in report.cases)
+
+
+NARROW = [
+    ("attention_decode_split_d128_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),
+    ("attention_decode_sg_d64_f16", None),
+]
+
+
+@pytest.mark.parametrize(("name", "constants"), NARROW)
+def test_narrow_subgroups_nan_drops_the_fallback_and_declares_its_width(
+    name: str, constants: dict | None
+) -> None:
+    """narrow_subgroups = "nan": no workgroup-memory path in the key loop (no partial_dots, no
+    subgroup_ok branch), MIN_SUBGROUP_SIZE = lanes_per_key in the WGSL, min_subgroup_size in
+    the manifest; "fallback" (every shipped variant) declares no width."""
+    kernel, entry = _kernel(REPO_ROOT, name, {"narrow_subgroups": "nan", "lanes_per_key": 16})
+    text = kernel.passes[0].text
+    assert "partial_dots" not in text and "subgroup_ok" not in text
+    assert "const MIN_SUBGROUP_SIZE: u32 = 16u;" in text
+    assert entry["min_subgroup_size"] == 16
+    shipped, shipped_entry = _kernel(REPO_ROOT, name)
+    assert "subgroup_ok" in shipped.passes[0].text
+    assert shipped_entry["min_subgroup_size"] is None
+
+
+@pytest.mark.parametrize(("name", "constants"), NARROW)
+def test_narrow_subgroups_nan_passes_where_the_subgroups_are_wide_enough(
+    device: Device, name: str, constants: dict | None
+) -> None:
+    """Key groups no wider than the adapter's subgroups (lavapipe: 8, the H200: 32): the
+    fallback-free kernel passes the quick matrix."""
+    width = subgroup_width(device)
+    assert width is not None and width >= 4
+    lanes = min(8, width)
+    kernel, entry = _kernel(REPO_ROOT, name, {"narrow_subgroups": "nan", "lanes_per_key": lanes})
+    report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
+    assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
+    assert len(report.cases) >= 10
+
+
+@pytest.mark.parametrize(("name", "constants"), NARROW)
+def test_narrow_subgroups_nan_stores_nan_where_the_subgroups_are_too_narrow(
+    device: Device, name: str, constants: dict | None
+) -> None:
+    """Key groups twice as wide as the adapter's subgroups: the validator skips the variant
+    with the measured width in the reason, and run anyway every output element is NaN (a host
+    that ignores min_subgroup_size gets a loud failure, not a plausible answer)."""
+    width = subgroup_width(device)
+    assert width is not None
+    if 2 * width > 32:
+        pytest.skip(f"this adapter's subgroups are {width} wide: no key group is wider (<= 32)")
+    params = {"narrow_subgroups": "nan", "lanes_per_key": 2 * width}
+    kernel, entry = _kernel(REPO_ROOT, name, params)
+    report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
+    assert report.status == "SKIP"
+    assert f"subgroups are {width} invocations wide" in report.reason
+    assert f"needs at least {2 * width} (min_subgroup_size" in report.reason
+    runner = KernelRunner(device, kernel, entry, constants)
+    spec = CaseSpec(
+        "decode, GQA", num_heads=8, num_kv_heads=2, head_dim=64, kv_len=300, start_pos=299
+    )
+    result = runner.run_case(spec, keep_output=True)
+    assert result.output is not None and np.isnan(result.output).all()
+    assert not result.passed

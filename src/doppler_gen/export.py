@@ -247,6 +247,9 @@ def export_variant(name: str, entry: Mapping[str, Any]) -> ExportedVariant | Non
         "variantMetadata": _variant_metadata(meta, doppler.get("tier"), passes),
         "description": entry.get("description", ""),
     }
+    if entry.get("min_subgroup_size"):
+        # the host compares it with the adapter's subgroupMinSize before selecting the variant
+        fields["variantMetadata"]["minSubgroupSize"] = entry["min_subgroup_size"]
     for key, meta_key in (("outputDtype", "out_dtype"), ("inputDtype", "q_dtype")):
         if meta.get(meta_key) is not None:
             fields[key] = meta[meta_key]

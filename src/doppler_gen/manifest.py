@@ -128,6 +128,10 @@ def variant_entry(kernel: RenderedKernel, modules: Sequence[Module]) -> dict[str
         # values the host passes as pipeline constants (override defaults otherwise apply)
         "pipeline_constants": dict(variant.overrides),
         "requires": list(variant.requires),
+        # the narrowest subgroup every pass works with (its MIN_SUBGROUP_SIZE constant; None:
+        # any width): a host must not select the variant where the adapter's subgroupMinSize
+        # is smaller
+        "min_subgroup_size": _min_subgroup_size(modules),
         # the largest of any pass: what a device's limit must hold
         "workgroup_storage_bytes": max(p["workgroup_storage_bytes"] for p in passes),
         # host metadata: what variants.toml declares (checked against the WGSL by
@@ -141,6 +145,13 @@ def variant_entry(kernel: RenderedKernel, modules: Sequence[Module]) -> dict[str
     if len(passes) == 1:
         entry.update({key: passes[0][key] for key in _SHORT_FORM_KEYS})
     return entry
+
+
+def _min_subgroup_size(modules: Sequence[Module]) -> int | None:
+    found = [
+        int(m.constants["MIN_SUBGROUP_SIZE"]) for m in modules if "MIN_SUBGROUP_SIZE" in m.constants
+    ]
+    return max(found) if found else None
 
 
 def scratch_entries(variant: Variant, modules: Sequence[Module]) -> list[dict[str, Any]]:

@@ -6,6 +6,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from doppler_gen.backends import AdapterInfo, Backend, Device, effective_limits, select_adapter
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 
@@ -67,6 +69,14 @@ def static_skip(
     missing = [f for f in entry["requires"] if f not in device.features]
     if missing:
         return _missing_features(missing, device), ""
+    need = entry.get("min_subgroup_size")
+    if need:
+        width = subgroup_width(device)
+        if width is not None and width < need:
+            return (
+                f"the adapter's subgroups are {width} invocations wide (measured); the variant "
+                f"needs at least {need} (min_subgroup_size: narrower subgroups store NaN)"
+            ), ""
     storage, limit = storage_need(entry, device)
     if storage > limit:
         if not storage_overrun:
@@ -81,6 +91,34 @@ def static_skip(
     if invocations > limit:
         return f"needs {invocations} invocations per workgroup; limit {limit}", ""
     return None, ""
+
+
+# One invocation per lane of a 256-invocation workgroup records the subgroup size it sees.
+_SUBGROUP_PROBE = """enable subgroups;
+@group(0) @binding(0) var<storage, read_write> sizes: array<u32>;
+@compute @workgroup_size(256, 1, 1)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) size: u32) {
+    sizes[lid] = size;
+}
+"""
+_subgroup_widths: dict[int, int | None] = {}
+
+
+def subgroup_width(device: Device) -> int | None:
+    """The narrowest subgroup a 256-invocation compute pipeline gets on ``device`` (None without
+    the subgroups feature). Measured, because wgpu-py's adapter info reports placeholder sizes;
+    a driver may pick another width for another pipeline, so a variant that needs a minimum
+    also guards itself (it stores NaN where its subgroups are too narrow)."""
+    key = id(device)
+    if key not in _subgroup_widths:
+        width = None
+        if "subgroups" in device.features:
+            pipeline = device.compile(_SUBGROUP_PROBE, label="subgroup-width probe")
+            sizes = device.storage_buffer(bytes(4 * 256), read_write=True, label="sizes")
+            device.dispatch(pipeline, {0: sizes}, (1, 1, 1))
+            width = int(np.frombuffer(device.read_buffer(sizes), dtype=np.uint32).min())
+        _subgroup_widths[key] = width
+    return _subgroup_widths[key]
 
 
 def pass_invocations(record: Mapping[str, Any]) -> int:
