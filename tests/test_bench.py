@@ -12,6 +12,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -634,3 +635,49 @@ def test_torch_baseline_is_ramped_before_timing() -> None:
         calls[ms] = len(torch.calls)
     # the fake's events say 50 us a call: 1 ms of ramp is rounds of 8 and 16 calls
     assert calls[1.0] - calls[0.0] == 8 + 16
+
+
+@needs_cpu_adapter
+def test_every_measurement_runs_on_a_device_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 a two-pass kernel measured 1.2-2x slower after the first measurement on a
+    device, so bench opens a device for each (variant, shape) and closes it afterwards: two
+    variants on two shapes are four measurement devices besides the run's own."""
+    import doppler_gen.bench as bench_module
+
+    real_open = bench_module.open_device
+    opened: list[Any] = []
+
+    def open_device(*args: Any, **kwargs: Any) -> Any:
+        device = real_open(*args, **kwargs)
+        opened.append(device)
+        return device
+
+    monkeypatch.setattr(bench_module, "open_device", open_device)
+    result = run_cli(
+        REPO_ROOT,
+        "bench",
+        "rmsnorm",
+        "rmsnorm_f16",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--repeats",
+        "20",
+        "--warmup",
+        "0",
+        "--warmup-ms",
+        "0",
+        "--copy-mib",
+        "0",
+        "--no-baseline",
+        "--shape",
+        "rmsnorm:rows=4,size=64",
+        "--shape",
+        "rmsnorm:rows=2,size=128",
+        "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["rows"]
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert len(opened) == 1 + 4
+    assert len({id(d) for d in opened}) == 5

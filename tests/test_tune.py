@@ -366,7 +366,7 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
     validation and the dispatches themselves are real."""
     import doppler_gen.tune as tune_module
 
-    real_measure = tune_module.measure
+    real_measure = tune_module.measure_on_fresh_device
 
     def measure(*args: Any, constants: dict[str, float] | None = None, **kwargs: Any) -> Any:
         row = real_measure(*args, constants=constants, **kwargs)
@@ -375,7 +375,7 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
             row.timing = Timing(tuple([max_head_dim * 1e3] * row.timing.runs))
         return row
 
-    monkeypatch.setattr(tune_module, "measure", measure)
+    monkeypatch.setattr(tune_module, "measure_on_fresh_device", measure)
     before = (fresh_project / "variants.toml").read_text()
     args = [
         "tune",

@@ -51,7 +51,7 @@ from doppler_gen.runtime.measure import (
     Settings,
     Timing,
     cpu_warning,
-    measure,
+    measure_on_fresh_device,
     positive,
     ramp_up,
 )
@@ -391,8 +391,13 @@ def run_bench(
     try:
         run.timestamp_period = timestamp_period(device)
         run.copy, run.copy_note = _copy(device, request, progress)
+
+        # each measurement on its own device: see measure_on_fresh_device
+        def opener() -> Device:
+            return open_device(backend, adapter, requires, request.limits, timing=True)
+
         for kernel, entry in zip(kernels, entries, strict=True):
-            run.rows.extend(_variant_rows(device, kernel, entry, request, progress, estimate))
+            run.rows.extend(_variant_rows(opener, kernel, entry, request, progress, estimate))
     finally:
         device.close()
     if request.baseline:
@@ -420,7 +425,7 @@ def _copy(
 
 
 def _variant_rows(
-    device: Device,
+    opener: Callable[[], Device],
     kernel: RenderedKernel,
     entry: dict[str, Any],
     request: BenchRequest,
@@ -438,7 +443,11 @@ def _variant_rows(
         if progress:
             progress(f"{kernel.variant.name} on {shape.label}", 0)
         on_first = estimate.callback(kernel.variant.name, shape) if estimate else None
-        rows.append(measure(device, kernel, entry, shape, request.settings, on_first=on_first))
+        rows.append(
+            measure_on_fresh_device(
+                opener, kernel, entry, shape, request.settings, on_first=on_first
+            )
+        )
     return rows
 
 

@@ -35,7 +35,13 @@ from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.manifest import check_metadata, parse_kernel, variant_entry
 from doppler_gen.render import RenderedKernel, Renderer
-from doppler_gen.runtime.measure import BenchRow, Settings, cpu_warning, measure
+from doppler_gen.runtime.measure import (
+    BenchRow,
+    Settings,
+    cpu_warning,
+    measure,
+    measure_on_fresh_device,
+)
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.shapes import parse_shape
@@ -449,12 +455,20 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
         backend, adapter, current_kernel.variant.requires, request.limits, timing=True
     )
     results: list[CandidateResult] = []
+
+    def opener() -> Any:  # each timing on its own device: see measure_on_fresh_device
+        return open_device(
+            backend, adapter, current_kernel.variant.requires, request.limits, timing=True
+        )
+
     try:
         for index, candidate in enumerate(kept, start=1):
             label = candidate.label(kept[0])
             if progress:
                 progress(f"[{index}/{len(kept)}] {label}", 0)
-            result = evaluate(device, renderer, candidate, label, shape, request.settings, baseline)
+            result = evaluate(
+                device, renderer, candidate, label, shape, request.settings, baseline, opener
+            )
             results.append(result)
             if progress:  # each result as it comes, so a run cut short still reports it
                 progress(f"[{index}/{len(kept)}] {label}: {result.outcome()}", 0)
@@ -504,8 +518,11 @@ def evaluate(
     shape: Shape,
     settings: Settings,
     baseline: Mapping[str, Any],
+    opener: Callable[[], Any] | None = None,
 ) -> CandidateResult:
-    """Quick-validate the candidate; time it on ``shape`` only if it passed.
+    """Quick-validate the candidate; time it on ``shape`` only if it passed (on a device of its
+    own from ``opener`` when given, so that no candidate's time depends on its place in the
+    order).
 
     ``baseline`` is the current configuration's host metadata: a candidate that changes it (a
     smaller max_head_dim, say) is still a candidate, but the report must say so.
@@ -531,7 +548,10 @@ def evaluate(
         status = "SKIP" if report.status == "SKIP" else "invalid"
         reason = report.reason.splitlines()[0] if report.reason else ""
         return CandidateResult(candidate, label, status, reason, contract=contract)
-    row = measure(device, kernel, entry, shape, settings, constants=constants)
+    if opener is None:
+        row = measure(device, kernel, entry, shape, settings, constants=constants)
+    else:
+        row = measure_on_fresh_device(opener, kernel, entry, shape, settings, constants=constants)
     if row.status == "FAIL":  # wrong at the tune shape (sampled rows vs float64): never timed
         reason = f"at {shape.label}: {row.reason}"
         return CandidateResult(candidate, label, "invalid", reason, row, contract)

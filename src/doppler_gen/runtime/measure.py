@@ -150,6 +150,31 @@ def cpu_warning(adapter: str) -> str:
     return f"CPU ADAPTER ({adapter}): these timings say nothing about GPU performance"
 
 
+def measure_on_fresh_device(
+    open_device: Callable[[], Device],
+    kernel: RenderedKernel,
+    entry: dict[str, Any],
+    shape: Shape,
+    settings: Settings,
+    constants: dict[str, float] | None = None,
+    on_first: Callable[[float], None] | None = None,
+) -> BenchRow:
+    """``measure`` on a device opened for this one measurement, then closed.
+
+    Why: on the H200 (wgpu 0.32, NVIDIA Vulkan) a two-pass kernel on an L2-resident shape
+    measured 1.2-2x slower in every measurement after the first on the same device (one
+    device: 42.1, 57.1, 63.9, 68.3, 55.4 ... us for the same kernel with fresh buffers each
+    time; a device per measurement: 39.2-40.0 us every time). Single-dispatch kernels and
+    HBM-bound shapes did not move. A comparison (bench rows, tune candidates: the current
+    configuration is measured first) must not depend on the order of its measurements.
+    """
+    device = open_device()
+    try:
+        return measure(device, kernel, entry, shape, settings, constants, on_first)
+    finally:
+        device.close()
+
+
 def measure(
     device: Device,
     kernel: RenderedKernel,

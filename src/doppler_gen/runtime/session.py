@@ -101,7 +101,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) size:
     sizes[lid] = size;
 }
 """
-_subgroup_widths: dict[int, int | None] = {}
+_subgroup_widths: dict[str, int | None] = {}
 
 
 def subgroup_width(device: Device) -> int | None:
@@ -109,7 +109,7 @@ def subgroup_width(device: Device) -> int | None:
     the subgroups feature). Measured, because wgpu-py's adapter info reports placeholder sizes;
     a driver may pick another width for another pipeline, so a variant that needs a minimum
     also guards itself (it stores NaN where its subgroups are too narrow)."""
-    key = id(device)
+    key = device.adapter.describe()
     if key not in _subgroup_widths:
         width = None
         if "subgroups" in device.features:
