@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:db4b855701b40c9c426a2600f5c3d29220a44e602888aefee9dc8b29eeaf8441
+// source-hash: sha256:3c9aa4c93c2377ec05d5037a16640d48fcab762285c39461434769a3215addda
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

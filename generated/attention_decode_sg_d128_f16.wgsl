@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:459a8124d73d6f52460ae8ec2b5efa1de95811bb4ad06b9f4ebb51bbc5b693e7
+// source-hash: sha256:65a55d87ffbcb23f27f04be9862e1fce406daca4e87d0ae22725f6d979f0580e
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

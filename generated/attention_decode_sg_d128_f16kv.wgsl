@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1c14a0e1ec5bd1e2c464c3b8777804599e3aae0d9d851ee64ef4572ca1c5be9d
+// source-hash: sha256:d904700f6951b3df17c5c87b8b36c5f96a5ffe669b76d176d71e0063054f09cc
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

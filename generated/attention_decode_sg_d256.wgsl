@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:800f2a539a659923a333794a79b731293c21a8f405c9bc4a25ce73d897b15c1b
+// source-hash: sha256:f7a97ca7285b914b278a71942e2640d672f8dc42a25d0ccb642686f25d984b27
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:97fabeebf83ff6069aacb1f664adb91d2edc5a33d6da7c5293829b12e20c0fa2
+// source-hash: sha256:1ce7b6bb43012b6582a1302961681375bc61899a779a419941f79c4a49443a98
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:007cac4da5dc91bfb538e98e7a355c5355a89499c18477efe74559420529fe78
+// source-hash: sha256:857db2a7a88f9bce7835f0d2909a16c03b447725a0e4e4ce1d6b7d39688261ed
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e0ca501e3889e50b2501d76910d92b8816cdb18f4a0cd17e374c333499891e19
+// source-hash: sha256:7bd4d89d2c73a2c2946cd1ff13652f3fa44509b3ce6233e09fb18e89a11c14c9
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

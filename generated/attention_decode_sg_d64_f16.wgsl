@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:73b105a04e7cba31741cb228311fda51e085904afad9fab47d0083d1aa994131
+// source-hash: sha256:a0ec3c4bb3657576344bcec81f11750b1632a3d69f7193880f1b8517f99c0a5f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a5c3d681d23617a1cfa8fa683a3536c6de456f090fd82d2bc4dd0090891dc42f
+// source-hash: sha256:139f0d872c9ab2ad05e90dd47171e16adfa5a1682eae328c7fa2d04c9b039e52
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

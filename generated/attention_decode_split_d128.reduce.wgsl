@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:82b40e8da32c6bd37cc08770dce63e3419ab81b054affc0723c0d09a8e706069
+// source-hash: sha256:478ff6e074170af79b5f67d1e1d3167699da93752a30b81b75c12b856a7c7e4b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

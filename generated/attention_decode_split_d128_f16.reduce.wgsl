@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:69a478546717bd56ac2b653667e120f59e6d0ce01754bf11418e4886f6074545
+// source-hash: sha256:39db01fd55ebea2f6c6ba853bd8030bc9619029816b38a0d6a5a43e936806164
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

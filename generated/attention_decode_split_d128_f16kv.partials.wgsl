@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:81b3162dc89d67aa3bc265d5280b5ed89615faecd288dd4b51933493b57857ba
+// source-hash: sha256:79743727149bbb532cd6f4709c77d6387a88290734ff78b6386d00b8609ae442
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:451a9eb73f423e39f7f0cf15ee6db99c067625aee8300ab1494c77c685ce2b33
+// source-hash: sha256:eacb76051120e1cbfa756d71144d7c08dbeb640e6c0c528800b79b4a55674176
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d849076495ed1aec04af847dc9bbf00231a70df699b29be70f7d4838621dc17a
+// source-hash: sha256:1deee104932fea5359d2df936613041cdeb75eab8e01d27434cecb353a93bfcd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d5e346a4e5d49dde43836a1379769f25a7e0516c3237cce3a09979452ceca114
+// source-hash: sha256:20949227f2389946593d2bb74368811239a6118d84d7f594ce01a60855e20f6f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

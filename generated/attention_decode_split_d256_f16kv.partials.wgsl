@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d6220d6888e4bd4a40ba37bf7603b8269f8bcb2017cec91e8e1a9007b6d646b0
+// source-hash: sha256:7e82cae35b9e14f119bf5221c435532872ec44585f035c5af0e60a89051c9593
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0638a10d9b85002d72f15fd98b58d1cdea62e2198b0824c50cb7645be7e412e4
+// source-hash: sha256:b1002c6268b9994eb63e3067db9e2d4383f1f45940e3a6fb903f5ad00360fdca
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:85036d2d534b3659c9e5db7ec1e5875bfbf80933cc949c0e83cec09c5902ab8b
+// source-hash: sha256:ec75943de0bbbd29dcd455a66947f933aedcca60cf439e528911a18b1cc65120
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

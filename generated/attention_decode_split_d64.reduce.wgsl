@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:22ebdd2d3574289c46637bbc227817f889bcd538a4edfab979a2db0fc2f207a3
+// source-hash: sha256:3747139ea9b23ce4dc744657d650780380de3f5d3270c7b2d7cfe6e3b328c016
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7fe833fdf7290c09a8403e03900352904f11539cf1e3b6e0b846f660425a8a9e
+// source-hash: sha256:862939e6b3183e225487e0a7d0afb379ff816e536260894f9ca28cdcff075df8
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cd1272268618b8d7ca11cf3efb3ffb3fd30a6a047ae3548224739870e6c5d46c
+// source-hash: sha256:312e8af7e346cc272681a7d125593c48a0cea31a57548b357142ea4822c4bfce
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:284aabce7f1659f7b1e089b3f28d14e52f060a850a103f1eb1cb6722c416fc2c
+// source-hash: sha256:4891c8de1c0ec023135c0700af7f01d2decc6c1ed160be7faeb8952a75277574
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

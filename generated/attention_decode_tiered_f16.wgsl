@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2c29ca9f491f8e85dc45485634b381ed82ea5396d033d096e7e4bbe9d4760744
+// source-hash: sha256:f928251b847a58fc4f08115e0cc299eb3d741319206255b3752e390e4e15f1de
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

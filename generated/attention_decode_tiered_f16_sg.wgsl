@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5658f39439f44e5dcc8b762cc40a14f2039bb62be045b48b9a4a540883b42032
+// source-hash: sha256:a83171a8c53509ba268088505a3cf145b0dd1c21dc60a58fc86578586eadda25
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9c38a42e732b1a45c18e853d2d34d9abc32f13e704a1b08ffe4503032ece469f
+// source-hash: sha256:2086190ae73846f8a190865282aa7a6d17449dccc29973df8ef29cfd705d514d
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

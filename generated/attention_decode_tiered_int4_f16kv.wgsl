@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:48a463340af0a994a72f5144bc47a83bd9395d52451c5d8032d56ca49385daa1
+// source-hash: sha256:ce6d53a489d9b6db171e929fb9378490851e3bf572ba9d188ac5fcff40424fe5
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

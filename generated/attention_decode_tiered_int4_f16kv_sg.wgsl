@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b51ad43d5e456da586a9179e6f81821e988c2186494d393a94ce45f2d45cdf75
+// source-hash: sha256:b92d561fbd08669de52c628593c38ed1ff4f2bb4a6588db8cfb33dee0a596a1a
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7d4b7aaf57ee544ca057edd534f6f2ddace37844d6021e3a29459f3cab853bf3
+// source-hash: sha256:e375d10b600d65c3515eeea0ee3d689387a3a62cb4d5df05365b465e6162cd61
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

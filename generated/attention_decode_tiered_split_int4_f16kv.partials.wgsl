@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:edaad12ffd035550bb09b929c575c4f0e9fa6eb7e8423a9c12b5ccd93348da4e
+// source-hash: sha256:10ef35941009fd3ffeb5b983e9838cbb03d4210477651715f7be5ffd1194b509
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:229146fe04f8018b8dd3f17cbf528641cedb0ce4548b9d955362dfaa4d75d793
+// source-hash: sha256:4b7d87ef52a35618cb940f1e92f6c6ed781bef28e34339b3c03df5f8df92cc65
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

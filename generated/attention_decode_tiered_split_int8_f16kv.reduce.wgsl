@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1cddab5a38efa69ce7ea7b01bdfb3c9fd99a644070d095c2f266d17f666164b7
+// source-hash: sha256:30bdf6a59b6b8c6b3481dfc03a0f359774443166ba4cb343b2d7aa42eddc2b14
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:73ad38bafc9983e470b3360504c15380e17f6ec295e7b79f71ac19d3e968b70a
+// source-hash: sha256:f9bbc23b561c04571e489496427b2e98504374053452b527b65ea0bdc405efe8
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

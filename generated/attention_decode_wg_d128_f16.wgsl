@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ef31eb67379fd4bb4467efb4112754e37705e1b5ca333195b15a9b395cf93ebc
+// source-hash: sha256:d1e34d785df293d7b6bbe0217ddc49888f0e0ceb13508f869e4ad76389c77b68
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

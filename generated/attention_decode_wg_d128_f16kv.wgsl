@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7e8217a4df88704eb290ed9a38c327dd1c356d47c0974f5fb0b24aeb8f4d128d
+// source-hash: sha256:9f3d10d5db6af5733a962b910779e9a93079d8851907d19e3faccd854efeeec9
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:771829849a66a8021255ccfc89d789abffae506570a59dcfd66b171cba60a8e7
+// source-hash: sha256:2363410f618411d24e215a9f44168b92f4e83b2d40c400e022c9343dc0e6dcaa
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bdc652418fac95e7479b78a013c2841a780a48ff5a262ae082ffc75682b7a800
+// source-hash: sha256:7f2f5e940465c866add8d4f23194e23cb83e6aaf6a2e319f30761e5664f39d33
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:12e8fc4a0f438d8ef1fd2b63e377a9d67c8a5c8056c85c8b830b8b90b9f5fa47
+// source-hash: sha256:527c165a3458f59040e851ad30c8ec1d91b36002c1ca5c4434e5f62c13645b00
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

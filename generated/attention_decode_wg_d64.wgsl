@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f16d1ee809e4d26df9f7ccfe3064ac88a120cd9f4e4c323a29544ce7de080c67
+// source-hash: sha256:cf52f640435c3396588c305d221c7bacd5020eb38a6f3b252afca0675d1f39a4
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

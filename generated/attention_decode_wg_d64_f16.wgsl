@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ce60250f8e0a0e02c235c05833dec67bb3859badf8d6a480705ec263d4179df3
+// source-hash: sha256:fb548c0f7e52587347bd420c798b5bf099f54120ccc17c500e64a93de7f7b331
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1e3dbeb5658cb4465fed93790dd80868ed4c61ec6505673b38ba3a567bd390f0
+// source-hash: sha256:591f9802e1c50c6a05707301b27064414c172aa45cdd93535c1f38e42078326b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

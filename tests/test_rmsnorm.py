@@ -150,6 +150,7 @@ def test_tune_reports_a_candidate_breaking_the_family_constraint_without_running
         parse_shape("rmsnorm:rows=4,size=64"),
         Settings(repeats=20, warmup=0),
         _entry()["metadata"],
+        lambda: pytest.fail("a refused candidate must not open a device"),
     )
     assert result.validation == "invalid" and result.row is None
     assert result.reason == (

@@ -304,6 +304,7 @@ def test_a_block_size_workgroup_size_mismatch_is_invalid_not_timed() -> None:
             parse_shape("prefill:q=16,kv=16,h=2,kvh=1,d=16"),
             Settings(repeats=20, warmup=0),
             entry["metadata"],
+            lambda: pytest.fail("a candidate that fails validation must not be timed"),
         )
     finally:
         device.close()

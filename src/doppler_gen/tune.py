@@ -39,7 +39,6 @@ from doppler_gen.runtime.measure import (
     BenchRow,
     Settings,
     cpu_warning,
-    measure,
     measure_on_fresh_device,
 )
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
@@ -518,11 +517,11 @@ def evaluate(
     shape: Shape,
     settings: Settings,
     baseline: Mapping[str, Any],
-    opener: Callable[[], Any] | None = None,
+    opener: Callable[[], Any],
 ) -> CandidateResult:
-    """Quick-validate the candidate; time it on ``shape`` only if it passed (on a device of its
-    own from ``opener`` when given, so that no candidate's time depends on its place in the
-    order).
+    """Quick-validate the candidate on ``device``; time it on ``shape`` only if it passed, on a
+    device of its own from ``opener``, so that no candidate's time depends on its place in the
+    order.
 
     ``baseline`` is the current configuration's host metadata: a candidate that changes it (a
     smaller max_head_dim, say) is still a candidate, but the report must say so.
@@ -548,10 +547,7 @@ def evaluate(
         status = "SKIP" if report.status == "SKIP" else "invalid"
         reason = report.reason.splitlines()[0] if report.reason else ""
         return CandidateResult(candidate, label, status, reason, contract=contract)
-    if opener is None:
-        row = measure(device, kernel, entry, shape, settings, constants=constants)
-    else:
-        row = measure_on_fresh_device(opener, kernel, entry, shape, settings, constants=constants)
+    row = measure_on_fresh_device(opener, kernel, entry, shape, settings, constants=constants)
     if row.status == "FAIL":  # wrong at the tune shape (sampled rows vs float64): never timed
         reason = f"at {shape.label}: {row.reason}"
         return CandidateResult(candidate, label, "invalid", reason, row, contract)
