@@ -199,14 +199,35 @@ def test_timed_run_times_the_whole_sequence_and_each_pass(device: Device) -> Non
     pipeline = device.compile(SCALE_WGSL)
     params, src, dst = _scale_buffers(device, 64)
     step = Step(pipeline, {0: params, 1: src, 2: dst}, (1, 1, 1))
-    runs = device.timed_run([step, step, step], repeats=4, warmup=2)
+    runs = device.timed_run([step, step, step], repeats=4, warmup=2, split_passes=True)
     assert len(runs) == 4
     for run in runs:
         assert len(run.passes_ns) == 3 and all(t > 0 for t in run.passes_ns)
         # one pair around all passes: at least the sum of the passes' own spans
         assert run.total_ns >= sum(run.passes_ns) > 0
+    # the default: every run one compute pass holding the three dispatches, one span
+    whole = device.timed_run([step, step, step], repeats=4, warmup=2)
+    assert len(whole) == 4
+    assert all(len(r.passes_ns) == 1 and r.total_ns == r.passes_ns[0] > 0 for r in whole)
     with pytest.raises(ValueError, match="no passes"):
         device.timed_run([], repeats=1, warmup=0)
+
+
+def test_dispatches_of_one_compute_pass_see_what_the_previous_wrote(device: Device) -> None:
+    """``run`` records a multi-pass kernel as one compute pass: the second dispatch must read
+    the first one's output (WebGPU makes each dispatch a usage scope of its own)."""
+    pipeline = device.compile(SCALE_WGSL, constants={"SCALE": 2.0, "OFFSET": 1.0})
+    params, src, _ = _scale_buffers(device, 64)
+    middle = device.storage_buffer(np.full(64, np.nan, np.float32), read_write=True, label="mid")
+    out = device.storage_buffer(np.full(64, np.nan, np.float32), read_write=True, label="out")
+    device.run(
+        [
+            Step(pipeline, {0: params, 1: src, 2: middle}, (1, 1, 1)),
+            Step(pipeline, {0: params, 1: middle, 2: out}, (1, 1, 1)),
+        ]
+    )
+    expected = (np.arange(64, dtype=np.float32) * 2 + 1) * 2 + 1
+    np.testing.assert_array_equal(np.frombuffer(device.read_buffer(out), np.float32), expected)
 
 
 def test_timing_without_the_feature_says_so(backend: Backend, adapter: AdapterInfo) -> None:

@@ -281,6 +281,7 @@ def test_validate_and_bench_on_the_cli(project: Path, tmp_path: Path) -> None:
     rows = json.loads(output.read_text(encoding="utf-8"))["rows"]
     assert [r["status"] for r in rows] == ["ok"]
     assert set(rows[0]["pass_timings"]) == {"partials", "reduce"}
+    assert rows[0]["split_pass_total"]["runs"] == 20  # the compute-pass-each encoding's whole
     assert rows[0]["timing"]["runs"] == 20
     assert rows[0]["bytes"] == 4 * 4 * 3000 + 4 * 4  # x read once, y written once
 

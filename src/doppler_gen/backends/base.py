@@ -265,7 +265,7 @@ def warmup_batches(warmup: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Step:
-    """One compute pass of a run: a pipeline, its bind group 0 and its workgroup count."""
+    """One dispatch of a run: a pipeline, its bind group 0 and its workgroup count."""
 
     pipeline: Pipeline
     bindings: Mapping[int, Buffer]
@@ -274,8 +274,9 @@ class Step:
 
 @dataclass(frozen=True)
 class PassTimes:
-    """One timed run of a pass sequence: the whole (first pass's begin to last pass's end
-    timestamp, so gaps between passes count) and each pass's own begin/end span, in ns."""
+    """One timed run of a dispatch sequence, in ns: the whole (first compute pass's begin to
+    last compute pass's end timestamp, so gaps between passes count) and each compute pass's
+    own begin/end span (one pass holding every dispatch, or a pass per dispatch)."""
 
     total_ns: float
     passes_ns: tuple[float, ...]
@@ -351,11 +352,20 @@ class Device(ABC):
 
     @abstractmethod
     def run(self, steps: Sequence[Step]) -> None:
-        """Encode every step as its own compute pass, in order, in one command buffer; submit."""
+        """Encode the steps as the dispatches of one compute pass, in order; submit.
+
+        One pass, as a host records a multi-pass kernel: WebGPU makes each dispatch its own
+        usage scope, so a pass sees what the passes before it wrote, and consecutive
+        dispatches of one compute pass cost less GPU time than a compute pass each.
+        """
 
     @abstractmethod
-    def timed_run(self, steps: Sequence[Step], *, repeats: int, warmup: int) -> list[PassTimes]:
-        """``repeats`` timed runs of the whole sequence after ``warmup`` untimed ones."""
+    def timed_run(
+        self, steps: Sequence[Step], *, repeats: int, warmup: int, split_passes: bool = False
+    ) -> list[PassTimes]:
+        """``repeats`` timed runs of the whole sequence after ``warmup`` untimed ones: each run
+        one timestamped compute pass (as ``run`` encodes it), or with ``split_passes`` a
+        timestamped compute pass per step (each step's own time, plus the gaps between)."""
 
     def dispatch(
         self,

@@ -374,33 +374,36 @@ class WgpuDevice(Device):
     # -- dispatch
 
     def run(self, steps: Sequence[Step]) -> None:
-        """Encode every step as a compute pass of one command buffer and submit it."""
+        """Encode the steps as the dispatches of one compute pass, in order, and submit it."""
         label = self._label(steps)
         with self._gpu_errors(f"dispatching {label!r}"):
             encoded = self._encoded(steps)
             encoder = self.native.create_command_encoder()
-            for pipeline, bind_group, workgroups in encoded:
-                self._encode_pass(encoder, pipeline, bind_group, workgroups)
+            self._encode_pass(encoder, encoded)
             self.native.queue.submit([encoder.finish()])
 
-    def timed_run(self, steps: Sequence[Step], *, repeats: int, warmup: int) -> list[PassTimes]:
-        """Begin/end-of-pass timestamps around every pass of every run, runs back to back."""
+    def timed_run(
+        self, steps: Sequence[Step], *, repeats: int, warmup: int, split_passes: bool = False
+    ) -> list[PassTimes]:
+        """Timestamps around every run of the sequence, runs back to back: one compute pass
+        per run, or with ``split_passes`` a compute pass per step, each timestamped."""
         self._check_timing_request(steps, repeats, warmup)
         self._require_timestamps()
         label = self._label(steps)
         with self._gpu_errors(f"timing {label!r}"):
             encoded = self._encoded(steps)
+            groups = [[step] for step in encoded] if split_passes else [encoded]
             for batch in warmup_batches(warmup):  # bounded command buffers, however many
                 encoder = self.native.create_command_encoder()
                 for _ in range(batch):
-                    for pipeline, bind_group, workgroups in encoded:
-                        self._encode_pass(encoder, pipeline, bind_group, workgroups)
+                    for group in groups:
+                        self._encode_pass(encoder, group)
                 self.native.queue.submit([encoder.finish()])
             runs: list[PassTimes] = []
-            per_submit = max(1, _MAX_TIMED_PASSES_PER_SUBMIT // len(encoded))
+            per_submit = max(1, _MAX_TIMED_PASSES_PER_SUBMIT // len(groups))
             while len(runs) < repeats:
                 count = min(repeats - len(runs), per_submit)
-                runs.extend(self._timed_batch(encoded, count))
+                runs.extend(self._timed_batch(groups, count))
         return runs
 
     def _encoded(self, steps: Sequence[Step]) -> list[tuple[WgpuPipeline, Any, tuple]]:
@@ -416,11 +419,11 @@ class WgpuDevice(Device):
         return " + ".join(s.pipeline.label for s in steps)
 
     def _timed_batch(
-        self, encoded: list[tuple[WgpuPipeline, Any, tuple]], count: int
+        self, groups: list[list[tuple[WgpuPipeline, Any, tuple]]], count: int
     ) -> list[PassTimes]:
-        """``count`` timestamped runs in one submit."""
+        """``count`` timestamped runs in one submit (a compute pass per group of dispatches)."""
         usage = self._wgpu.BufferUsage
-        queries = 2 * count * len(encoded)
+        queries = 2 * count * len(groups)
         query_set = self.native.create_query_set(type="timestamp", count=queries)
         resolved = self.native.create_buffer(
             size=8 * queries, usage=usage.QUERY_RESOLVE | usage.COPY_SRC
@@ -428,20 +431,20 @@ class WgpuDevice(Device):
         encoder = self.native.create_command_encoder()
         index = 0
         for _ in range(count):
-            for pipeline, bind_group, workgroups in encoded:
+            for group in groups:
                 writes = {
                     "query_set": query_set,
                     "beginning_of_pass_write_index": index,
                     "end_of_pass_write_index": index + 1,
                 }
-                self._encode_pass(encoder, pipeline, bind_group, workgroups, writes)
+                self._encode_pass(encoder, group, writes)
                 index += 2
         encoder.resolve_query_set(query_set, 0, queries, resolved, 0)
         self.native.queue.submit([encoder.finish()])
         ticks = np.frombuffer(self.native.queue.read_buffer(resolved), np.uint64)
         query_set.destroy()
         resolved.destroy()
-        return pass_times(ticks, len(encoded), self.timestamp_period())
+        return pass_times(ticks, len(groups), self.timestamp_period())
 
     def timestamp_period(self) -> float:
         """Nanoseconds per timestamp tick.
@@ -470,16 +473,17 @@ class WgpuDevice(Device):
     @staticmethod
     def _encode_pass(
         encoder: Any,
-        pipeline: WgpuPipeline,
-        bind_group: Any,
-        workgroups: tuple[int, int, int],
+        dispatches: Sequence[tuple[WgpuPipeline, Any, tuple]],
         timestamp_writes: dict[str, Any] | None = None,
     ) -> None:
+        """One compute pass holding ``dispatches`` in order (WebGPU makes each dispatch its own
+        usage scope, so a dispatch sees what the ones before it wrote)."""
         compute_pass = encoder.begin_compute_pass(timestamp_writes=timestamp_writes)
-        compute_pass.set_pipeline(pipeline.native)
-        compute_pass.set_bind_group(0, bind_group)
-        x, y, z = (int(n) for n in workgroups)
-        compute_pass.dispatch_workgroups(x, y, z)
+        for pipeline, bind_group, workgroups in dispatches:
+            compute_pass.set_pipeline(pipeline.native)
+            compute_pass.set_bind_group(0, bind_group)
+            x, y, z = (int(n) for n in workgroups)
+            compute_pass.dispatch_workgroups(x, y, z)
         compute_pass.end()
 
     # -- plumbing

@@ -344,9 +344,14 @@ class KernelRunner:
         values = np.frombuffer(raw, dtype=prepared.out_dtype, count=count)
         return values.astype(np.float64).reshape(prepared.output_shape)
 
-    def timed(self, prepared: Prepared, *, repeats: int, warmup: int) -> list[PassTimes]:
-        """Timestamps around the whole pass sequence and each pass, on the prepared buffers."""
-        return self.device.timed_run(prepared.steps, repeats=repeats, warmup=warmup)
+    def timed(
+        self, prepared: Prepared, *, repeats: int, warmup: int, split_passes: bool = False
+    ) -> list[PassTimes]:
+        """Timestamps around each run of the pass sequence on the prepared buffers: one compute
+        pass per run, or with ``split_passes`` a compute pass per pass (each pass's own span)."""
+        return self.device.timed_run(
+            prepared.steps, repeats=repeats, warmup=warmup, split_passes=split_passes
+        )
 
     # -- judge --------------------------------------------------------------------------------
 

@@ -305,16 +305,18 @@ class DawnDevice(Device):
     # -- dispatch
 
     def run(self, steps: Sequence[Step]) -> None:
-        """Encode every step as a compute pass of one command buffer and submit it."""
+        """Encode the steps as the dispatches of one compute pass, in order, and submit it."""
         label = " + ".join(s.pipeline.label for s in steps)
         with self._scoped(f"dispatching {label!r}"), self._bind_groups(steps) as encoded:
             encoder = self._w.wgpuDeviceCreateCommandEncoder(self.native, None)
-            for pipeline, group, workgroups in encoded:
-                self._encode_pass(encoder, pipeline, group, workgroups)
+            self._encode_pass(encoder, encoded)
             self._submit(encoder)
 
-    def timed_run(self, steps: Sequence[Step], *, repeats: int, warmup: int) -> list[PassTimes]:
-        """Begin/end-of-pass timestamps around every pass of every run, runs back to back.
+    def timed_run(
+        self, steps: Sequence[Step], *, repeats: int, warmup: int, split_passes: bool = False
+    ) -> list[PassTimes]:
+        """Timestamps around every run of the sequence, runs back to back: one compute pass
+        per run, or with ``split_passes`` a compute pass per step, each timestamped.
 
         Dawn resolves timestamps to nanoseconds itself; the device is opened with
         timestamp quantization off (Chrome rounds to 100 µs by default), so values are exact.
@@ -324,16 +326,17 @@ class DawnDevice(Device):
         label = " + ".join(s.pipeline.label for s in steps)
         runs: list[PassTimes] = []
         with self._scoped(f"timing {label!r}"), self._bind_groups(steps) as encoded:
+            groups = [[step] for step in encoded] if split_passes else [encoded]
             for batch in warmup_batches(warmup):  # bounded command buffers, however many
                 encoder = self._w.wgpuDeviceCreateCommandEncoder(self.native, None)
                 for _ in range(batch):
-                    for pipeline, group, workgroups in encoded:
-                        self._encode_pass(encoder, pipeline, group, workgroups)
+                    for group in groups:
+                        self._encode_pass(encoder, group)
                 self._submit(encoder)
-            per_submit = max(1, _MAX_TIMED_PASSES_PER_SUBMIT // len(encoded))
+            per_submit = max(1, _MAX_TIMED_PASSES_PER_SUBMIT // len(groups))
             while len(runs) < repeats:
                 count = min(repeats - len(runs), per_submit)
-                runs.extend(self._timed_batch(encoded, count))
+                runs.extend(self._timed_batch(groups, count))
         return runs
 
     @contextmanager
@@ -347,10 +350,12 @@ class DawnDevice(Device):
                 encoded.append((pipeline, group, step.workgroups))
             yield encoded
 
-    def _timed_batch(self, encoded: list[tuple[Any, Any, tuple]], count: int) -> list[PassTimes]:
-        """``count`` timestamped runs in one submit."""
+    def _timed_batch(
+        self, groups: list[list[tuple[Any, Any, tuple]]], count: int
+    ) -> list[PassTimes]:
+        """``count`` timestamped runs in one submit (a compute pass per group of dispatches)."""
         w = self._w
-        queries = 2 * count * len(encoded)
+        queries = 2 * count * len(groups)
         descriptor = w.WGPUQuerySetDescriptor()
         descriptor.type = w.WGPUQueryType_Timestamp
         descriptor.count = queries
@@ -362,12 +367,12 @@ class DawnDevice(Device):
             encoder = w.wgpuDeviceCreateCommandEncoder(self.native, None)
             index = 0
             for _ in range(count):
-                for pipeline, group, workgroups in encoded:
+                for group in groups:
                     writes = w.WGPUComputePassTimestampWrites()
                     writes.querySet = query_set
                     writes.beginningOfPassWriteIndex = index
                     writes.endOfPassWriteIndex = index + 1
-                    self._encode_pass(encoder, pipeline, group, workgroups, writes)
+                    self._encode_pass(encoder, group, writes)
                     index += 2
             w.wgpuCommandEncoderResolveQuerySet(encoder, query_set, 0, queries, resolved, 0)
             self._submit(encoder)
@@ -377,7 +382,7 @@ class DawnDevice(Device):
             w.wgpuQuerySetRelease(query_set)
             w.wgpuBufferDestroy(resolved)
             w.wgpuBufferRelease(resolved)
-        return pass_times(ticks, len(encoded))
+        return pass_times(ticks, len(groups))
 
     @contextmanager
     def _bind_group(self, pipeline: DawnPipeline, bindings: Mapping[int, Buffer]) -> Iterator[Any]:
@@ -404,22 +409,20 @@ class DawnDevice(Device):
             release_handle(w.wgpuBindGroupLayoutRelease, layout)
 
     def _encode_pass(
-        self,
-        encoder: Any,
-        pipeline: DawnPipeline,
-        group: Any,
-        workgroups: tuple[int, int, int],
-        writes: Any = None,
+        self, encoder: Any, dispatches: Sequence[tuple[Any, Any, tuple]], writes: Any = None
     ) -> None:
+        """One compute pass holding ``dispatches`` in order (WebGPU makes each dispatch its own
+        usage scope, so a dispatch sees what the ones before it wrote)."""
         w = self._w
         descriptor = w.WGPUComputePassDescriptor()
         if writes is not None:
             descriptor.timestampWrites = ctypes.pointer(writes)
         compute_pass = w.wgpuCommandEncoderBeginComputePass(encoder, ctypes.byref(descriptor))
-        w.wgpuComputePassEncoderSetPipeline(compute_pass, pipeline.native)
-        w.wgpuComputePassEncoderSetBindGroup(compute_pass, 0, group, 0, None)
-        x, y, z = (int(n) for n in workgroups)
-        w.wgpuComputePassEncoderDispatchWorkgroups(compute_pass, x, y, z)
+        for pipeline, group, workgroups in dispatches:
+            w.wgpuComputePassEncoderSetPipeline(compute_pass, pipeline.native)
+            w.wgpuComputePassEncoderSetBindGroup(compute_pass, 0, group, 0, None)
+            x, y, z = (int(n) for n in workgroups)
+            w.wgpuComputePassEncoderDispatchWorkgroups(compute_pass, x, y, z)
         w.wgpuComputePassEncoderEnd(compute_pass)
         w.wgpuComputePassEncoderRelease(compute_pass)
 
