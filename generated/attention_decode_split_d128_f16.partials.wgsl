@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d234a5ccc66a51a26773221ef5c1209a13a97b8146b0fa38b4ab8893aa7c82a5
+// source-hash: sha256:32cd13930339eb8986a3fa4f01b4ac85a964c9f6a1746c89c8d01fc8e79d52d6
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

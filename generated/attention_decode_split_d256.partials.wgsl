@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4e1d15e612796c2d9c0895234da5ae89bdb7ee872ef8f7752abee63df541289b
+// source-hash: sha256:87a15d8a36877b00e0e249b614ac82172802015397010eaff0ba1cf9774fb58b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cf965650804ced1f77aa61e5b79ba91ae15d7b3120948dd42d04334e3b103cab
+// source-hash: sha256:8a7942f44aaba9e2e771a77ebf6594d9ce5d09b1ade5a70cc9e652c3f201e9d3
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:10ef35941009fd3ffeb5b983e9838cbb03d4210477651715f7be5ffd1194b509
+// source-hash: sha256:d5a01b9b584c0e5c5655e964a95a101638c7acc7f76e29d0cd8747757f783345
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -35,7 +35,7 @@ const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
 const HEADS_PER_WORKGROUP: u32 = 2u;  // query heads each workgroup serves
-override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
+override KV_SPLITS: u32 = 16u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
 
 struct Uniforms {

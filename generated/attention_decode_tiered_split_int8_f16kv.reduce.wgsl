@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:30bdf6a59b6b8c6b3481dfc03a0f359774443166ba4cb343b2d7aa42eddc2b14
+// source-hash: sha256:bf765f12733870fb1664045b59fb1faeae3d578e2c1c3a46ad60bc8c660a3232
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -38,7 +38,9 @@ struct Uniforms {
 @group(0) @binding(9) var<storage, read_write> partial_acc: array<f32>; // [split, num_heads, head_dim]
 @group(0) @binding(10) var<storage, read_write> partial_ml: array<f32>;  // [split, num_heads, 2]: max, sum
 
-// Tree reductions and the per-part accumulator sums
+// Each part's softmax state (max, sum, element) per invocation
+var<workgroup> red_m: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
+var<workgroup> red_l: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
 var<workgroup> red: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
 
 // Keys per split: (cold_len + hot_len) over KV_SPLITS splits, at least MIN_SPLIT_KEYS
@@ -50,18 +52,6 @@ fn split_keys() -> u32 {
 fn used_splits() -> u32 {
     let keys = split_keys();
     return min(KV_SPLITS, ((u.cold_len + u.hot_len) + keys - 1u) / keys);
-}
-
-// red[0] = max (is_max) or sum of red[0 .. REDUCE_WORKGROUP_SIZE); every invocation must call it
-fn tree_reduce(lid: u32, is_max: bool) {
-    workgroupBarrier();
-    for (var stride: u32 = REDUCE_WORKGROUP_SIZE / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            let other = red[lid + stride];
-            red[lid] = select(red[lid] + other, max(red[lid], other), is_max);
-        }
-        workgroupBarrier();
-    }
 }
 
 @compute @workgroup_size(REDUCE_WORKGROUP_SIZE, 1, 1)
@@ -77,62 +67,53 @@ fn main(
     }
     let num_splits = used_splits();
     let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
-
-    // M = max over the splits of their max
-    var mine: f32 = NEG_BIG;
-    for (var s: u32 = lid; s < num_splits; s = s + REDUCE_WORKGROUP_SIZE) {
-        mine = max(mine, partial_ml[ml + 2u * s * slots]);
-    }
-    red[lid] = mine;
-    tree_reduce(lid, true);
-    let m_all = red[0];
-    workgroupBarrier();
-
-    // L = sum over the splits of exp(m_s - M) l_s
-    var sum: f32 = 0.0;
-    for (var s: u32 = lid; s < num_splits; s = s + REDUCE_WORKGROUP_SIZE) {
-        let at = ml + 2u * s * slots;
-        sum = sum + exp(partial_ml[at] - m_all) * partial_ml[at + 1u];
-    }
-    red[lid] = sum;
-    tree_reduce(lid, false);
-    let l_all = red[0];
-    let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
-    // Invocation lid takes element d0 + lid % width and every parts-th split from lid / width
+    // Invocation lid takes element d0 + lid % width of splits part, part + parts, ... (part =
+    // lid / width), four splits a batch: every load of a batch is issued before any is used
     let width = min(head_dim, REDUCE_WORKGROUP_SIZE);
     let parts = REDUCE_WORKGROUP_SIZE / width;
     let part = lid / width;
+    let last = num_splits - 1u;
     for (var d0: u32 = 0u; d0 < head_dim; d0 = d0 + width) {
         let d = d0 + lid % width;
-        var a0: f32 = 0.0;
-        var a1: f32 = 0.0;
-        var a2: f32 = 0.0;
-        var a3: f32 = 0.0;
-        if (part < parts && d < head_dim) {
-            var s: u32 = part;
-            while (s + 3u * parts < num_splits) {
-                let s1 = s + parts;
-                let s2 = s1 + parts;
-                let s3 = s2 + parts;
-                a0 = a0 + exp(partial_ml[ml + 2u * s * slots] - m_all) * partial_acc[(s * slots + slot) * head_dim + d];
-                a1 = a1 + exp(partial_ml[ml + 2u * s1 * slots] - m_all) * partial_acc[(s1 * slots + slot) * head_dim + d];
-                a2 = a2 + exp(partial_ml[ml + 2u * s2 * slots] - m_all) * partial_acc[(s2 * slots + slot) * head_dim + d];
-                a3 = a3 + exp(partial_ml[ml + 2u * s3 * slots] - m_all) * partial_acc[(s3 * slots + slot) * head_dim + d];
-                s = s + 4u * parts;
-            }
-            while (s < num_splits) {
-                a0 = a0 + exp(partial_ml[ml + 2u * s * slots] - m_all) * partial_acc[(s * slots + slot) * head_dim + d];
-                s = s + parts;
-            }
+        let live = part < parts && d < head_dim;
+        let dd = select(0u, d, live);
+        var m_p: f32 = NEG_BIG;
+        var l_p: f32 = 0.0;
+        var a_p: f32 = 0.0;
+        for (var s: u32 = part; s < num_splits; s = s + 4u * parts) {
+            // splits past the last read the last one and weigh nothing
+            let s1 = min(s + parts, last);
+            let s2 = min(s + 2u * parts, last);
+            let s3 = min(s + 3u * parts, last);
+            let m4 = vec4<f32>(partial_ml[ml + 2u * s * slots], partial_ml[ml + 2u * s1 * slots], partial_ml[ml + 2u * s2 * slots], partial_ml[ml + 2u * s3 * slots]);
+            let l4 = vec4<f32>(partial_ml[ml + 2u * s * slots + 1u], partial_ml[ml + 2u * s1 * slots + 1u], partial_ml[ml + 2u * s2 * slots + 1u], partial_ml[ml + 2u * s3 * slots + 1u]);
+            let a4 = vec4<f32>(partial_acc[(s * slots + slot) * head_dim + dd], partial_acc[(s1 * slots + slot) * head_dim + dd], partial_acc[(s2 * slots + slot) * head_dim + dd], partial_acc[(s3 * slots + slot) * head_dim + dd]);
+            let real = vec4<bool>(true, s + parts < num_splits, s + 2u * parts < num_splits, s + 3u * parts < num_splits);
+            let m_new = max(m_p, max(max(m4.x, m4.y), max(m4.z, m4.w)));
+            let weight = select(vec4<f32>(0.0), exp(m4 - m_new), real);
+            let keep = exp(m_p - m_new);
+            l_p = l_p * keep + dot(weight, l4);
+            a_p = a_p * keep + dot(weight, a4);
+            m_p = m_new;
         }
-        workgroupBarrier();
-        red[lid] = (a0 + a1) + (a2 + a3);
+        workgroupBarrier();  // the previous element's merge is done with red_*
+        red_m[lid] = m_p;
+        red_l[lid] = l_p;
+        red[lid] = a_p;
         workgroupBarrier();
         if (part == 0u && d < head_dim) {
+            var m_all: f32 = NEG_BIG;
+            for (var p: u32 = 0u; p < parts; p = p + 1u) {
+                m_all = max(m_all, red_m[p * width + lid]);
+            }
+            var l_all: f32 = 0.0;
             var total: f32 = 0.0;
             for (var p: u32 = 0u; p < parts; p = p + 1u) {
-                total = total + red[p * width + lid];
+                let weight = exp(red_m[p * width + lid] - m_all);
+                l_all = l_all + weight * red_l[p * width + lid];
+                total = total + weight * red[p * width + lid];
             }
+            let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
             output[slot * head_dim + d] = total * inv_l;
         }
     }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:021b66d1d0e6f0ab877afd686913073605a65b16895a1ea065e7877f8a16b325
+// source-hash: sha256:3e0b7025962da81150fa81bedd13fa2f140b348c7be9e79e9941053c645b98ef
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6ecbaa52e58a8203cc59147f626712977701eca903293fdc0472823cff8f702e
+// source-hash: sha256:850619345a67fd136a92927bd01a9974a5be0505d65c12085d1b01bedf509a32
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8f2d0dbb8fb913a86462f3b77b8b6baa90573d75032491f2407a3fe3d46b2524
+// source-hash: sha256:27dbdee59f6c0523250f72f5ef63a718963a31d7c67fecbf0d4329cf422225ad
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

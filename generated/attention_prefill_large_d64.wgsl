@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e748a6f790573723cd16193108788e69f59d49a936eaf081de662357dda0779
+// source-hash: sha256:f9e7139260441007e4abd7da422f88333f53787487120fc8e6f9c9244ba6d4ef
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:967c3b1e3ecb8c19487ba3473298f36bfe82db32ed958d51952b50832c52d960
+// source-hash: sha256:2dbf914214a34114cd4b3b87e5275d7f6c66f59df369c4dadfbb08a73dcb129d
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

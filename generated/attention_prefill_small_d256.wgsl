@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:02005d3c1a54ef812c300f4c9966e93a1d65026197936bc6bc4b35960df73a69
+// source-hash: sha256:1acd7fe255ff457ae6da2411ca5fff07d50578a717b66b58c9ddf6cc4e9b8061
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4278a748d5811919d69428d73a3314775435fefa7c4c484335774163640df2c9
+// source-hash: sha256:2caa662e63925065062c42d578c88786a6c338376ccb95658fb73c97fba21c52
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

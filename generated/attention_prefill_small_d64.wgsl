@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:30a5843d6c1f27ad0320e04b2cdf89f0ce183a3e7207e53449f8468c5b562751
+// source-hash: sha256:177b8ddefee90689c96b1533940d8b75ae08741c13b43b7055ea77eeca2f6bf7
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:005fddb42f7e614d6f45256430dc55b816217c5f18c1b5fa60a992c70c9f0db2
+// source-hash: sha256:32e03a20a012793f4b94ea2a218cf848ac574731119383dada4cd7842810340d
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -8,6 +8,9 @@ keys, and run an MQA case whose 24 query heads need several head chunks.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -140,16 +143,23 @@ def test_key_groups_wider_than_the_subgroup_reduce_through_workgroup_memory(
 @pytest.mark.parametrize(
     "name", ["attention_decode_split_d64_f16", "attention_decode_tiered_split_int4_f16kv"]
 )
-def test_both_reduce_scans_pass_over_many_splits(device: Device, name: str) -> None:
-    """reduce_scan "tree" (barrier trees) and "flat" (every invocation scans the splits) are a
-    tunable of the shared reduce pass: both must combine 8 splits of real keys correctly."""
-    for scan in ("tree", "flat"):
-        kernel, entry = _kernel(REPO_ROOT, name, {"reduce_scan": scan})
+def test_every_reduce_scan_passes_over_many_splits(device: Device, name: str) -> None:
+    """reduce_scan "tree" (barrier trees), "flat" (every invocation scans the splits) and
+    "merge" (one trip to memory, parts merged behind one barrier) are a tunable of the shared
+    reduce pass: each must combine 8 splits of real keys correctly."""
+    # merge at 32 invocations: 2 elements of head_dim 64 per invocation, 1 part
+    for scan, size in (("tree", 256), ("flat", 256), ("merge", 256), ("merge", 32)):
+        params = {"reduce_scan": scan, "reduce_workgroup_size": size}
+        kernel, entry = _kernel(REPO_ROOT, name, params)
         reduce_pass = next(p for p in kernel.passes if p.spec.name == "reduce")
         assert ("fn tree_reduce" in reduce_pass.text) == (scan == "tree")
+        assert ("var<workgroup> red_m:" in reduce_pass.text) == (scan == "merge")
         constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
         report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
-        assert report.status == "PASS", (scan, [(c.spec.name, c.verdict) for c in report.failures])
+        assert report.status == "PASS", (
+            params,
+            [(c.spec.name, c.verdict) for c in report.failures],
+        )
 
 
 @pytest.mark.parametrize(
@@ -324,3 +334,29 @@ def test_narrow_subgroups_nan_stores_nan_where_the_subgroups_are_too_narrow(
     result = runner.run_case(spec, keep_output=True)
     assert result.output is not None and np.isnan(result.output).all()
     assert not result.passed
+
+
+def test_the_long_context_variant_runs_on_16_lane_lavapipe(device: Device) -> None:
+    """attention_decode_split_long_d128_f16 needs subgroups of 16 lanes (no fallback). Where
+    lavapipe's are 8 (256-bit vectors), validate skips it and names the remedy; with
+    LP_NATIVE_VECTOR_WIDTH=512, as `.ci/setup` runs it, it passes the quick matrix."""
+    if "llvmpipe" not in device.adapter.describe().lower():
+        pytest.skip(f"{device.adapter.short()} is not lavapipe, whose vectors set its subgroups")
+    name = "attention_decode_split_long_d128_f16"
+    kernel, entry = _kernel(REPO_ROOT, name)
+    assert entry["min_subgroup_size"] == 16
+    if (subgroup_width(device) or 0) < 16:
+        report = validate_variant(device, kernel, entry, quick=True, seed=0)
+        assert report.status == "SKIP"
+        assert "with LP_NATIVE_VECTOR_WIDTH=512" in report.reason
+    wide = subprocess.run(
+        [sys.executable, "-m", "doppler_gen", "validate", "--quick", name],
+        cwd=REPO_ROOT,
+        env={**os.environ, "LP_NATIVE_VECTOR_WIDTH": "512"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert wide.returncode == 0, wide.stdout + wide.stderr
+    assert "1 passed, 0 failed, 0 skipped" in wide.stdout and "512 bits" in wide.stdout

@@ -662,6 +662,7 @@ def test_multi_pass_variant_lists_its_passes_and_scratch(entries: dict[str, Any]
         }
     ]
     assert entry["variantMetadata"]["requiredShared"] == 1024
+    assert entry["passEncoding"] == "one-compute-pass"  # as validate and bench record it
     sources = {"generated/split_partials.wgsl": "// p\n", "generated/split_reduce.wgsl": "// r\n"}
     digests = digests_document(entries_, sources)["digests"]
     assert digests == {

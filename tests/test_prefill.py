@@ -209,6 +209,12 @@ ALTERNATE_PATHS = [
      'tile_q = 4, tile_dtype = "f32"', "var<workgroup> tile_kv: array<vec4<f32>, 544>;"),
     ('kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, tile_dtype = "f32", '
      "prefetch = true", "= vec4<f32>(pre[4]);"),
+    # f16 pairs packed in u32 words, unpacked with unpack2x16float (plain and prefetched loads)
+    ('q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", block_q = 32, block_k = 32, '
+     'tile_q = 4, tile_dtype = "packed", p_dtype = "f16"',
+     "var<workgroup> tile_kv: array<vec2<u32>, 544>;"),
+    ('q_dtype = "f16", kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, '
+     'tile_dtype = "packed", prefetch = true', "= pack4(pre[4]);"),
 ]  # fmt: skip
 
 
@@ -216,8 +222,9 @@ ALTERNATE_PATHS = [
 @pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 @pytest.mark.parametrize(("params", "marker"), ALTERNATE_PATHS)
 def test_tunable_code_paths_pass_validation(project_copy: Path, params: str, marker: str) -> None:
-    """`prefetch` and `tile_dtype = "f32"` are tunables no committed variant uses yet: second
-    code paths for the K/V loads, validated here so `tune` starts from correct kernels."""
+    """`prefetch` and `tile_dtype = "f32"` / `"packed"` are tunables no committed variant uses
+    yet: other code paths for the K/V loads, validated here so `tune` starts from correct
+    kernels."""
     with (project_copy / "variants.toml").open("a") as config:
         config.write(
             '\n[[variant]]\nname = "prefill_alt"\ntemplate = "attention_prefill"\n'

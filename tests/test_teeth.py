@@ -169,8 +169,8 @@ MUTATIONS = [
     (
         "split-reduce-weight-dropped",
         SPLIT_REDUCE,
-        "exp(partial_ml[ml + 2u * s * slots] - m_all) * partial_acc",
-        "partial_acc",
+        "a_p = a_p * keep + dot(weight, a4);",
+        "a_p = a_p * keep + dot(select(vec4<f32>(0.0), vec4<f32>(1.0), real), a4);",
         ["attention_decode_split_d64_f16kv"],
     ),
     (

@@ -366,7 +366,8 @@ def mark_lines(source: str, file_id: int) -> str:
     """Append an origin marker to every template line that emits text.
 
     Markers go only into text (never inside ``{{ }}``, ``{% %}`` or ``{# #}``), not on lines
-    ending in a block or comment tag, whose newline ``trim_blocks`` removes, and not before a
+    ending in a block or comment tag, whose newline ``trim_blocks`` removes, nor in a ``-}}``
+    expression, which strips its own newline, and not before a
     ``{%-``-style tag that strips the newline (the body of an inline macro belongs to its caller).
     """
     closers = {"{{": "}}", "{%": "%}", "{#": "#}"}
@@ -386,7 +387,8 @@ def mark_lines(source: str, file_id: int) -> str:
         if match.group() == "\n":
             tail = current.rstrip()
             stripped_by_next = _WS_CONTROL_RE.match(source, match.end()) is not None
-            if tail and not tail.endswith(("%}", "#}")) and not stripped_by_next:
+            # a line ending in "-}}" has its newline stripped by that tag, like a block tag's
+            if tail and not tail.endswith(("%}", "#}", "-}}")) and not stripped_by_next:
                 out.append(f"{_MARK_OPEN}{file_id}:{line}{_MARK_CLOSE}")
             out.append("\n")
             line += 1

@@ -76,6 +76,7 @@ def static_skip(
             return (
                 f"the adapter's subgroups are {width} invocations wide (measured); the variant "
                 f"needs at least {need} (min_subgroup_size: narrower subgroups store NaN)"
+                f"{lavapipe_width_hint(device, need)}"
             ), ""
     storage, limit = storage_need(entry, device)
     if storage > limit:
@@ -102,6 +103,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) size:
 }
 """
 _subgroup_widths: dict[str, int | None] = {}
+
+
+def lavapipe_width_hint(device: Device, need: int) -> str:
+    """How to get ``need``-wide subgroups from lavapipe, whose subgroups are as wide as its
+    SIMD vectors (LP_NATIVE_VECTOR_WIDTH bits / 32; any CPU can emulate 512 bits): '' elsewhere."""
+    if "llvmpipe" not in device.adapter.describe().lower():
+        return ""
+    return f"; lavapipe has {need}-wide subgroups with LP_NATIVE_VECTOR_WIDTH={32 * need}"
 
 
 def subgroup_width(device: Device) -> int | None:
