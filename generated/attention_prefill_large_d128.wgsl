@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e0b7025962da81150fa81bedd13fa2f140b348c7be9e79e9941053c645b98ef
+// source-hash: sha256:e230eb1b9b7087e371b1d8c9787537d3c56c4591a093180517185bd101b237dc
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

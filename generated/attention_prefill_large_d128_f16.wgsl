@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:850619345a67fd136a92927bd01a9974a5be0505d65c12085d1b01bedf509a32
+// source-hash: sha256:58677c877d65fb49653140dfdad0ee9c158f3b5d82656d2cfca721c245d0311c
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

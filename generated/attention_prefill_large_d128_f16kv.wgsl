@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:70b0af8ece80e7cb136344c74e37d4fd1158f18ce908051a2aae8afef3c389b1
+// source-hash: sha256:0dbda11044d5996f5f06d5377072abcfd78f5a39ecd9f5e79d8e74e6ab6ea1cd
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9424d9cb270caf9dca7cdd97ad479eb295f14bf78f188e6885ebcd2985bded6e
+// source-hash: sha256:15e890e24d45fd25b10933c1aec28875cdf8775a59535ca4dbaacd5f624f1062
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

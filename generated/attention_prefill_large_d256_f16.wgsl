@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:328c0f3dc46d82f32f19a05e686c697de1aa85cbad4e6951eefaa0446e24b225
+// source-hash: sha256:98e331bc89c114872dff93df2ea44130adc0634e073a73146dc30065140af0d3
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

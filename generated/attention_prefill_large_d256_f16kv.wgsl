@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:27dbdee59f6c0523250f72f5ef63a718963a31d7c67fecbf0d4329cf422225ad
+// source-hash: sha256:ca2a035df6ac63493a9df3bf312a6e7706e7842a046eedca60fa39180b0224c2
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:28bf2c9bc77b8e6b5e4820ae7dd380c536cc9c22f199e71b6fd88a8f3d76272d
+// source-hash: sha256:abb5c47d41b5df4c6998b4089490fd9d129d78e7ff18857fbea5b38fdee4c554
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

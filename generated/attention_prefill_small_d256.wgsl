@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1acd7fe255ff457ae6da2411ca5fff07d50578a717b66b58c9ddf6cc4e9b8061
+// source-hash: sha256:5448f2d82382be6bf5c5bf44774b048b71bb6a36eedbda7c986a1688be738385
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

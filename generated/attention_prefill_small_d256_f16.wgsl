@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2caa662e63925065062c42d578c88786a6c338376ccb95658fb73c97fba21c52
+// source-hash: sha256:0baa0c583f7568eaa953a096493156913629132010e0841ad28ce5895bf781dd
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a8a437506d1a62eabc204654d5e7a6d7db512865705bc5c471072b85ebef57c4
+// source-hash: sha256:ee8afdcdf12b46425ffb63b6e7ca092467cc47d1826eff5abb2bc4825f7399c1
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:177b8ddefee90689c96b1533940d8b75ae08741c13b43b7055ea77eeca2f6bf7
+// source-hash: sha256:b4267c5bc45e23b2e6f14ab5692f719e26b63db1497b334eca4b522ff413b528
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f2466d1bcbeb6157ca2f5e4fc772361a0a20508e9253a7e53e0ea176204fcfdc
+// source-hash: sha256:43326775cdd58c67e64d914e911beb75b9fbff0e26dba56aa3c933985baa8b24
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c80b2e56a51246eda90e0a7969d2383b05d258680e714de52af09560fa4f7aa4
+// source-hash: sha256:047306a6ed72991a480651ec601cfc371bc2ae81da61752d42fa06ddd338c4ab
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e78fdc41696c95cadccfdf3fc52e0dff42ba1c1a41da172c57f652568f3766a9
+// source-hash: sha256:bc3f1a053737a80c5730c0d86f7b8dbd5e828d153037f2383179c91a568af950
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

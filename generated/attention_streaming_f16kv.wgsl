@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5b0c985c8abd000b774a6f2a3914bb8b5dee7bc0017902852f54948dd4b48379
+// source-hash: sha256:edd033a5b33de397c2678fd494993e8227c0d0e943b047b17e1cfd97336acb39
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -353,14 +353,23 @@ def test_both_backends_agree_on_a_variant_of_every_kernel_body() -> None:
     wgpu, dawn = cross.runs
     assert (wgpu.backend, dawn.backend) == ("wgpu", "dawn")
     assert [v.name for v in wgpu.variants] == list(names)
-    assert all(v.status == "PASS" and v.cases for v in wgpu.variants), text
+    narrow = {
+        v.name for v in wgpu.variants if v.status == "SKIP" and "(min_subgroup_size" in v.reason
+    }
+    assert all(v.status == "PASS" and v.cases for v in wgpu.variants if v.name not in narrow), text
     storage = re.compile(r"workgroup storage \(\d+ bytes\) is larger than the maximum allowed")
     compared = []
     for report, agreement in zip(dawn.variants, cross.agreements, strict=True):
         if report.status == "SKIP":
             # Only what Dawn itself refuses may skip: tiles past the adapter's limit (lavapipe:
-            # 32 KiB), or f16 where pydawn gives no shader-f16 (the H200).
-            assert storage.search(report.reason) or F16_REFUSED in report.reason, report.reason
+            # 32 KiB), or f16 where pydawn gives no shader-f16 (the H200); and a variant whose
+            # subgroups are wider than the adapter's, on both (tests/test_streaming_subgroups.py
+            # runs its code path on Tint at lavapipe's width)
+            assert (
+                storage.search(report.reason)
+                or F16_REFUSED in report.reason
+                or (report.name in narrow and "(min_subgroup_size" in report.reason)
+            ), report.reason
             assert agreement.status == "-" and "dawn SKIP" in agreement.reason
             continue
         assert report.status == "PASS" and report.cases, (report.name, report.reason)

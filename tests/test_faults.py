@@ -267,7 +267,7 @@ def fill(directory: Path, leave: int) -> None:
 
 @pytest.mark.skipif(not ROOT, reason="mounting a tmpfs needs root; see the patched-writer test")
 def test_disk_full_on_a_small_tmpfs(fresh_project: Path, tmp_path: Path) -> None:
-    with small_tmpfs(tmp_path / "mnt", "4m") as mount:  # the project fits, twice over
+    with small_tmpfs(tmp_path / "mnt", "8m") as mount:  # the project (~3.2 MB) fits, twice over
         project = Path(shutil.copytree(fresh_project, mount / "project"))
         assert run_cli(project, "check").exit_code == 0  # creates .doppler-gen/ and a memo
         before = generated_tree(project)

@@ -32,7 +32,11 @@ def test_a_variant_of_every_kernel_body_passes_the_full_matrix() -> None:
     assert [v.name for v in run.variants] == list(names)
     for report in run.variants:
         if report.status == "SKIP":
-            assert report.reason.startswith("needs shader-f16"), report.reason
+            # f16 where the adapter has none; subgroups narrower than the variant needs (its
+            # code path runs at lavapipe's widths in tests/test_streaming_subgroups.py)
+            assert report.reason.startswith("needs shader-f16") or (
+                "(min_subgroup_size" in report.reason
+            ), report.reason
             continue
         assert report.status == "PASS"
         assert len(report.cases) >= 60  # 44 feature cases + the default tier's size cases

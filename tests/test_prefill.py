@@ -48,11 +48,12 @@ def _host_view(module: Module) -> tuple:
     return module.bindings, module.structs["Uniforms"].fields
 
 
-def test_there_are_eighteen_prefill_variants() -> None:
-    tiers = {"large": 9, "small": 6}
+def test_there_are_twenty_nine_prefill_variants() -> None:
+    tiers = {"large": 12, "small": 8}  # each with its subgroup twins of the f16 variants
     for tier, count in tiers.items():
         assert len(_variants(f"attention_prefill_{tier}_")) == count
-    assert len(_variants("attention_streaming")) == 3
+    assert len(_variants("attention_streaming")) == 9
+    assert len(_variants("attention_streaming_sg")) == 6
 
 
 @pytest.mark.parametrize("name", PREFILL_VARIANTS)
@@ -108,6 +109,11 @@ BAD = [
         "block_q = 64, tile_q = 3",
         "must be a positive multiple of tile_q",
     ),
+    (
+        "attention_streaming_sg_d128_f16",
+        'q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", workgroup_size = 48',
+        "needs a power-of-two workgroup_size",
+    ),
 ]
 
 
@@ -125,7 +131,8 @@ def test_bad_tile_parameters_are_refused_at_the_template_line(
     result = run_process(project_copy, "generate")
     assert result.returncode == 2
     line = assert_one_line_error(result.stderr)
-    assert PREFILL in line and message in line, line
+    template = STREAMING if "streaming" in name else PREFILL
+    assert template in line and message in line, line
     assert snapshot(project_copy / "generated") == before
 
 

@@ -1,0 +1,120 @@
+"""Tiled prefill with row maxima and sums by subgroup shuffles (templates.attention_prefill_sg).
+
+The shipped variants need subgroups as wide as their COLS key columns (8 or 16 lanes;
+`min_subgroup_size`): lavapipe runs them at 16 lanes in `.ci/setup`, and here at its default
+width with the tiles cut to fit. Narrower subgroups store NaN; planted bugs fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, edit
+from gpu_support import adapter_problem
+
+from doppler_gen.backends import Device, get_backend
+from doppler_gen.config import load_project
+from doppler_gen.families.tiled import CaseSpec
+from doppler_gen.manifest import parse_kernel, variant_entry
+from doppler_gen.render import Renderer
+from doppler_gen.runtime.runner import KernelRunner
+from doppler_gen.runtime.session import subgroup_width
+from doppler_gen.runtime.verify import validate_variant
+from doppler_gen.validate import open_run_device
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem())),
+]
+
+PREFILL = "templates/attention_prefill.wgsl.j2"
+SMALL = "attention_prefill_small_sg_d64_f16"  # 32 x 32 tiles, 4 queries an invocation
+
+
+def _kernel(root: Path, name: str, params: dict | None = None):
+    """Variant ``name`` rendered (with ``params`` over its own) and its manifest entry."""
+    project = load_project(root)
+    variant = project.variant(name)
+    if params:
+        variant = replace(variant, params={**variant.params, **params})
+    kernel = Renderer(project).render(variant)
+    return kernel, variant_entry(kernel, parse_kernel(kernel))
+
+
+def _cols(width: int) -> dict:
+    """Tiles of the small variant whose query groups have ``width`` key columns."""
+    return {"workgroup_size": 8 * width}  # 32 / 4 = 8 query groups
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[Device]:
+    kernel = _kernel(REPO_ROOT, SMALL)[0]
+    dev = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
+    if "subgroups" not in dev.features:
+        dev.close()
+        pytest.skip("the adapter offers no subgroups")
+    yield dev
+    dev.close()
+
+
+def _width(device: Device) -> int:
+    width = subgroup_width(device)
+    assert width is not None and width >= 4
+    return width
+
+
+def test_shipped_variants_record_their_key_columns_as_min_subgroup_size() -> None:
+    project = load_project(REPO_ROOT)
+    names = [v.name for v in project.variants if v.template.name == "attention_prefill_sg"]
+    assert len(names) == 5
+    for name in names:
+        kernel, entry = _kernel(REPO_ROOT, name)
+        cols = int(parse_kernel(kernel)[0].constants["COLS"])
+        assert entry["min_subgroup_size"] == cols
+        assert "row_part" not in kernel.text  # no workgroup memory for the row reductions
+
+
+@pytest.mark.parametrize("fraction", [1, 2])
+def test_row_reductions_by_shuffles_pass(device: Device, fraction: int) -> None:
+    """Query groups as wide as this adapter's subgroups, or half (two groups a subgroup)."""
+    kernel, entry = _kernel(REPO_ROOT, SMALL, _cols(_width(device) // fraction))
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    assert report.status == "PASS", [(c.spec.name, c.verdict) for c in report.cases]
+    assert len(report.cases) >= 10
+
+
+def test_too_narrow_subgroups_are_skipped_and_store_nan(device: Device) -> None:
+    width = _width(device)
+    kernel, entry = _kernel(REPO_ROOT, SMALL, _cols(2 * width))
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    assert report.status == "SKIP"
+    assert f"needs at least {2 * width} (min_subgroup_size" in report.reason
+    spec = CaseSpec("causal", num_heads=4, num_kv_heads=2, query_len=40, kv_len=40, head_dim=64)
+    result = KernelRunner(device, kernel, entry).run_case(spec, keep_output=True)
+    assert result.output is not None and np.isnan(result.output).all()
+
+
+MUTATIONS = [
+    # the row max of one lane's keys only: every lane rescales by its own max
+    ("row-max-not-reduced",
+     "tile_max{{ i }} = max(tile_max{{ i }}, subgroupShuffleXor(tile_max{{ i }}, {{ mask }}u));",
+     "tile_max{{ i }} = tile_max{{ i }};"),
+    # the row sum of one lane's share only
+    ("row-sum-not-reduced",
+     "total{{ i }} = total{{ i }} + subgroupShuffleXor(total{{ i }}, {{ mask }}u);",
+     "total{{ i }} = total{{ i }};"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("old", "new"), [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS])
+def test_planted_bugs_fail_validation(
+    device: Device, project_copy: Path, old: str, new: str
+) -> None:
+    edit(project_copy / PREFILL, old, new)
+    kernel, entry = _kernel(project_copy, SMALL, _cols(_width(device)))
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    assert report.status == "FAIL"
