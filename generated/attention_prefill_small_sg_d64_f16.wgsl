@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f7e3d42fc0e4d0c882b9923496481f8099c76d0ccac8ca3416d77eff36f5b774
+// source-hash: sha256:126c14ad8aeadff0c0ca299d0218df6fd03da26fa0129034b348b6d78fed5ba3
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -191,13 +191,6 @@ fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count
     return value;
 }
 
-// Fill tile_kv with BLOCK_K rows of K or V from key k0
-fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
-    for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
-        tile_kv[idx] = kv_element(is_v, idx, k0, kv_len, kv_head, d4_count);
-    }
-}
-
 // Query tile row r, head-dim vec4 d4, as f32
 fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
@@ -271,10 +264,32 @@ fn main(
     l[3] = 0.0;
     acc[3] = vec4<f32>();
 
+    // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
+    // tile are in flight while this one is computed
+    var pre: array<vec4<f16>, 5>;
+    pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[4] = kv_element(false, t + 4u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
         workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
-        load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        tile_kv[t + 3u * WORKGROUP_SIZE] = pre[3];
+        if (t + 4u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 4u * WORKGROUP_SIZE] = pre[4];
+        }
+
+        pre[0] = kv_element(true, t + 0u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(true, t + 1u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(true, t + 2u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[3] = kv_element(true, t + 3u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[4] = kv_element(true, t + 4u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
@@ -350,7 +365,20 @@ fn main(
         tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 8u));
         workgroupBarrier();  // every invocation is done reading K
 
-        load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        tile_kv[t + 3u * WORKGROUP_SIZE] = pre[3];
+        if (t + 4u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 4u * WORKGROUP_SIZE] = pre[4];
+        }
+
+        pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[4] = kv_element(false, t + 4u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+
         // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
         // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
         {
