@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3c9aa4c93c2377ec05d5037a16640d48fcab762285c39461434769a3215addda
+// source-hash: sha256:d96c6999e0b65be0157a6c8bea5615ea1a2c83c57a93bfb5699d7e44079dd963
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:65a55d87ffbcb23f27f04be9862e1fce406daca4e87d0ae22725f6d979f0580e
+// source-hash: sha256:1459eae9d47d86ef7399b87efaf43b10e9260ee308195f81c92920596c282ff4
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

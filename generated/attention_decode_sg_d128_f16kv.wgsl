@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d904700f6951b3df17c5c87b8b36c5f96a5ffe669b76d176d71e0063054f09cc
+// source-hash: sha256:e1e9e8ee4dd5bf1cd052cbe36c793bd581c3395099b9fe6bc257b993b5427dfe
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f7a97ca7285b914b278a71942e2640d672f8dc42a25d0ccb642686f25d984b27
+// source-hash: sha256:00b7d684bd2fdc6196aa6bd5edd8d72c5670342953f3ee01da16724466e21174
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

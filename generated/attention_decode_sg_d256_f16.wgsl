@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1ce7b6bb43012b6582a1302961681375bc61899a779a419941f79c4a49443a98
+// source-hash: sha256:2c02b434cb924fbd5c69dc2246d33899fc306f73ca48827fe28192a09d0261b6
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

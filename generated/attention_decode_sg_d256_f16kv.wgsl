@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:857db2a7a88f9bce7835f0d2909a16c03b447725a0e4e4ce1d6b7d39688261ed
+// source-hash: sha256:f8c06bffdac90b1c55f3d0032f1f3308212164c93c27f1f83646b5e2f2a43262
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

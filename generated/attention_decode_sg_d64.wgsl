@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7bd4d89d2c73a2c2946cd1ff13652f3fa44509b3ce6233e09fb18e89a11c14c9
+// source-hash: sha256:db2948586b30e8b78466a602ff1c5ca0c080eb6480b2f35df93e7e05bed8aef7
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

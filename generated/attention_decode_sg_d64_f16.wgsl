@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a0ec3c4bb3657576344bcec81f11750b1632a3d69f7193880f1b8517f99c0a5f
+// source-hash: sha256:d93f8b53999072f427d5c773f19b66d175aacab659033355d1dd84f4dce29693
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

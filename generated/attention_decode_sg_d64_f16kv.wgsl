@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:139f0d872c9ab2ad05e90dd47171e16adfa5a1682eae328c7fa2d04c9b039e52
+// source-hash: sha256:18e955bb67cc6528c423b072307566e51e640383624fd8cad08d74734c8d3e87
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

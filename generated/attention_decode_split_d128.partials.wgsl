@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b7187115f09b90af9ee1e71253ce607faaf3fc3d15e434dead7998356c4b0cc
+// source-hash: sha256:1088a519a240baa3276c71e9becf0037d4f04b79b7d1c2570a4f231138b66d02
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:32cd13930339eb8986a3fa4f01b4ac85a964c9f6a1746c89c8d01fc8e79d52d6
+// source-hash: sha256:c83a69301defb42999660c9bd1cace13822d29d842d9d569b87f0d604543bd02
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1252cf8ec6cd31d8a47ab9d98fe2353ddcee22e488eb9aef2bc7d6c36c39c602
+// source-hash: sha256:c80c24d2d87ca416ac22b937db0eb443a66f2c14707712cc4205a29d3fc2e538
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

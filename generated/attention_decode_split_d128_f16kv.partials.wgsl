@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b34eb65dffcd1a494b222da7e328c487659f05e1d5f69185baa0838d0814ac60
+// source-hash: sha256:deb5e2e22096097986dbf2763566447227447d8acdd3d9d6e1a100ca4a72daca
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

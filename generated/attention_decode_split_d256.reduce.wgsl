@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b55f44f2aee024de8219c322c2de71ade3c51b84c928fd05e1574949c48c2798
+// source-hash: sha256:e7b259f62c065765303b7a634ce1c710a762dc4452a61f1e7500ed0e35d4a596
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

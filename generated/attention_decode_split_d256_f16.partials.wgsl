@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d88bff7d234c4772260f1a66855940db074b91f11343ff1680eb6e81c99695db
+// source-hash: sha256:3f35c44263e90d39fab76c7210acae543a483a182d9da3679e51554963b6a575
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

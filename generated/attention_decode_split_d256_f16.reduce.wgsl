@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ce8a571ec48efa6013c625460658088db4258625eed4680dbcdd0cd1a9881e6f
+// source-hash: sha256:aba1e708fdf46ff4e5e0133f2d3bd3c13e3100e93daa406e767aa70fa583b01b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

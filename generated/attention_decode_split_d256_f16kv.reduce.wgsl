@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6ff7889287b14f7d57d985f08dc340f5b5860c1631889adf153d2a6a2353b650
+// source-hash: sha256:122491d5d12a5baea270ffcb419516f1d3c351956ecaf8409181c16ffd984c57
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9dc963dd6ae9ba3f805e26143ed2a12108d5ee6f188ff83297a958206f0a2380
+// source-hash: sha256:c5f966c10064cc224630f0c02e1fad04d8f01f18e23ed4170cc3be160f212273
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

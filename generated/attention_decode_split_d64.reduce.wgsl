@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8ea8a68152760343bf079d0d47bc7392d9cde3145445bf0c62b9e7b1098abfbe
+// source-hash: sha256:39753659d10c955d3c5db6411886dc712ee4f54df3614caabd731910d42f7b41
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:914ab743b74ca0159ff0ac9fee54ebf7e69f8a18dd44b22db635e28bef0c2932
+// source-hash: sha256:b3b35b4a7ec07094aeb21ccc19023afa0d450d5ee4976f8541aee6ac0025b07b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

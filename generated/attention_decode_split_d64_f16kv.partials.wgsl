@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8a7942f44aaba9e2e771a77ebf6594d9ce5d09b1ade5a70cc9e652c3f201e9d3
+// source-hash: sha256:7f1853b3eb8b22c32879412ca3c87eef4563e27732350261452270a397dc3148
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5fcda4f2da505cb2e7e0609f3248bd9486c09600d28c6203aa20503c6702da87
+// source-hash: sha256:ffc9dd3932150905b12e210f0b39610d3aa0700b4b84315986b66e6d8c946741
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

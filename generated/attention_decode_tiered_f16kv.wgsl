@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2086190ae73846f8a190865282aa7a6d17449dccc29973df8ef29cfd705d514d
+// source-hash: sha256:33d45f7e4ac3771471ff6298d5613dc29c16be7254fcd2c9fccaafe23fb7642f
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

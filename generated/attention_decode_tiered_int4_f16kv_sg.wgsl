@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b92d561fbd08669de52c628593c38ed1ff4f2bb4a6588db8cfb33dee0a596a1a
+// source-hash: sha256:0dbc87c24d05147d9cee8c110f071218fc5b75f77fa1d4be9e09ebaf62a66817
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

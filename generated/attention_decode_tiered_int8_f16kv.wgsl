@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1ff4b38287540d0bf30ed5bc2a6db2ff5d9f2b7404ee00feaa4fc246aa6114a6
+// source-hash: sha256:a844a74a64dbad6e094db7e9fa0a9abc3f21469e5b71c76a65ebdfa4d024257c
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

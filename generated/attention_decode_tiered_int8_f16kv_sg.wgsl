@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:eee19157b09538f7e9825ffbe96d5262b55c26d6e7f191b3de0e8a54cbdf7094
+// source-hash: sha256:2d1a5500876671c72a7d84e5f25840cf822334df9e57e249556db8f6730b337d
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:499a1aebe8750d4279bf77749c37bae193665e0b5cee5efe98e4b60f53a8c181
+// source-hash: sha256:5408a55a18e728aba96493e0c339281bf395f1430a196c99794c064edd031075
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d65c7e4bf989b3cc367c52978ee267bf1d8f9600f43e5f215a0743cc4c84a99f
+// source-hash: sha256:5553ef599d3f14e75a1d42915b9a49c69c73f8a13c1c21cc174061c2a0c2004a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

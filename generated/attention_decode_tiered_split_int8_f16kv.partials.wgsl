@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:573183fe6be3b7ebed87ed55d48e10c13a25af3dccb4d53fd1dd0f1cd5fdd75c
+// source-hash: sha256:1a3830ffd9fbdfa20b57c0413faad9ee5c8e8d657ccc078630be3a28d054a382
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

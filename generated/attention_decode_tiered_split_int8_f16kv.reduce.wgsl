@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bf765f12733870fb1664045b59fb1faeae3d578e2c1c3a46ad60bc8c660a3232
+// source-hash: sha256:673102601c4969881f9e0e6907c8c4f6f8631364ab3694e09d7c5f36fccc6fbe
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

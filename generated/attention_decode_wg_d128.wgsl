@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f9bbc23b561c04571e489496427b2e98504374053452b527b65ea0bdc405efe8
+// source-hash: sha256:fc562cabb1d71c7d60c71d0c876e6bbcd58437ccc175c8331fe02fd7fe3bcefa
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d1e34d785df293d7b6bbe0217ddc49888f0e0ceb13508f869e4ad76389c77b68
+// source-hash: sha256:36c8b49f6540bfca043b843e21156b455d4952d1d469b297429ddeb21fdd9530
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f3d10d5db6af5733a962b910779e9a93079d8851907d19e3faccd854efeeec9
+// source-hash: sha256:cfa498771c07c1537f691a1746ef5c2ddcc7cc81226213d215e92b0922d1d302
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

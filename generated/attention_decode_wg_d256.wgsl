@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2363410f618411d24e215a9f44168b92f4e83b2d40c400e022c9343dc0e6dcaa
+// source-hash: sha256:953aae086ddd98d6a26fd21c03a04121bc9818bfae58caa17ac30f1c9bdc0309
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7f2f5e940465c866add8d4f23194e23cb83e6aaf6a2e319f30761e5664f39d33
+// source-hash: sha256:4e44be2df211474183325a861bb9ed22eb68f520a04f5b4c2b0005be97b87c6f
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:527c165a3458f59040e851ad30c8ec1d91b36002c1ca5c4434e5f62c13645b00
+// source-hash: sha256:f891d83345e092a2ebd7ea9605cd16a13e01d5ed32c28893ca0f5034daa8fc8a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cf52f640435c3396588c305d221c7bacd5020eb38a6f3b252afca0675d1f39a4
+// source-hash: sha256:7ab723bcbaf9861ae56130f5fc31760b8812ab98dfc7980dff558bffb0eee59d
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

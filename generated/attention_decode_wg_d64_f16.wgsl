@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fb548c0f7e52587347bd420c798b5bf099f54120ccc17c500e64a93de7f7b331
+// source-hash: sha256:299d20a210d3d26600180e27609009a6d731c4970364e6a73b2ec0a52ab9014d
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:591f9802e1c50c6a05707301b27064414c172aa45cdd93535c1f38e42078326b
+// source-hash: sha256:7c3bf94f5a2b31f897858e425066c9d86cf68762c47a94092f606ebde81f6575
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:329dd286ea7d5c094a9daee39132029826ca48c163c6f51e059b320c2ed9ae12
+// source-hash: sha256:b64d390cbb666d1f1062ff936dcea3aec8584c91b1c995c081ffce8d2fb8fc6d
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e230eb1b9b7087e371b1d8c9787537d3c56c4591a093180517185bd101b237dc
+// source-hash: sha256:80329eeb155c303c96ce394b9339acda5e2ca10ee4ecc470de5b801cbfd4d82e
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:58677c877d65fb49653140dfdad0ee9c158f3b5d82656d2cfca721c245d0311c
+// source-hash: sha256:2d8cf92ee1b4fa8f73d5e573df12c17fddb41a94f0db85b9fecf855253d76273
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

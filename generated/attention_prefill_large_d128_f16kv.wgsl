@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0dbda11044d5996f5f06d5377072abcfd78f5a39ecd9f5e79d8e74e6ab6ea1cd
+// source-hash: sha256:e247c82a8d857c4bb3a0682e1d222ff93feb85c00b18712628548d7aa1cec6ee
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

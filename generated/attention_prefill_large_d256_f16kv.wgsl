@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ca2a035df6ac63493a9df3bf312a6e7706e7842a046eedca60fa39180b0224c2
+// source-hash: sha256:7a1368280a36dbbe3555eb2f199285d5a3b99b8a3c8042f1acd796fc225b7817
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

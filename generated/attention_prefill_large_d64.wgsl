@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e7ca05517287267cc29975bf9b5292201791793edafffbf7a97b30cb7cf24997
+// source-hash: sha256:50b31552ccbcd3bb2a9b52fa27bb98b6bb1e96d3dcebb1a3c1d4a5715a382738
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

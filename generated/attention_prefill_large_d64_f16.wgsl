@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:95bb1756cd48dff4ea870b039ffe3de143f81f22142e2c7a5120e3ae5f965f04
+// source-hash: sha256:f176c3d414f1ae25e14648fe892fb24ae8dc9ca5a44cb78aaab6cec154a06aeb
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

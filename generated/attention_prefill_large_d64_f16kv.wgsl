@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:abb5c47d41b5df4c6998b4089490fd9d129d78e7ff18857fbea5b38fdee4c554
+// source-hash: sha256:58f3d8fe9aea22d3c5ff6f0e083310fedd61a6d6a68f66cfb084469a26bd2ca9
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9ff99bb9efaa0dce101036fc54d30611960b7a801b72d488edfaedfdd2526337
+// source-hash: sha256:356b23a10b7de20be1f485f28915d84fd91627893fff335449ba7a07f2d84178
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1a45313309425f5d8c1a894a0b52d9f03a2deba8a8e4646352cf0c717db16b42
+// source-hash: sha256:c31bf34605f41f1d9dab55bc9e4f3be8deabd1101136bc607a6ce108b84d9fec
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

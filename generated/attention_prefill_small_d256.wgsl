@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5448f2d82382be6bf5c5bf44774b048b71bb6a36eedbda7c986a1688be738385
+// source-hash: sha256:63c5f6e6024b42d579fd220db426e120a71897e331c390e21b1b0119fdc0da11
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0baa0c583f7568eaa953a096493156913629132010e0841ad28ce5895bf781dd
+// source-hash: sha256:67a97cd295d11584ccf729c99b381d17b06e929e7dbbbf78b362d5b87effa254
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

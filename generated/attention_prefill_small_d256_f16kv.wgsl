@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ee8afdcdf12b46425ffb63b6e7ca092467cc47d1826eff5abb2bc4825f7399c1
+// source-hash: sha256:0e1a6ec7805a24a5549a550348c6a97898644491ec4fcd1ebc3c6d84402ce69f
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

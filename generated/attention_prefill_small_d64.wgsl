@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b4267c5bc45e23b2e6f14ab5692f719e26b63db1497b334eca4b522ff413b528
+// source-hash: sha256:497ea2214df0327f07b09b0c4226aaabb0f8768d1e05641e3d48ffd0633fc18d
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:43326775cdd58c67e64d914e911beb75b9fbff0e26dba56aa3c933985baa8b24
+// source-hash: sha256:33a5e5b6aebdcca02647855117e1954e2f0c00adaf79915f04d5c6cf4e3a555f
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c706ea81442a9869c3eeefc149e7b88ae26a44baf94d16a251e5e835d7758f91
+// source-hash: sha256:7c1d83336db28eb5f7fdaa51eacc51ee12a2010cc0680b67e70b184d3c094811
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8b32451498f1bae208e3a71d37593a4a58d156caa73ef9bf743bd97b0b59e746
+// source-hash: sha256:e8243a43218f99fa030c6cfe0195986ccf162ec46ae7f81c8fb673cc4a574ad0
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

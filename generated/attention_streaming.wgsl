@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:047306a6ed72991a480651ec601cfc371bc2ae81da61752d42fa06ddd338c4ab
+// source-hash: sha256:2e7c91870a2baac57c0b476441f92db3d9cb14f049c1d6e16c97a36a2ec8a8df
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

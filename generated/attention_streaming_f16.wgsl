@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bc3f1a053737a80c5730c0d86f7b8dbd5e828d153037f2383179c91a568af950
+// source-hash: sha256:99df9a2d1441a9f6a5efec1b94e7a27a65da523efa8276971e17295a7340a9a9
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

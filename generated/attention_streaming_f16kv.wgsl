@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:edd033a5b33de397c2678fd494993e8227c0d0e943b047b17e1cfd97336acb39
+// source-hash: sha256:1752da72fe54a68ba0134fd82cf558065c51701c9b90eaaf5c821d659af56cff
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

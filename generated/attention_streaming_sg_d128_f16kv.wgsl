@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:49becc07001cf46f01106e8b5ac0becd2ad4b754a812bb56deffea68a4f7e75f
+// source-hash: sha256:123b31a343853f25ddd65b350ba9bcaa61b608fcb5fa7aa7327e0c80ba8ea5b0
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -182,8 +182,8 @@ fn main(
     let g = t / LANES_PER_KEY;
     let r = t - g * LANES_PER_KEY;
     let used = (u.head_dim + LANES_PER_KEY - 1u) / LANES_PER_KEY;  // elements per lane in use (uniform)
-    var q: array<f32, 8>;
-    var acc: array<f32, 8>;
+    var q: array<f32, DIMS_PER_LANE>;
+    var acc: array<f32, DIMS_PER_LANE>;
     q[0] = select(0.0, f32(Q[q_base + r + 0u]), r + 0u < u.head_dim);
     acc[0] = 0.0;
     q[1] = select(0.0, f32(Q[q_base + r + 16u]), r + 16u < u.head_dim);
@@ -427,6 +427,7 @@ fn main(
     // A query whose every key is masked has l == 0 and writes zeros (masked_row = "zero");
     // NaN, built at run time, where the workgroup is not one subgroup numbered 0 .. WORKGROUP_SIZE - 1
     let inv_l = select(bitcast<f32>(0x7fc00000u | (subgroup_size & 0u)), select(0.0, 1.0 / l, l > 0.0), numbered);
+
     if (g == 0u) {
         if (r + 0u < u.head_dim) {
             output[q_base + r + 0u] = acc[0] * inv_l;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:11f117bea835109e8cfc037ec46320e3b5cf86151fe8361f9ce82e21ffeb7ef6
+// source-hash: sha256:0c4109e99dd45b643776b34f43ecedb5d32cb419d744885f255b9fac0dc310d9
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //
@@ -182,8 +182,8 @@ fn main(
     let g = t / LANES_PER_KEY;
     let r = t - g * LANES_PER_KEY;
     let used = (u.head_dim + LANES_PER_KEY - 1u) / LANES_PER_KEY;  // elements per lane in use (uniform)
-    var q: array<f32, 4>;
-    var acc: array<f32, 4>;
+    var q: array<f32, DIMS_PER_LANE>;
+    var acc: array<f32, DIMS_PER_LANE>;
     q[0] = select(0.0, f32(Q[q_base + r + 0u]), r + 0u < u.head_dim);
     acc[0] = 0.0;
     q[1] = select(0.0, f32(Q[q_base + r + 16u]), r + 16u < u.head_dim);
@@ -355,6 +355,7 @@ fn main(
     // A query whose every key is masked has l == 0 and writes zeros (masked_row = "zero");
     // NaN, built at run time, where the workgroup is not one subgroup numbered 0 .. WORKGROUP_SIZE - 1
     let inv_l = select(bitcast<f32>(0x7fc00000u | (subgroup_size & 0u)), select(0.0, 1.0 / l, l > 0.0), numbered);
+
     if (g == 0u) {
         if (r + 0u < u.head_dim) {
             output[q_base + r + 0u] = f16(acc[0] * inv_l);

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:47f92a1dba9fec2e50138c2b7491d24c58c357959c030899ece1d6de8c355107
+// source-hash: sha256:423fb8c79ac39216aadc58241a24cba484d0efc3dd69e92d4fc41fa6e6531f82
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -182,8 +182,8 @@ fn main(
     let g = t / LANES_PER_KEY;
     let r = t - g * LANES_PER_KEY;
     let used = (u.head_dim + LANES_PER_KEY - 1u) / LANES_PER_KEY;  // elements per lane in use (uniform)
-    var q: array<f32, 4>;
-    var acc: array<f32, 4>;
+    var q: array<f32, DIMS_PER_LANE>;
+    var acc: array<f32, DIMS_PER_LANE>;
     q[0] = select(0.0, f32(Q[q_base + r + 0u]), r + 0u < u.head_dim);
     acc[0] = 0.0;
     q[1] = select(0.0, f32(Q[q_base + r + 16u]), r + 16u < u.head_dim);
@@ -355,6 +355,7 @@ fn main(
     // A query whose every key is masked has l == 0 and writes zeros (masked_row = "zero");
     // NaN, built at run time, where the workgroup is not one subgroup numbered 0 .. WORKGROUP_SIZE - 1
     let inv_l = select(bitcast<f32>(0x7fc00000u | (subgroup_size & 0u)), select(0.0, 1.0 / l, l > 0.0), numbered);
+
     if (g == 0u) {
         if (r + 0u < u.head_dim) {
             output[q_base + r + 0u] = acc[0] * inv_l;

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from doppler_gen.cli import cli
+from doppler_gen.config import load_project
+from doppler_gen.manifest import parse_kernel, variant_entry
+from doppler_gen.render import Renderer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
@@ -147,3 +151,23 @@ def representatives(project: Any) -> tuple[str, ...]:
         )
         chosen.setdefault(key, variant.name)
     return tuple(chosen.values())
+
+
+def render_variant(root: Path, name: str, params: dict | None = None) -> tuple[Any, dict]:
+    """Variant ``name`` of the project at ``root`` rendered, with ``params`` over its own (a
+    tuning or test configuration that needs no variants.toml entry), and its manifest entry."""
+    project = load_project(root)
+    variant = project.variant(name)
+    if params:
+        variant = replace(variant, params={**variant.params, **params})
+    kernel = Renderer(project).render(variant)
+    return kernel, variant_entry(kernel, parse_kernel(kernel))
+
+
+def subgroup_lanes(device: Any) -> int:
+    """The subgroup width ``device`` gives a compute pipeline, measured (at least 4 lanes)."""
+    from doppler_gen.runtime.session import subgroup_width
+
+    width = subgroup_width(device)
+    assert width is not None and width >= 4
+    return width

@@ -17,3 +17,15 @@ def adapter_problem() -> str | None:
     except (DopplerGenError, ImportError, RuntimeError) as error:
         return f"no Vulkan WebGPU adapter: {error}"
     return None
+
+
+@functools.cache
+def dawn_problem() -> str | None:
+    """None when Dawn (Tint, Chrome's compiler) finds an adapter, else the reason to skip."""
+    try:
+        from doppler_gen.backends import get_backend, select_adapter
+
+        select_adapter(get_backend("dawn").adapters(), None)
+    except DopplerGenError as error:
+        return f"no Dawn adapter: {error}"
+    return None

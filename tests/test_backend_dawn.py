@@ -9,7 +9,6 @@ every backend must do is in tests/test_backend_contract.py. The first group need
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -26,7 +25,7 @@ from conftest import (
     representatives,
     run_cli,
 )
-from gpu_support import adapter_problem
+from gpu_support import adapter_problem, dawn_problem
 
 from doppler_gen.backends import (
     WEBGPU_DEFAULT_LIMITS,
@@ -45,7 +44,6 @@ from doppler_gen.backends.dawn import (
     parse_diagnostics,
 )
 from doppler_gen.config import load_project
-from doppler_gen.errors import DopplerGenError
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.runtime.runner import CaseResult
 from doppler_gen.runtime.session import static_skip
@@ -273,16 +271,6 @@ def test_missing_pydawn_leaves_wgpu_and_doctor_working(without_pydawn: dict[str,
 
 
 # --------------------------------------------------------------------------- on an adapter
-
-
-@functools.cache
-def dawn_problem() -> str | None:
-    """None when Dawn finds a Vulkan adapter, else the reason to skip."""
-    try:
-        select_adapter(get_backend("dawn").adapters(), None)
-    except DopplerGenError as error:
-        return f"no Dawn adapter: {error}"
-    return None
 
 
 needs_dawn = pytest.mark.skipif(dawn_problem() is not None, reason=str(dawn_problem()))

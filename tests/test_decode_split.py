@@ -13,17 +13,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, render_variant
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device, get_backend
 from doppler_gen.config import load_project
 from doppler_gen.families.tiled import CaseSpec
-from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer, TemplateError
 from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.runtime.session import subgroup_width
@@ -38,19 +36,9 @@ pytestmark = [
 VARIANTS = ("attention_decode_split_d128", "attention_decode_split_d64_f16")
 
 
-def _kernel(root: Path, name: str, params: dict | None = None):
-    """Variant ``name`` rendered (with ``params`` over its own) and its manifest entry."""
-    project = load_project(root)
-    variant = project.variant(name)
-    if params:
-        variant = replace(variant, params={**variant.params, **params})
-    kernel = Renderer(project).render(variant)
-    return kernel, variant_entry(kernel, parse_kernel(kernel))
-
-
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernels = [_kernel(REPO_ROOT, name)[0] for name in VARIANTS]
+    kernels = [render_variant(REPO_ROOT, name)[0] for name in VARIANTS]
     dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
     if "subgroups" not in dev.features:
         dev.close()
@@ -62,7 +50,7 @@ def device() -> Iterator[Device]:
 @pytest.mark.parametrize("splits", [8, 40])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_quick_matrix_over_many_splits(device: Device, name: str, splits: int) -> None:
-    kernel, entry = _kernel(REPO_ROOT, name)
+    kernel, entry = render_variant(REPO_ROOT, name)
     report = validate_variant(
         device,
         kernel,
@@ -77,7 +65,7 @@ def test_quick_matrix_over_many_splits(device: Device, name: str, splits: int) -
 
 def test_mqa_heads_in_chunks_over_forty_splits(device: Device) -> None:
     """24 query heads on one KV head (several head chunks) over 40 splits of 8 keys."""
-    kernel, entry = _kernel(REPO_ROOT, "attention_decode_split_d128")
+    kernel, entry = render_variant(REPO_ROOT, "attention_decode_split_d128")
     runner = KernelRunner(
         device, kernel, entry, {"KV_SPLITS": 40, "MIN_SPLIT_KEYS": 8, "WORKGROUP_SIZE": 64}
     )
@@ -95,7 +83,7 @@ def test_head_slots_cover_groups_wider_and_narrower_than_a_chunk(
 ) -> None:
     """head_slots x heads_per_group heads at once is fixed at render time: MQA's 24 heads take
     several chunks, MHA's one head leaves slots idle, and every head must still be right."""
-    kernel, entry = _kernel(
+    kernel, entry = render_variant(
         REPO_ROOT,
         "attention_decode_split_d64_f16",
         {"head_slots": slots, "heads_per_group": per_group},
@@ -133,7 +121,7 @@ def test_key_groups_wider_than_the_subgroup_reduce_through_workgroup_memory(
 ) -> None:
     """lanes_per_key 16 or 32 on an adapter whose subgroups are narrower (lavapipe: 8) takes
     the workgroup-memory fallback; on a wider one (the H200: 32) the shuffles. Both must pass."""
-    kernel, entry = _kernel(REPO_ROOT, name, params)
+    kernel, entry = render_variant(REPO_ROOT, name, params)
     constants = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1} if "split" in name else None
     report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
     assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
@@ -150,7 +138,7 @@ def test_every_reduce_scan_passes_over_many_splits(device: Device, name: str) ->
     # merge at 32 invocations: 2 elements of head_dim 64 per invocation, 1 part
     for scan, size in (("tree", 256), ("flat", 256), ("merge", 256), ("merge", 32)):
         params = {"reduce_scan": scan, "reduce_workgroup_size": size}
-        kernel, entry = _kernel(REPO_ROOT, name, params)
+        kernel, entry = render_variant(REPO_ROOT, name, params)
         reduce_pass = next(p for p in kernel.passes if p.spec.name == "reduce")
         assert ("fn tree_reduce" in reduce_pass.text) == (scan == "tree")
         assert ("var<workgroup> red_m:" in reduce_pass.text) == (scan == "merge")
@@ -177,7 +165,7 @@ def test_tiered_split_heads_per_workgroup_over_many_splits(
     """A tiered partials workgroup serving `heads` query heads of one KV head (each slice loaded
     and unpacked once): the quick matrix (GQA groups 1 to 8) over 8 splits, and a group of 6,
     whose last chunk of 4 runs past the group and must store nothing for the missing heads."""
-    kernel, entry = _kernel(REPO_ROOT, name, {"heads_per_workgroup": heads})
+    kernel, entry = render_variant(REPO_ROOT, name, {"heads_per_workgroup": heads})
     partials = kernel.passes[0].text
     assert f"const HEADS_PER_WORKGROUP: u32 = {heads}u;" in partials
     assert ("head_live_h1" in partials) == (heads > 1) and "let head_live" in partials
@@ -223,7 +211,7 @@ def test_rows_outside_the_window_may_hold_nan(
     included, and must not reach the output. The decode kernels load every key of an iteration
     unconditionally (clamped to the last attended key, so no load waits behind a branch) and
     keep the keys that do not count out by select. The reference gets the finite rows."""
-    kernel, entry = _kernel(REPO_ROOT, name)
+    kernel, entry = render_variant(REPO_ROOT, name)
     runner = KernelRunner(device, kernel, entry, constants)
     window, kv_len = 37, 300
     build = runner.family.build
@@ -263,7 +251,7 @@ def test_softcap_loops_renders_two_key_loops_and_passes(
     """softcap_loops (a tunable) emits the key loop twice, with the softcap and without, chosen
     by one branch outside the loop; both copies must pass the full matrix, softcap cases
     included."""
-    kernel, entry = _kernel(REPO_ROOT, name, {"softcap_loops": True})
+    kernel, entry = render_variant(REPO_ROOT, name, {"softcap_loops": True})
     text = kernel.passes[0].text
     assert text.count("for (var it: u32 = 0u; it < iterations;") == 2
     assert "tanh(dot_0" in text and "if (u.attn_softcap > 0.0) {\n            let span" in text
@@ -285,12 +273,14 @@ def test_narrow_subgroups_nan_drops_the_fallback_and_declares_its_width(
     """narrow_subgroups = "nan": no workgroup-memory path in the key loop (no partial_dots, no
     subgroup_ok branch), MIN_SUBGROUP_SIZE = lanes_per_key in the WGSL, min_subgroup_size in
     the manifest; "fallback" (every shipped variant) declares no width."""
-    kernel, entry = _kernel(REPO_ROOT, name, {"narrow_subgroups": "nan", "lanes_per_key": 16})
+    kernel, entry = render_variant(
+        REPO_ROOT, name, {"narrow_subgroups": "nan", "lanes_per_key": 16}
+    )
     text = kernel.passes[0].text
     assert "partial_dots" not in text and "subgroup_ok" not in text
     assert "const MIN_SUBGROUP_SIZE: u32 = 16u;" in text
     assert entry["min_subgroup_size"] == 16
-    shipped, shipped_entry = _kernel(REPO_ROOT, name)
+    shipped, shipped_entry = render_variant(REPO_ROOT, name)
     assert "subgroup_ok" in shipped.passes[0].text
     assert shipped_entry["min_subgroup_size"] is None
 
@@ -304,7 +294,9 @@ def test_narrow_subgroups_nan_passes_where_the_subgroups_are_wide_enough(
     width = subgroup_width(device)
     assert width is not None and width >= 4
     lanes = min(8, width)
-    kernel, entry = _kernel(REPO_ROOT, name, {"narrow_subgroups": "nan", "lanes_per_key": lanes})
+    kernel, entry = render_variant(
+        REPO_ROOT, name, {"narrow_subgroups": "nan", "lanes_per_key": lanes}
+    )
     report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
     assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
     assert len(report.cases) >= 10
@@ -322,7 +314,7 @@ def test_narrow_subgroups_nan_stores_nan_where_the_subgroups_are_too_narrow(
     if 2 * width > 32:
         pytest.skip(f"this adapter's subgroups are {width} wide: no key group is wider (<= 32)")
     params = {"narrow_subgroups": "nan", "lanes_per_key": 2 * width}
-    kernel, entry = _kernel(REPO_ROOT, name, params)
+    kernel, entry = render_variant(REPO_ROOT, name, params)
     report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
     assert report.status == "SKIP"
     assert f"subgroups are {width} invocations wide" in report.reason
@@ -343,7 +335,7 @@ def test_the_long_context_variant_runs_on_16_lane_lavapipe(device: Device) -> No
     if "llvmpipe" not in device.adapter.describe().lower():
         pytest.skip(f"{device.adapter.short()} is not lavapipe, whose vectors set its subgroups")
     name = "attention_decode_split_long_d128_f16"
-    kernel, entry = _kernel(REPO_ROOT, name)
+    kernel, entry = render_variant(REPO_ROOT, name)
     assert entry["min_subgroup_size"] == 16
     if (subgroup_width(device) or 0) < 16:
         report = validate_variant(device, kernel, entry, quick=True, seed=0)

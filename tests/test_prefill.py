@@ -7,16 +7,14 @@ parameters are refused at generate time, and planted bugs in the new templates f
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, assert_one_line_error, edit, run_process, snapshot
-from gpu_support import adapter_problem
+from gpu_support import adapter_problem, dawn_problem
 
-from doppler_gen.backends import get_backend, select_adapter
+from doppler_gen.backends import get_backend
 from doppler_gen.config import load_project
-from doppler_gen.errors import DopplerGenError
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
@@ -184,20 +182,11 @@ def test_planted_bugs_in_the_prefill_templates_fail_validation(
     assert [v.status for v in run.variants] == ["FAIL"], [v.reason for v in run.variants]
 
 
-@functools.cache
-def _dawn_problem() -> str | None:
-    """None when Dawn (Tint, Chrome's compiler) finds an adapter, else the reason to skip."""
-    if adapter_problem() is not None:
-        return str(adapter_problem())
-    try:
-        select_adapter(get_backend("dawn").adapters(), None)
-    except DopplerGenError as error:
-        return f"no Dawn adapter: {error}"
-    return None
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(_dawn_problem() is not None, reason=str(_dawn_problem()))
+@pytest.mark.skipif(
+    (adapter_problem() or dawn_problem()) is not None,
+    reason=str(adapter_problem() or dawn_problem()),
+)
 def test_webgpu_default_tiers_compile_and_pass_on_tint() -> None:
     """Tint is stricter than naga (uniformity, operator precedence): the tiers meant for any
     browser must pass there, within WebGPU's default limits."""

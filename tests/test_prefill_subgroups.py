@@ -8,21 +8,18 @@ width with the tiles cut to fit. Narrower subgroups store NaN; planted bugs fail
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit
+from conftest import REPO_ROOT, edit, render_variant, subgroup_lanes
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device, get_backend
 from doppler_gen.config import load_project
 from doppler_gen.families.tiled import CaseSpec
-from doppler_gen.manifest import parse_kernel, variant_entry
-from doppler_gen.render import Renderer
+from doppler_gen.manifest import parse_kernel
 from doppler_gen.runtime.runner import KernelRunner
-from doppler_gen.runtime.session import subgroup_width
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.validate import open_run_device
 
@@ -35,16 +32,6 @@ PREFILL = "templates/attention_prefill.wgsl.j2"
 SMALL = "attention_prefill_small_sg_d64_f16"  # 32 x 32 tiles, 4 queries an invocation
 
 
-def _kernel(root: Path, name: str, params: dict | None = None):
-    """Variant ``name`` rendered (with ``params`` over its own) and its manifest entry."""
-    project = load_project(root)
-    variant = project.variant(name)
-    if params:
-        variant = replace(variant, params={**variant.params, **params})
-    kernel = Renderer(project).render(variant)
-    return kernel, variant_entry(kernel, parse_kernel(kernel))
-
-
 def _cols(width: int) -> dict:
     """Tiles of the small variant whose query groups have ``width`` key columns."""
     return {"workgroup_size": 8 * width}  # 32 / 4 = 8 query groups
@@ -52,7 +39,7 @@ def _cols(width: int) -> dict:
 
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernel = _kernel(REPO_ROOT, SMALL)[0]
+    kernel = render_variant(REPO_ROOT, SMALL)[0]
     dev = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
     if "subgroups" not in dev.features:
         dev.close()
@@ -61,18 +48,12 @@ def device() -> Iterator[Device]:
     dev.close()
 
 
-def _width(device: Device) -> int:
-    width = subgroup_width(device)
-    assert width is not None and width >= 4
-    return width
-
-
 def test_shipped_variants_record_their_key_columns_as_min_subgroup_size() -> None:
     project = load_project(REPO_ROOT)
     names = [v.name for v in project.variants if v.template.name == "attention_prefill_sg"]
     assert len(names) == 5
     for name in names:
-        kernel, entry = _kernel(REPO_ROOT, name)
+        kernel, entry = render_variant(REPO_ROOT, name)
         cols = int(parse_kernel(kernel)[0].constants["COLS"])
         assert entry["min_subgroup_size"] == cols
         assert "row_part" not in kernel.text  # no workgroup memory for the row reductions
@@ -81,15 +62,15 @@ def test_shipped_variants_record_their_key_columns_as_min_subgroup_size() -> Non
 @pytest.mark.parametrize("fraction", [1, 2])
 def test_row_reductions_by_shuffles_pass(device: Device, fraction: int) -> None:
     """Query groups as wide as this adapter's subgroups, or half (two groups a subgroup)."""
-    kernel, entry = _kernel(REPO_ROOT, SMALL, _cols(_width(device) // fraction))
+    kernel, entry = render_variant(REPO_ROOT, SMALL, _cols(subgroup_lanes(device) // fraction))
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "PASS", [(c.spec.name, c.verdict) for c in report.cases]
     assert len(report.cases) >= 10
 
 
 def test_too_narrow_subgroups_are_skipped_and_store_nan(device: Device) -> None:
-    width = _width(device)
-    kernel, entry = _kernel(REPO_ROOT, SMALL, _cols(2 * width))
+    width = subgroup_lanes(device)
+    kernel, entry = render_variant(REPO_ROOT, SMALL, _cols(2 * width))
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "SKIP"
     assert f"needs at least {2 * width} (min_subgroup_size" in report.reason
@@ -115,6 +96,6 @@ def test_planted_bugs_fail_validation(
     device: Device, project_copy: Path, old: str, new: str
 ) -> None:
     edit(project_copy / PREFILL, old, new)
-    kernel, entry = _kernel(project_copy, SMALL, _cols(_width(device)))
+    kernel, entry = render_variant(project_copy, SMALL, _cols(subgroup_lanes(device)))
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "FAIL"

@@ -10,22 +10,17 @@ tunable, is validated on workgroups narrower and wider than a subgroup. Planted 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit
+from conftest import REPO_ROOT, edit, render_variant, subgroup_lanes
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device, get_backend, select_adapter
-from doppler_gen.config import load_project
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.families.tiled import CaseSpec
-from doppler_gen.manifest import parse_kernel, variant_entry
-from doppler_gen.render import Renderer
 from doppler_gen.runtime.runner import KernelRunner
-from doppler_gen.runtime.session import subgroup_width
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.validate import open_run_device
 
@@ -38,19 +33,9 @@ SHIPPED = [f"attention_streaming_sg_d128{s}" for s in ("", "_f16", "_f16kv")]
 STREAMING = "templates/attention_streaming.wgsl.j2"
 
 
-def _kernel(root: Path, name: str, params: dict | None = None):
-    """Variant ``name`` rendered (with ``params`` over its own) and its manifest entry."""
-    project = load_project(root)
-    variant = project.variant(name)
-    if params:
-        variant = replace(variant, params={**variant.params, **params})
-    kernel = Renderer(project).render(variant)
-    return kernel, variant_entry(kernel, parse_kernel(kernel))
-
-
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernels = [_kernel(REPO_ROOT, name)[0] for name in SHIPPED]
+    kernels = [render_variant(REPO_ROOT, name)[0] for name in SHIPPED]
     dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
     if "subgroups" not in dev.features:
         dev.close()
@@ -59,15 +44,20 @@ def device() -> Iterator[Device]:
     dev.close()
 
 
-def _width(device: Device) -> int:
-    width = subgroup_width(device)
-    assert width is not None and width >= 4
-    return width
+def test_on_lavapipe_the_skip_says_a_gpu_is_needed(device: Device) -> None:
+    """lavapipe cannot make 32-lane subgroups (16 at most): the reason says so instead of
+    suggesting an LP_NATIVE_VECTOR_WIDTH it does not have."""
+    if "llvmpipe" not in device.adapter.describe().lower():
+        pytest.skip("not lavapipe: the hint is lavapipe's")
+    kernel, entry = render_variant(REPO_ROOT, SHIPPED[0])
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    assert report.status == "SKIP"
+    assert "subgroups are at most 16 wide" in report.reason and "needs a GPU" in report.reason
 
 
 def test_shipped_variants_record_their_32_lane_subgroup() -> None:
     for name in SHIPPED + [n.replace("_d128", "_d64") for n in SHIPPED]:
-        kernel, entry = _kernel(REPO_ROOT, name)
+        kernel, entry = render_variant(REPO_ROOT, name)
         assert entry["min_subgroup_size"] == 32
         assert "const MIN_SUBGROUP_SIZE: u32 = 32u;" in kernel.text
 
@@ -83,9 +73,9 @@ def test_split_head_dim_passes_at_and_below_the_subgroup_width(
 ) -> None:
     """The shipped kernel with its workgroup as wide as this adapter's subgroups, or half, in
     one key group or four (interleaved keys, merged at the end)."""
-    width = _width(device) // fraction
+    width = subgroup_lanes(device) // fraction
     params = {"workgroup_size": width, "lanes_per_key": width // groups}
-    kernel, entry = _kernel(REPO_ROOT, name, params)
+    kernel, entry = render_variant(REPO_ROOT, name, params)
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "PASS", [(c.spec.name, c.verdict) for c in report.cases]
     assert len(report.cases) >= 10
@@ -94,9 +84,9 @@ def test_split_head_dim_passes_at_and_below_the_subgroup_width(
 def test_split_head_dim_covers_odd_head_dims_and_chunk_tails(device: Device) -> None:
     """head_dim not a multiple of the lanes (a lane's last element past the row), spans that
     end inside a chunk, paged KV."""
-    width = _width(device)
+    width = subgroup_lanes(device)
     params = {"workgroup_size": width, "lanes_per_key": width // 2, "block_k": 3}
-    kernel, entry = _kernel(REPO_ROOT, SHIPPED[2], params)
+    kernel, entry = render_variant(REPO_ROOT, SHIPPED[2], params)
     runner = KernelRunner(device, kernel, entry)
     cases = [
         CaseSpec("head_dim 6, GQA 2", num_heads=4, num_kv_heads=2, query_len=37, kv_len=50,
@@ -114,9 +104,9 @@ def test_a_workgroup_wider_than_its_subgroup_is_skipped_and_stores_nan(device: D
     """Twice the adapter's subgroup width: the validator skips it with the measured width, and
     run anyway every output element is NaN (a host that ignores min_subgroup_size gets a loud
     failure, not partial dot products)."""
-    width = _width(device)
+    width = subgroup_lanes(device)
     params = {"workgroup_size": 2 * width, "lanes_per_key": width}
-    kernel, entry = _kernel(REPO_ROOT, SHIPPED[1], params)
+    kernel, entry = render_variant(REPO_ROOT, SHIPPED[1], params)
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "SKIP"
     assert f"needs at least {2 * width} (min_subgroup_size" in report.reason
@@ -139,7 +129,7 @@ def test_lane_per_key_path_passes_on_narrow_and_wide_workgroups(
     device: Device, params: dict
 ) -> None:
     for name in (SHIPPED[1], SHIPPED[2]):
-        kernel, entry = _kernel(REPO_ROOT, name, {**params, "max_head_dim": 256})
+        kernel, entry = render_variant(REPO_ROOT, name, {**params, "max_head_dim": 256})
         report = validate_variant(device, kernel, entry, quick=True, seed=0)
         assert report.status == "PASS", (name, [(c.spec.name, c.verdict) for c in report.cases])
 
@@ -170,9 +160,9 @@ def test_planted_bugs_fail_validation(
     device: Device, project_copy: Path, old: str, new: str, scores: str
 ) -> None:
     edit(project_copy / STREAMING, old, new)
-    width = _width(device)
+    width = subgroup_lanes(device)
     params = {"scores": scores, "workgroup_size": width, "lanes_per_key": width // 2, "block_k": 2}
-    kernel, entry = _kernel(project_copy, SHIPPED[2], params)
+    kernel, entry = render_variant(project_copy, SHIPPED[2], params)
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "FAIL"
 
@@ -189,9 +179,9 @@ def _dawn_problem() -> str | None:
 def test_split_head_dim_passes_on_tint(device: Device) -> None:
     """Tint's uniformity analysis (Chrome's compiler) accepts the shuffles and the merge: the
     shipped kernel in two key groups at this adapter's subgroup width, through Dawn."""
-    width = _width(device)
+    width = subgroup_lanes(device)
     params = {"workgroup_size": width, "lanes_per_key": width // 2}
-    kernel, entry = _kernel(REPO_ROOT, SHIPPED[0], params)
+    kernel, entry = render_variant(REPO_ROOT, SHIPPED[0], params)
     dawn = open_run_device(get_backend("dawn"), [kernel], None, "adapter")
     try:
         report = validate_variant(dawn, kernel, entry, quick=True, seed=0)

@@ -105,11 +105,20 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) size:
 _subgroup_widths: dict[str, int | None] = {}
 
 
+LAVAPIPE_MAX_VECTOR_BITS = 512  # LP_NATIVE_VECTOR_WIDTH's largest value: 16-lane subgroups
+
+
 def lavapipe_width_hint(device: Device, need: int) -> str:
     """How to get ``need``-wide subgroups from lavapipe, whose subgroups are as wide as its
-    SIMD vectors (LP_NATIVE_VECTOR_WIDTH bits / 32; any CPU can emulate 512 bits): '' elsewhere."""
+    SIMD vectors (LP_NATIVE_VECTOR_WIDTH bits / 32; any CPU can emulate 512 bits), or that it
+    cannot (wider than 16 lanes): '' on other adapters."""
     if "llvmpipe" not in device.adapter.describe().lower():
         return ""
+    if 32 * need > LAVAPIPE_MAX_VECTOR_BITS:
+        return (
+            f"; lavapipe's subgroups are at most {LAVAPIPE_MAX_VECTOR_BITS // 32} wide "
+            f"(LP_NATIVE_VECTOR_WIDTH={LAVAPIPE_MAX_VECTOR_BITS}): this variant needs a GPU"
+        )
     return f"; lavapipe has {need}-wide subgroups with LP_NATIVE_VECTOR_WIDTH={32 * need}"
 
 
