@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:80329eeb155c303c96ce394b9339acda5e2ca10ee4ecc470de5b801cbfd4d82e
+// source-hash: sha256:6622033182b66d3a94dd5ecd76f9096516cd4b0f4f828cce3b9ee426e180c6f9
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e6d9d04dfa8ed3e94f94bf8e49ce3d9aa73d26bc79a9ad09866165e0c5527267
+// source-hash: sha256:2021db0791f403b4b133da22f2c961fb03093d96977e3a82eb72d29cded2d63a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7a1368280a36dbbe3555eb2f199285d5a3b99b8a3c8042f1acd796fc225b7817
+// source-hash: sha256:03f4d318112ca050df195de5069245aa82b555af28008cb41e088aae08e2eff6
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:50b31552ccbcd3bb2a9b52fa27bb98b6bb1e96d3dcebb1a3c1d4a5715a382738
+// source-hash: sha256:ce7e0d7ebfe5326a5a14db71fe7c3742748c7d7d251a215638f2aa8258a5c094
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

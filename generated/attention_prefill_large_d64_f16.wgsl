@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f176c3d414f1ae25e14648fe892fb24ae8dc9ca5a44cb78aaab6cec154a06aeb
+// source-hash: sha256:25f6a009b2ab0d02dbd1e8bca9ffae335c2ef927fc4ce2e3718c03286240f125
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

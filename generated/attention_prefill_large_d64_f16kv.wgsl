@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:58f3d8fe9aea22d3c5ff6f0e083310fedd61a6d6a68f66cfb084469a26bd2ca9
+// source-hash: sha256:00bd9f457797c16fd45a4fe3a02de4c5555bff492d3980d0c2423a47c51cbb43
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9132ec7079e54b3f6ae31fe50a352b86992747b193177639d554a31048beb420
+// source-hash: sha256:fa8b6c5147e35ce0031cf5ce6fc889296ad65bc9acf5d5108acaf4cf3c05a983
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:356b23a10b7de20be1f485f28915d84fd91627893fff335449ba7a07f2d84178
+// source-hash: sha256:0720cf062340bd06aa81a4820430976fa26625c2866e46aaa5a2b2d88c249272
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c31bf34605f41f1d9dab55bc9e4f3be8deabd1101136bc607a6ce108b84d9fec
+// source-hash: sha256:bbf28d4a72f4ceda2c5bf8fc95d9ec2593da78d4db8574f4defc2da2205561a6
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:63c5f6e6024b42d579fd220db426e120a71897e331c390e21b1b0119fdc0da11
+// source-hash: sha256:f50847424cc87917150f7e4ba7760d949ec23f11298670bafbf4dfba705e1bae
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:67a97cd295d11584ccf729c99b381d17b06e929e7dbbbf78b362d5b87effa254
+// source-hash: sha256:0c36486deea6698180b855be0a12fecf640a9c0c1a5a67c0acc145556e3b40be
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

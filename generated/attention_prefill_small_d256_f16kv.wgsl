@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0e1a6ec7805a24a5549a550348c6a97898644491ec4fcd1ebc3c6d84402ce69f
+// source-hash: sha256:fe2e930a7d165ffd5e2acd05b46171450b155f62576066cee39f774b5cf4cfe7
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:497ea2214df0327f07b09b0c4226aaabb0f8768d1e05641e3d48ffd0633fc18d
+// source-hash: sha256:1644b4456dc6ff20c5154c652e9a731c412040eaa3a1cb77c04a932927e576b5
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:33a5e5b6aebdcca02647855117e1954e2f0c00adaf79915f04d5c6cf4e3a555f
+// source-hash: sha256:7babaed39bad35e1b136c762357c1e1436d0ecaef81bff2b4bfc16a30da6fb21
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

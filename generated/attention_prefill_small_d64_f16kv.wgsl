@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7c1d83336db28eb5f7fdaa51eacc51ee12a2010cc0680b67e70b184d3c094811
+// source-hash: sha256:61bf38b6af22aa76365728ba61bfd361281d7634888bd02f1780b6b87c8540af
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

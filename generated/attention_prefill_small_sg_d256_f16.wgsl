@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:86eb13647e12bd64bdc98737e0e6ccee727525fe33e0fe6f7f2b5bb8df7ad026
+// source-hash: sha256:19c0b69c75763b6116a905a00f5f5dac003733e9f7f6194c801d66d0c7d50be5
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

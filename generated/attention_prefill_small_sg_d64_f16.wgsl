@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a6252e7d19e69ccdc6a321f74c02bc66c4066c97db35cdb18a3cc8136f5a50a7
+// source-hash: sha256:676a81687eaf70696c0f3b074983546502a6b99161a685b48e1a8166cf1d2958
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

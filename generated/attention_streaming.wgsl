@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2e7c91870a2baac57c0b476441f92db3d9cb14f049c1d6e16c97a36a2ec8a8df
+// source-hash: sha256:d113739693174aad2bec4cfecb555f31727cf944ee05ae0de72a43fcb9af9abc
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:99df9a2d1441a9f6a5efec1b94e7a27a65da523efa8276971e17295a7340a9a9
+// source-hash: sha256:36444fb764523b6c2c099188ff2db39095d7ff693f20604f09dc28140edd205c
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

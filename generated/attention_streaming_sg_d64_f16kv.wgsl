@@ -1,12 +1,13 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:423fb8c79ac39216aadc58241a24cba484d0efc3dd69e92d4fc41fa6e6531f82
+// source-hash: sha256:f315d3b4c37f372a46c3dc47f40658921cb7b8e18c5088384ebe4bee9499b191
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
-// One workgroup (one subgroup) per (query, head) in 2 key group(s) of 16 lanes: lane r of a
-// group owns head-dim elements r + j * 16 (j < 4) of Q, K, V and the output; a score is
-// a shuffle sum over the group's lanes; the groups merge at the end. All arithmetic is f32.
+// One workgroup (one subgroup) per (query, head) in 4 key group(s) of 8 lanes: lane r of a
+// group owns head-dim vec4 columns r + j * 8 (j < 2) of Q, K, V and the output; a score is
+// a reduce-scatter over the group's lanes; the groups merge at the end. All arithmetic is f32.
+// K and V are read as vec4s: head_dim must be a multiple of 4.
 
 enable f16;
 
@@ -14,9 +15,9 @@ enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 64u;
 const BLOCK_K: u32 = 8u;        // keys per online-softmax chunk
-const LANES_PER_KEY: u32 = 16u;    // lanes sharing a key's dot product (a key group)
-const GROUPS: u32 = 2u;           // key groups (WORKGROUP_SIZE / LANES_PER_KEY), each its own keys
-const DIMS_PER_LANE: u32 = 4u;    // head-dim elements per lane (MAX_HEAD_DIM / LANES_PER_KEY)
+const LANES_PER_KEY: u32 = 8u;    // lanes sharing a key's dot product (a key group)
+const GROUPS: u32 = 4u;           // key groups (WORKGROUP_SIZE / LANES_PER_KEY), each its own keys
+const VEC4_PER_LANE: u32 = 2u;    // head-dim vec4 columns per lane (MAX_HEAD_DIM / 4 / LANES_PER_KEY)
 const MIN_SUBGROUP_SIZE: u32 = 32u;  // the workgroup is one subgroup; narrower ones store NaN
 const WORKGROUP_SIZE: u32 = 32u;
 const MASKED: f32 = -3.402823e+38;
@@ -41,8 +42,8 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f32>;       // [query_len, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> K: array<f16>;       // [seq_len, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> V: array<f16>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
 @group(0) @binding(4) var<storage, read_write> output: array<f32>; // [query_len, num_heads, head_dim]
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
@@ -95,55 +96,6 @@ fn visible_keys(q0: u32, q_count: u32, kv_len: u32) -> vec2<u32> {
     return vec2<u32>(begin, max(begin, end));
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the Q row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
-fn load_q4(base: u32, d4: u32) -> vec4<f32> {
-    let d = d4 * 4u;
-    let zero = f32(0.0);
-    return vec4<f32>(
-        select(zero, Q[base + d], d < u.head_dim),
-        select(zero, Q[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, Q[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, Q[base + d + 3u], d + 3u < u.head_dim),
-    );
-}
-
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
-fn load_k4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, K[base + d], d < u.head_dim),
-        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
-    );
-}
-
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
-fn load_v4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, V[base + d], d < u.head_dim),
-        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
-    );
-}
-
-// Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
-fn store_out4(base: u32, d4: u32, value: vec4<f32>) {
-    for (var e: u32 = 0u; e < 4u; e = e + 1u) {
-        let d = d4 * 4u + e;
-        if (d < u.head_dim) {
-            output[base + d] = value[e];
-        }
-    }
-}
-
 // Scaled, soft-capped score
 fn final_score(raw: f32) -> f32 {
     var score = raw * u.scale;
@@ -161,7 +113,7 @@ fn main(
     @builtin(subgroup_size) subgroup_size: u32
 ) {
     let head = wg_id.x % u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len) {
+    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
@@ -177,160 +129,132 @@ fn main(
     var l: f32 = 0.0;
     // The workgroup must be one subgroup with lanes 0 .. WORKGROUP_SIZE - 1 (else NaN is stored)
     let numbered = (subgroupAdd(1u) == WORKGROUP_SIZE) & (subgroupMax(lane) + 1u == WORKGROUP_SIZE);
-    // Key group g = t / LANES_PER_KEY; lane r = t % LANES_PER_KEY owns elements r + j * LANES_PER_KEY
+    // Key group g = t / LANES_PER_KEY; lane r = t % LANES_PER_KEY owns vec4 columns r + j * LANES_PER_KEY
     // of Q (zeros past head_dim), of its group's K/V rows and of the output
     let g = t / LANES_PER_KEY;
     let r = t - g * LANES_PER_KEY;
-    let used = (u.head_dim + LANES_PER_KEY - 1u) / LANES_PER_KEY;  // elements per lane in use (uniform)
-    var q: array<f32, DIMS_PER_LANE>;
-    var acc: array<f32, DIMS_PER_LANE>;
-    q[0] = select(0.0, f32(Q[q_base + r + 0u]), r + 0u < u.head_dim);
-    acc[0] = 0.0;
-    q[1] = select(0.0, f32(Q[q_base + r + 16u]), r + 16u < u.head_dim);
-    acc[1] = 0.0;
-    q[2] = select(0.0, f32(Q[q_base + r + 32u]), r + 32u < u.head_dim);
-    acc[2] = 0.0;
-    q[3] = select(0.0, f32(Q[q_base + r + 48u]), r + 48u < u.head_dim);
-    acc[3] = 0.0;
+    let hd4 = u.head_dim / 4u;
+    let used = (hd4 + LANES_PER_KEY - 1u) / LANES_PER_KEY;  // vec4s per lane in use (uniform)
+    var q: array<vec4<f32>, VEC4_PER_LANE>;
+    var acc: array<vec4<f32>, VEC4_PER_LANE>;
+    let qo0 = q_base + 4u * (r + 0u);
+    q[0] = select(vec4<f32>(), vec4<f32>(f32(Q[qo0]), f32(Q[qo0 + 1u]), f32(Q[qo0 + 2u]), f32(Q[qo0 + 3u])), r + 0u < hd4);
+    acc[0] = vec4<f32>();
+    let qo1 = q_base + 4u * (r + 8u);
+    q[1] = select(vec4<f32>(), vec4<f32>(f32(Q[qo1]), f32(Q[qo1 + 1u]), f32(Q[qo1 + 2u]), f32(Q[qo1 + 3u])), r + 8u < hd4);
+    acc[1] = vec4<f32>();
 
     // chunks of GROUPS * BLOCK_K keys: group g scores keys k0 + g + k * GROUPS (k < BLOCK_K,
     // unrolled) with its own online softmax; the groups merge once, at the end
     for (var k0: u32 = span.x; k0 < span.y; k0 = k0 + GROUPS * BLOCK_K) {
         let key0 = k0 + g + 0u;
-        let base0 = (get_kv_pos(min(key0, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let base0 = (get_kv_pos(min(key0, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot0: f32 = 0.0;
-        let key1 = k0 + g + 2u;
-        let base1 = (get_kv_pos(min(key1, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let key1 = k0 + g + 4u;
+        let base1 = (get_kv_pos(min(key1, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot1: f32 = 0.0;
-        let key2 = k0 + g + 4u;
-        let base2 = (get_kv_pos(min(key2, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let key2 = k0 + g + 8u;
+        let base2 = (get_kv_pos(min(key2, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot2: f32 = 0.0;
-        let key3 = k0 + g + 6u;
-        let base3 = (get_kv_pos(min(key3, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let key3 = k0 + g + 12u;
+        let base3 = (get_kv_pos(min(key3, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot3: f32 = 0.0;
-        let key4 = k0 + g + 8u;
-        let base4 = (get_kv_pos(min(key4, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let key4 = k0 + g + 16u;
+        let base4 = (get_kv_pos(min(key4, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot4: f32 = 0.0;
-        let key5 = k0 + g + 10u;
-        let base5 = (get_kv_pos(min(key5, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let key5 = k0 + g + 20u;
+        let base5 = (get_kv_pos(min(key5, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot5: f32 = 0.0;
-        let key6 = k0 + g + 12u;
-        let base6 = (get_kv_pos(min(key6, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let key6 = k0 + g + 24u;
+        let base6 = (get_kv_pos(min(key6, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot6: f32 = 0.0;
-        let key7 = k0 + g + 14u;
-        let base7 = (get_kv_pos(min(key7, span.y - 1u)) * u.num_kv_heads + kv_head) * u.head_dim + r;
+        let key7 = k0 + g + 28u;
+        let base7 = (get_kv_pos(min(key7, span.y - 1u)) * u.num_kv_heads + kv_head) * hd4 + r;
         var dot7: f32 = 0.0;
         {
-            dot0 = dot0 + q[0] * select(0.0, f32(K[base0 + 0u]), r + 0u < u.head_dim);
-            dot1 = dot1 + q[0] * select(0.0, f32(K[base1 + 0u]), r + 0u < u.head_dim);
-            dot2 = dot2 + q[0] * select(0.0, f32(K[base2 + 0u]), r + 0u < u.head_dim);
-            dot3 = dot3 + q[0] * select(0.0, f32(K[base3 + 0u]), r + 0u < u.head_dim);
-            dot4 = dot4 + q[0] * select(0.0, f32(K[base4 + 0u]), r + 0u < u.head_dim);
-            dot5 = dot5 + q[0] * select(0.0, f32(K[base5 + 0u]), r + 0u < u.head_dim);
-            dot6 = dot6 + q[0] * select(0.0, f32(K[base6 + 0u]), r + 0u < u.head_dim);
-            dot7 = dot7 + q[0] * select(0.0, f32(K[base7 + 0u]), r + 0u < u.head_dim);
+            dot0 = dot0 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base0 + 0u]), r + 0u < hd4));
+            dot1 = dot1 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base1 + 0u]), r + 0u < hd4));
+            dot2 = dot2 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base2 + 0u]), r + 0u < hd4));
+            dot3 = dot3 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base3 + 0u]), r + 0u < hd4));
+            dot4 = dot4 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base4 + 0u]), r + 0u < hd4));
+            dot5 = dot5 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base5 + 0u]), r + 0u < hd4));
+            dot6 = dot6 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base6 + 0u]), r + 0u < hd4));
+            dot7 = dot7 + dot(q[0], select(vec4<f32>(), vec4<f32>(K[base7 + 0u]), r + 0u < hd4));
         }
         if (1u < used) {
-            dot0 = dot0 + q[1] * select(0.0, f32(K[base0 + 16u]), r + 16u < u.head_dim);
-            dot1 = dot1 + q[1] * select(0.0, f32(K[base1 + 16u]), r + 16u < u.head_dim);
-            dot2 = dot2 + q[1] * select(0.0, f32(K[base2 + 16u]), r + 16u < u.head_dim);
-            dot3 = dot3 + q[1] * select(0.0, f32(K[base3 + 16u]), r + 16u < u.head_dim);
-            dot4 = dot4 + q[1] * select(0.0, f32(K[base4 + 16u]), r + 16u < u.head_dim);
-            dot5 = dot5 + q[1] * select(0.0, f32(K[base5 + 16u]), r + 16u < u.head_dim);
-            dot6 = dot6 + q[1] * select(0.0, f32(K[base6 + 16u]), r + 16u < u.head_dim);
-            dot7 = dot7 + q[1] * select(0.0, f32(K[base7 + 16u]), r + 16u < u.head_dim);
-        }
-        if (2u < used) {
-            dot0 = dot0 + q[2] * select(0.0, f32(K[base0 + 32u]), r + 32u < u.head_dim);
-            dot1 = dot1 + q[2] * select(0.0, f32(K[base1 + 32u]), r + 32u < u.head_dim);
-            dot2 = dot2 + q[2] * select(0.0, f32(K[base2 + 32u]), r + 32u < u.head_dim);
-            dot3 = dot3 + q[2] * select(0.0, f32(K[base3 + 32u]), r + 32u < u.head_dim);
-            dot4 = dot4 + q[2] * select(0.0, f32(K[base4 + 32u]), r + 32u < u.head_dim);
-            dot5 = dot5 + q[2] * select(0.0, f32(K[base5 + 32u]), r + 32u < u.head_dim);
-            dot6 = dot6 + q[2] * select(0.0, f32(K[base6 + 32u]), r + 32u < u.head_dim);
-            dot7 = dot7 + q[2] * select(0.0, f32(K[base7 + 32u]), r + 32u < u.head_dim);
-        }
-        if (3u < used) {
-            dot0 = dot0 + q[3] * select(0.0, f32(K[base0 + 48u]), r + 48u < u.head_dim);
-            dot1 = dot1 + q[3] * select(0.0, f32(K[base1 + 48u]), r + 48u < u.head_dim);
-            dot2 = dot2 + q[3] * select(0.0, f32(K[base2 + 48u]), r + 48u < u.head_dim);
-            dot3 = dot3 + q[3] * select(0.0, f32(K[base3 + 48u]), r + 48u < u.head_dim);
-            dot4 = dot4 + q[3] * select(0.0, f32(K[base4 + 48u]), r + 48u < u.head_dim);
-            dot5 = dot5 + q[3] * select(0.0, f32(K[base5 + 48u]), r + 48u < u.head_dim);
-            dot6 = dot6 + q[3] * select(0.0, f32(K[base6 + 48u]), r + 48u < u.head_dim);
-            dot7 = dot7 + q[3] * select(0.0, f32(K[base7 + 48u]), r + 48u < u.head_dim);
+            dot0 = dot0 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base0 + 8u]), r + 8u < hd4));
+            dot1 = dot1 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base1 + 8u]), r + 8u < hd4));
+            dot2 = dot2 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base2 + 8u]), r + 8u < hd4));
+            dot3 = dot3 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base3 + 8u]), r + 8u < hd4));
+            dot4 = dot4 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base4 + 8u]), r + 8u < hd4));
+            dot5 = dot5 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base5 + 8u]), r + 8u < hd4));
+            dot6 = dot6 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base6 + 8u]), r + 8u < hd4));
+            dot7 = dot7 + dot(q[1], select(vec4<f32>(), vec4<f32>(K[base7 + 8u]), r + 8u < hd4));
         }
         // (an element past head_dim reads a neighbour, or nothing under robust buffer access, and
-        // is discarded); a key's dot product is the sum over its group's lanes
-        dot0 = dot0 + subgroupShuffleXor(dot0, 1u);
-        dot1 = dot1 + subgroupShuffleXor(dot1, 1u);
-        dot2 = dot2 + subgroupShuffleXor(dot2, 1u);
-        dot3 = dot3 + subgroupShuffleXor(dot3, 1u);
-        dot4 = dot4 + subgroupShuffleXor(dot4, 1u);
-        dot5 = dot5 + subgroupShuffleXor(dot5, 1u);
-        dot6 = dot6 + subgroupShuffleXor(dot6, 1u);
-        dot7 = dot7 + subgroupShuffleXor(dot7, 1u);
-        dot0 = dot0 + subgroupShuffleXor(dot0, 2u);
-        dot1 = dot1 + subgroupShuffleXor(dot1, 2u);
-        dot2 = dot2 + subgroupShuffleXor(dot2, 2u);
-        dot3 = dot3 + subgroupShuffleXor(dot3, 2u);
-        dot4 = dot4 + subgroupShuffleXor(dot4, 2u);
-        dot5 = dot5 + subgroupShuffleXor(dot5, 2u);
-        dot6 = dot6 + subgroupShuffleXor(dot6, 2u);
-        dot7 = dot7 + subgroupShuffleXor(dot7, 2u);
-        dot0 = dot0 + subgroupShuffleXor(dot0, 4u);
-        dot1 = dot1 + subgroupShuffleXor(dot1, 4u);
-        dot2 = dot2 + subgroupShuffleXor(dot2, 4u);
-        dot3 = dot3 + subgroupShuffleXor(dot3, 4u);
-        dot4 = dot4 + subgroupShuffleXor(dot4, 4u);
-        dot5 = dot5 + subgroupShuffleXor(dot5, 4u);
-        dot6 = dot6 + subgroupShuffleXor(dot6, 4u);
-        dot7 = dot7 + subgroupShuffleXor(dot7, 4u);
-        dot0 = dot0 + subgroupShuffleXor(dot0, 8u);
-        dot1 = dot1 + subgroupShuffleXor(dot1, 8u);
-        dot2 = dot2 + subgroupShuffleXor(dot2, 8u);
-        dot3 = dot3 + subgroupShuffleXor(dot3, 8u);
-        dot4 = dot4 + subgroupShuffleXor(dot4, 8u);
-        dot5 = dot5 + subgroupShuffleXor(dot5, 8u);
-        dot6 = dot6 + subgroupShuffleXor(dot6, 8u);
-        dot7 = dot7 + subgroupShuffleXor(dot7, 8u);
-        // keys past the span score MASKED and weigh 0 (their rows repeat the last key's)
-        let s0 = select(MASKED, final_score(dot0), key0 < span.y);
-        let s1 = select(MASKED, final_score(dot1), key1 < span.y);
-        let s2 = select(MASKED, final_score(dot2), key2 < span.y);
-        let s3 = select(MASKED, final_score(dot3), key3 < span.y);
-        let s4 = select(MASKED, final_score(dot4), key4 < span.y);
-        let s5 = select(MASKED, final_score(dot5), key5 < span.y);
-        let s6 = select(MASKED, final_score(dot6), key6 < span.y);
-        let s7 = select(MASKED, final_score(dot7), key7 < span.y);
-        let m_new = max(m, max(max(max(max(max(max(max(s0, s1), s2), s3), s4), s5), s6), s7));
+        // is discarded)
+        // reduce-scatter over the group: each exchange sends the half the partner keeps
+        let upper4 = (r & 4u) != 0u;
+        let sum4_0 = select(dot0, dot4, upper4) + subgroupShuffleXor(select(dot4, dot0, upper4), 4u);
+        let sum4_1 = select(dot1, dot5, upper4) + subgroupShuffleXor(select(dot5, dot1, upper4), 4u);
+        let sum4_2 = select(dot2, dot6, upper4) + subgroupShuffleXor(select(dot6, dot2, upper4), 4u);
+        let sum4_3 = select(dot3, dot7, upper4) + subgroupShuffleXor(select(dot7, dot3, upper4), 4u);
+        let upper2 = (r & 2u) != 0u;
+        let sum2_0 = select(sum4_0, sum4_2, upper2) + subgroupShuffleXor(select(sum4_2, sum4_0, upper2), 2u);
+        let sum2_1 = select(sum4_1, sum4_3, upper2) + subgroupShuffleXor(select(sum4_3, sum4_1, upper2), 2u);
+        let upper1 = (r & 1u) != 0u;
+        let sum1_0 = select(sum2_0, sum2_1, upper1) + subgroupShuffleXor(select(sum2_1, sum2_0, upper1), 1u);
+        // this lane's keys: chunk keys r * 1 + i; a key past the span scores MASKED, weighs 0
+        let mine0 = k0 + g + (r * 1u + 0u) * GROUPS;
+        let s0 = select(MASKED, final_score(sum1_0), mine0 < span.y);
+        var chunk_max = s0;
+        chunk_max = max(chunk_max, subgroupShuffleXor(chunk_max, 1u));
+        chunk_max = max(chunk_max, subgroupShuffleXor(chunk_max, 2u));
+        chunk_max = max(chunk_max, subgroupShuffleXor(chunk_max, 4u));
+        let m_new = max(m, chunk_max);
         let correction = exp(m - m_new);
         m = m_new;
-        let p0 = select(0.0, exp(s0 - m_new), key0 < span.y);
-        let p1 = select(0.0, exp(s1 - m_new), key1 < span.y);
-        let p2 = select(0.0, exp(s2 - m_new), key2 < span.y);
-        let p3 = select(0.0, exp(s3 - m_new), key3 < span.y);
-        let p4 = select(0.0, exp(s4 - m_new), key4 < span.y);
-        let p5 = select(0.0, exp(s5 - m_new), key5 < span.y);
-        let p6 = select(0.0, exp(s6 - m_new), key6 < span.y);
-        let p7 = select(0.0, exp(s7 - m_new), key7 < span.y);
-        l = l * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
+        let p0 = select(0.0, exp(s0 - m_new), mine0 < span.y);
+        l = l * correction + p0;
+        // key k's weight from lane k / 1 of the group (its value p(k % 1))
+        let group_first = t - r;
+        let w0 = subgroupShuffle(p0, group_first + 0u);
+        let w1 = subgroupShuffle(p0, group_first + 1u);
+        let w2 = subgroupShuffle(p0, group_first + 2u);
+        let w3 = subgroupShuffle(p0, group_first + 3u);
+        let w4 = subgroupShuffle(p0, group_first + 4u);
+        let w5 = subgroupShuffle(p0, group_first + 5u);
+        let w6 = subgroupShuffle(p0, group_first + 6u);
+        let w7 = subgroupShuffle(p0, group_first + 7u);
         {
-            acc[0] = acc[0] * correction + p0 * f32(V[base0 + 0u]) + p1 * f32(V[base1 + 0u]) + p2 * f32(V[base2 + 0u]) + p3 * f32(V[base3 + 0u]) + p4 * f32(V[base4 + 0u]) + p5 * f32(V[base5 + 0u]) + p6 * f32(V[base6 + 0u]) + p7 * f32(V[base7 + 0u]);
+            acc[0] = acc[0] * correction + w0 * vec4<f32>(V[base0 + 0u]) + w1 * vec4<f32>(V[base1 + 0u]) + w2 * vec4<f32>(V[base2 + 0u]) + w3 * vec4<f32>(V[base3 + 0u]) + w4 * vec4<f32>(V[base4 + 0u]) + w5 * vec4<f32>(V[base5 + 0u]) + w6 * vec4<f32>(V[base6 + 0u]) + w7 * vec4<f32>(V[base7 + 0u]);
         }
         if (1u < used) {
-            acc[1] = acc[1] * correction + p0 * f32(V[base0 + 16u]) + p1 * f32(V[base1 + 16u]) + p2 * f32(V[base2 + 16u]) + p3 * f32(V[base3 + 16u]) + p4 * f32(V[base4 + 16u]) + p5 * f32(V[base5 + 16u]) + p6 * f32(V[base6 + 16u]) + p7 * f32(V[base7 + 16u]);
-        }
-        if (2u < used) {
-            acc[2] = acc[2] * correction + p0 * f32(V[base0 + 32u]) + p1 * f32(V[base1 + 32u]) + p2 * f32(V[base2 + 32u]) + p3 * f32(V[base3 + 32u]) + p4 * f32(V[base4 + 32u]) + p5 * f32(V[base5 + 32u]) + p6 * f32(V[base6 + 32u]) + p7 * f32(V[base7 + 32u]);
-        }
-        if (3u < used) {
-            acc[3] = acc[3] * correction + p0 * f32(V[base0 + 48u]) + p1 * f32(V[base1 + 48u]) + p2 * f32(V[base2 + 48u]) + p3 * f32(V[base3 + 48u]) + p4 * f32(V[base4 + 48u]) + p5 * f32(V[base5 + 48u]) + p6 * f32(V[base6 + 48u]) + p7 * f32(V[base7 + 48u]);
+            acc[1] = acc[1] * correction + w0 * vec4<f32>(V[base0 + 8u]) + w1 * vec4<f32>(V[base1 + 8u]) + w2 * vec4<f32>(V[base2 + 8u]) + w3 * vec4<f32>(V[base3 + 8u]) + w4 * vec4<f32>(V[base4 + 8u]) + w5 * vec4<f32>(V[base5 + 8u]) + w6 * vec4<f32>(V[base6 + 8u]) + w7 * vec4<f32>(V[base7 + 8u]);
         }
     }
 
+    // each lane summed the weights of its own keys: the group's sum
+    l = l + subgroupShuffleXor(l, 1u);
+    l = l + subgroupShuffleXor(l, 2u);
+    l = l + subgroupShuffleXor(l, 4u);
+
     // merge the groups' (max, sum, acc): lane r of every group ends with the whole query's
     // (a group that saw no key has m = MASKED and l = acc = 0, and weighs 0)
+    {
+        let m_other = subgroupShuffleXor(m, 8u);
+        let m_all = max(m, m_other);
+        let mine = exp(m - m_all);
+        let other = exp(m_other - m_all);
+        l = l * mine + subgroupShuffleXor(l, 8u) * other;
+        {
+            acc[0] = acc[0] * mine + subgroupShuffleXor(acc[0], 8u) * other;
+        }
+        if (1u < used) {
+            acc[1] = acc[1] * mine + subgroupShuffleXor(acc[1], 8u) * other;
+        }
+        m = m_all;
+    }
     {
         let m_other = subgroupShuffleXor(m, 16u);
         let m_all = max(m, m_other);
@@ -343,12 +267,6 @@ fn main(
         if (1u < used) {
             acc[1] = acc[1] * mine + subgroupShuffleXor(acc[1], 16u) * other;
         }
-        if (2u < used) {
-            acc[2] = acc[2] * mine + subgroupShuffleXor(acc[2], 16u) * other;
-        }
-        if (3u < used) {
-            acc[3] = acc[3] * mine + subgroupShuffleXor(acc[3], 16u) * other;
-        }
         m = m_all;
     }
 
@@ -357,17 +275,19 @@ fn main(
     let inv_l = select(bitcast<f32>(0x7fc00000u | (subgroup_size & 0u)), select(0.0, 1.0 / l, l > 0.0), numbered);
 
     if (g == 0u) {
-        if (r + 0u < u.head_dim) {
-            output[q_base + r + 0u] = acc[0] * inv_l;
+        if (r + 0u < hd4) {
+            let out0 = acc[0] * inv_l;
+            output[q_base + 4u * (r + 0u) + 0u] = out0[0];
+            output[q_base + 4u * (r + 0u) + 1u] = out0[1];
+            output[q_base + 4u * (r + 0u) + 2u] = out0[2];
+            output[q_base + 4u * (r + 0u) + 3u] = out0[3];
         }
-        if (r + 16u < u.head_dim) {
-            output[q_base + r + 16u] = acc[1] * inv_l;
-        }
-        if (r + 32u < u.head_dim) {
-            output[q_base + r + 32u] = acc[2] * inv_l;
-        }
-        if (r + 48u < u.head_dim) {
-            output[q_base + r + 48u] = acc[3] * inv_l;
+        if (r + 8u < hd4) {
+            let out1 = acc[1] * inv_l;
+            output[q_base + 4u * (r + 8u) + 0u] = out1[0];
+            output[q_base + 4u * (r + 8u) + 1u] = out1[1];
+            output[q_base + 4u * (r + 8u) + 2u] = out1[2];
+            output[q_base + 4u * (r + 8u) + 3u] = out1[3];
         }
     }
 }

@@ -42,8 +42,13 @@ def _module(name: str) -> Module:
 
 
 def _host_view(module: Module) -> tuple:
-    """What the host binds: every binding (with its type) and the uniform struct."""
-    return module.bindings, module.structs["Uniforms"].fields
+    """What the host binds: every binding (slot, access, the element type it fills the buffer
+    with: array<vec4<f16>> is filled like array<f16>) and the uniform struct."""
+    bindings = tuple(
+        (b.group, b.binding, b.name, b.address_space, b.access, b.type.kind, b.element_type)
+        for b in module.bindings
+    )
+    return bindings, module.structs["Uniforms"].fields
 
 
 def test_there_are_twenty_nine_prefill_variants() -> None:
@@ -63,6 +68,10 @@ def test_prefill_variants_keep_the_seed_tiled_interface(name: str) -> None:
     reference = _module(seed[q_type] if q_type == kv_type else "attention_f16kv")
     assert _host_view(module) == _host_view(reference)
     assert module.entry_point == "main"
+    # only the subgroup streaming kernels read K/V as vec4s (head_dim a multiple of 4)
+    widths = {b.name: b.vector_width for b in module.bindings}
+    expected = 4 if name.startswith("attention_streaming_sg") else 1
+    assert widths["K"] == widths["V"] == expected and widths["Q"] == widths["output"] == 1
 
 
 @pytest.mark.parametrize("name", PREFILL_VARIANTS)
