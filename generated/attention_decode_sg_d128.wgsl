@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d96c6999e0b65be0157a6c8bea5615ea1a2c83c57a93bfb5699d7e44079dd963
+// source-hash: sha256:96c408f43df3cb8e4ca798d5185f3a7bf732b03a0018711f6e9679a65fd05f36
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

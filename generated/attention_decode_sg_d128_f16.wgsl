@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1459eae9d47d86ef7399b87efaf43b10e9260ee308195f81c92920596c282ff4
+// source-hash: sha256:259269ee134b96ebb511a12bea7a2538a461618aec8d0f79796b0377237811fe
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e1e9e8ee4dd5bf1cd052cbe36c793bd581c3395099b9fe6bc257b993b5427dfe
+// source-hash: sha256:cdac570d5d82baaee43665d2c5079edaa00444b3221fb89a5f36902d38e63815
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f8c06bffdac90b1c55f3d0032f1f3308212164c93c27f1f83646b5e2f2a43262
+// source-hash: sha256:31b2f8e5d2df8fd5d167fbe0c2c697689a14e580267e82818d51cee37d61b778
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

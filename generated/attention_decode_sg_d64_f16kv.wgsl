@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:18e955bb67cc6528c423b072307566e51e640383624fd8cad08d74734c8d3e87
+// source-hash: sha256:2edd1b1dde36a25f9abbd293d45eac0805ffcf44858c9c280a59f0945ef3c221
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1088a519a240baa3276c71e9becf0037d4f04b79b7d1c2570a4f231138b66d02
+// source-hash: sha256:4bd13747047f9811c910e1f757997f088b304eedc13ef99e7a5db274351166f5
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dfe37c5e897a6349ce85cd7b6796a0afac22d3348a9e57dd8421b7a1cf8b6694
+// source-hash: sha256:93e00c07fbd5131e798fd6420a78a2f81295a56045018bd46816f02c113613d8
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

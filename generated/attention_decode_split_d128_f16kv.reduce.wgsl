@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:45a076ca13d1979019e7d97ca7df49cc7750db9473e6d0021db3eda8d1169338
+// source-hash: sha256:f6ee05fe281d030c385f24a9dc6e6537f2e8018dfa6896bc78fabe7e899bb0a9
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e7b259f62c065765303b7a634ce1c710a762dc4452a61f1e7500ed0e35d4a596
+// source-hash: sha256:901d671dcfc3ea2380635ee006fd4c9988fa1c91fec6534c2b3df4b21797026a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3f35c44263e90d39fab76c7210acae543a483a182d9da3679e51554963b6a575
+// source-hash: sha256:8ff35ef3f1a02bd9469017e9d29a288686c893e8c7cff11c6e73a88c1d341a96
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

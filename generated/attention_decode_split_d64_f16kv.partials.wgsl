@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7f1853b3eb8b22c32879412ca3c87eef4563e27732350261452270a397dc3148
+// source-hash: sha256:95717c8d75eed685354741dec7dc23b6b49725bda9c0717119e2df961c7261ac
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ffc9dd3932150905b12e210f0b39610d3aa0700b4b84315986b66e6d8c946741
+// source-hash: sha256:9fd4f047ca2dbcbb219b6376a345199327feec87a25933ee16a47836bcfa32b1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

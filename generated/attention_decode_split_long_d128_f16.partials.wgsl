@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0507d5df41767b3b1fb6fac208f141ef75f890af34666fbd9dd4896336933b04
+// source-hash: sha256:4f715086dcb804451b7db6cc811933ac5cbbd1fde5fae8c011d1cef3662b151e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b6ba2e3e543f710edbc942688fadb9f606adf3a5d6b7308d0889606ee09855ff
+// source-hash: sha256:f2902d416154cccea3eae9a2919d3adc9e072d2f988a54c07e25c75c1fbc7b48
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

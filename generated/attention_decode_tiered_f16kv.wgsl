@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:33d45f7e4ac3771471ff6298d5613dc29c16be7254fcd2c9fccaafe23fb7642f
+// source-hash: sha256:9c8b709346eabc612a738fc5b9eadff35293fbdb7af2fefa1d0139aa04b14c54
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

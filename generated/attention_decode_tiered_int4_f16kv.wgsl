@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:49339607a8879110e23bd8d1cf38f675bb404ac55186499d2dadab3aefddf967
+// source-hash: sha256:b80b2d4a1ec8cb00fc63607388f526a2e9b822d12e61f20848616d5c797de322
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

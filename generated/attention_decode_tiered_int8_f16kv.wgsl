@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a844a74a64dbad6e094db7e9fa0a9abc3f21469e5b71c76a65ebdfa4d024257c
+// source-hash: sha256:6244a460b7c8887445b59a801fba5a25d2651e303c655451c2c53a0e21c9ca70
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2d1a5500876671c72a7d84e5f25840cf822334df9e57e249556db8f6730b337d
+// source-hash: sha256:fd8b6a3bbd4b3ab2aa0569f17cf4d9f79d748f6c85c4ace9e44dec23192cc8f0
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

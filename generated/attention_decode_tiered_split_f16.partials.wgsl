@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5408a55a18e728aba96493e0c339281bf395f1430a196c99794c064edd031075
+// source-hash: sha256:ee000deed65d28e8bdff8fc765fbaf698e64326e3e2bffb094e91a001003001e
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5553ef599d3f14e75a1d42915b9a49c69c73f8a13c1c21cc174061c2a0c2004a
+// source-hash: sha256:2cad3cd3c172cf2ca70285bb510cf9426dbfae5df748076ebd45933385cd58a6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ba2462940f53dc20966200cc061825e7863b65400a03c24c811f946b066dcb5d
+// source-hash: sha256:3b3f0dfc00a317394035fa1a11c3ef63dd19825c7bcb9532de8c69f9dd92f235
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -13,10 +13,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, render_variant
+from conftest import REPO_ROOT, edit, render_variant
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device, get_backend
@@ -197,22 +198,38 @@ def test_tiered_heads_per_workgroup_outside_one_two_four_is_refused_at_render() 
 
 
 @pytest.mark.parametrize(
-    ("name", "constants"),
+    ("name", "constants", "params"),
     [
-        ("attention_decode_split_d128_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),
-        ("attention_decode_sg_d64_f16", None),
-        ("attention_decode_wg_d128", None),
+        ("attention_decode_split_d128_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}, {}),
+        ("attention_decode_sg_d64_f16", None, {}),
+        ("attention_decode_wg_d128", None, {}),
+        # prefetched rows: the next iteration's V is zeroed when it is used, not when loaded
+        ("attention_decode_wg_d128_f16", None, {"prefetch": True}),
+        (
+            "attention_decode_split_d64_f16",
+            {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1},
+            {"prefetch": True},
+        ),
     ],
 )
 def test_rows_outside_the_window_may_hold_nan(
-    device: Device, monkeypatch: pytest.MonkeyPatch, name: str, constants: dict | None
+    device: Device,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    constants: dict | None,
+    params: dict,
 ) -> None:
     """K/V rows a query may not attend (here: before its sliding window) can hold anything, NaN
     included, and must not reach the output. The decode kernels load every key of an iteration
     unconditionally (clamped to the last attended key, so no load waits behind a branch) and
     keep the keys that do not count out by select. The reference gets the finite rows."""
-    kernel, entry = render_variant(REPO_ROOT, name)
-    runner = KernelRunner(device, kernel, entry, constants)
+    kernel, entry = render_variant(REPO_ROOT, name, params)
+    result = _run_over_nan_rows(KernelRunner(device, kernel, entry, constants), monkeypatch)
+    assert result.passed, (result.verdict, result.refused)
+
+
+def _run_over_nan_rows(runner: KernelRunner, monkeypatch: pytest.MonkeyPatch) -> object:
+    """A sliding-window decode case whose K/V rows before the window are NaN for the kernel."""
     window, kv_len = 37, 300
     build = runner.family.build
 
@@ -234,8 +251,7 @@ def test_rows_outside_the_window_may_hold_nan(
         start_pos=kv_len - 1,
         sliding_window=window,
     )
-    result = runner.run_case(spec)
-    assert result.passed, (result.verdict, result.refused)
+    return runner.run_case(spec)
 
 
 @pytest.mark.parametrize(
@@ -352,3 +368,56 @@ def test_the_long_context_variant_runs_on_16_lane_lavapipe(device: Device) -> No
     )
     assert wide.returncode == 0, wide.stdout + wide.stderr
     assert "1 passed, 0 failed, 0 skipped" in wide.stdout and "512 bits" in wide.stdout
+
+
+PREFETCH = [
+    ("attention_decode_wg_d64_f16", None),
+    ("attention_decode_sg_d64_f16", None),
+    ("attention_decode_split_d64_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),
+]
+
+
+@pytest.mark.parametrize(("name", "constants"), PREFETCH)
+@pytest.mark.parametrize("keys", [1, 4])
+def test_prefetch_passes_the_matrix(
+    device: Device, name: str, constants: dict | None, keys: int
+) -> None:
+    """prefetch (a tunable): each iteration loads the next one's K/V rows before scoring its
+    own; the first iteration's come before the loop, and the last loads the last key again.
+    One and four keys an iteration, one dispatch and split (many splits, MQA chunks)."""
+    params = {"prefetch": True, "keys_per_iter": keys}
+    kernel, entry = render_variant(REPO_ROOT, name, params)
+    assert "let next_row_0 = " in kernel.passes[0].text
+    report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
+    assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
+
+
+def test_prefetch_without_v_with_k_is_refused_at_render() -> None:
+    with pytest.raises(TemplateError, match="prefetch loads V with K: it needs v_with_k"):
+        render_variant(REPO_ROOT, "attention_decode_sg_d64", {"prefetch": True, "v_with_k": False})
+
+
+PREFETCH_BUGS = [
+    # the rows of this iteration loaded again instead of the next one's
+    ('{{ prefetch_rows("base + per_iter", nstreams, "            ") }}',
+     '{{ prefetch_rows("base", nstreams, "            ") }}'),
+    # the first iteration's rows never loaded (it scores zeros)
+    ("        if (iterations > 0u) {\n{{ prefetch_rows(", "        if (false) {\n{{ prefetch_rows("),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), PREFETCH_BUGS, ids=["same-rows-again", "first-rows-not-loaded"]
+)
+def test_prefetch_planted_bugs_fail(
+    device: Device,
+    project_copy: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    old: str,
+    new: str,
+) -> None:
+    edit(project_copy / "templates/lib/attention_decode.wgsl.j2", old, new)
+    kernel, entry = render_variant(project_copy, "attention_decode_wg_d128_f16", {"prefetch": True})
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    over_nan = _run_over_nan_rows(KernelRunner(device, kernel, entry), monkeypatch)
+    assert report.status == "FAIL" or not over_nan.passed
