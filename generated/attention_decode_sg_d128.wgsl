@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:96c408f43df3cb8e4ca798d5185f3a7bf732b03a0018711f6e9679a65fd05f36
+// source-hash: sha256:e95efb39b4fc3701881ac46f604287ac98490c06db546c555d10a16c54eb5e7e
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:259269ee134b96ebb511a12bea7a2538a461618aec8d0f79796b0377237811fe
+// source-hash: sha256:6b83cf94c4b5ae4a73ec4b5c650c1dc737637244164932d8fb7fe2611100467a
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

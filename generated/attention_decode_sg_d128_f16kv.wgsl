@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cdac570d5d82baaee43665d2c5079edaa00444b3221fb89a5f36902d38e63815
+// source-hash: sha256:9106ef26598c801ba1d3b901a935b8ca6e6235b2bc9d6d6e04faccc09b763e79
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f8a265ae7d0b0969c5e223658fcd043fa65d7ba30ecf21fa1e2acbf5c468cae6
+// source-hash: sha256:16e6af580257d1259f3f6f8023bbcaf2f036576fce9df5f5b557c39559eaa435
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

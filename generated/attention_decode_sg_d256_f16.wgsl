@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:633ca34e8b611c1136f99921b7a3b8daca0866170539949130b017d739c9f37c
+// source-hash: sha256:a34493c9f277832422a355b3f4d2d0585ee26c3727825fbc1e1ce44681d67993
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

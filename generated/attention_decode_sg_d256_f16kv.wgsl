@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:31b2f8e5d2df8fd5d167fbe0c2c697689a14e580267e82818d51cee37d61b778
+// source-hash: sha256:f78d1573fba920034df7d5dc2a6f9fe4b2c79e03f85dfa9c10a9316821aca184
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:72ae12c1e455a6b2a31e463dc28421f3697115b60dd7b1d64a7bb3918c0e9fa0
+// source-hash: sha256:25976f1d8811df0a72ef8dafc67dc4915b1734112dd6896f0622d0aad20d778f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

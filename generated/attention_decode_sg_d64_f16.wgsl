@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:06fd07d42357216faa33affdf7914307d263cd4d2e722924e6914dadd6d98ba2
+// source-hash: sha256:124e14c2000920161bf277e44daf30db58bf5aff2fe64eb8054caa59711ec590
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

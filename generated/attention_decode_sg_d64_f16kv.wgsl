@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2edd1b1dde36a25f9abbd293d45eac0805ffcf44858c9c280a59f0945ef3c221
+// source-hash: sha256:ced222bbc6c50ef0e3f86e7c1f6e3058da2d86e4d201475886fe3ffd0ea0c6d7
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4bd13747047f9811c910e1f757997f088b304eedc13ef99e7a5db274351166f5
+// source-hash: sha256:d6c7d2af4e140ac570214a24dd2cf8a000abf49efa625a638bed9a8f9313c8b7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:af2e10fc3f0f46a1d67fd5a0d3bc814f37e1002b3c94e593bb953e5311f1eed1
+// source-hash: sha256:cbb060db6d816f2fe15626cc73ccbce77e1bdf729ccd07814a1dc87ea18ccb7e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

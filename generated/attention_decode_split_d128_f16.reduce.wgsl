@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ab008eb15492be799488fd2bd29992f863ebada0ef58c6e46888643cc690e69a
+// source-hash: sha256:7185ad98445f2bd7a7fe9f7fc7fb2b728d702758d09cbad304b35612b0e05832
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

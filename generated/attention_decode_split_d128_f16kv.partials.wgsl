@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f738c43617d72d1e4d0d1982038675b4022b346511d6e458f86ee3cb71d8f62f
+// source-hash: sha256:0c60a375e61b82fa4c32969019633bd64aaee0f8538a7ed313e1937d651664af
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

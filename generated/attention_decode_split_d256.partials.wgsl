@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5400092c5bf60012a8b987cb1019816b0763cf5988fb6dd723ed51913b0c7ee6
+// source-hash: sha256:a1ac976590011df7cc3d44a53e10ab0cc18cc1474942eab7feb4c5446cb53aa6
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8ff35ef3f1a02bd9469017e9d29a288686c893e8c7cff11c6e73a88c1d341a96
+// source-hash: sha256:3354cd196fef1f09fd12dc3162cc84fe2cb3f023d3beecc649a5cff2c60f63eb
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f4344375e6d757f43cf9bc9df11b111cca7b7ecd57cbe8189b25581f1e7f8d81
+// source-hash: sha256:85f5c676c7094a9b312532d2af2d993cdf6f5705eba6de51c77bd9eeb95ffd96
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:28bd9ccc15e00fd5709a345635035f69e53594805eb4d1b6bf3ba7212e82dc59
+// source-hash: sha256:bb46af04416571700b92d6a03063f5d22e654916f07a926cc48a613a868ea259
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7cd8e1bdea069ef6cf5d9e90587bf343d5b919933b0ed06de4b15e8581a946fd
+// source-hash: sha256:8ce4b40f9561838b8a10ad48b68bd03acea3b292a57597ba30d044dbd40c41ec
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:abc8a37927759ec179006e0cdbfde16cc2e851fe66ea38e60e32ec0df47086c5
+// source-hash: sha256:fa8da6d8bfc081a3fc5b0d6121e225a6a89881be3f994196727d3a712616a6b5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

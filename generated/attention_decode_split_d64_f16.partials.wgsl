@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d690d7cc7526dd946afc0b46087c611d098a365b72b77899232de07dbdfd5d24
+// source-hash: sha256:22bad611964c25a2a851c43a72ec8864e98be1f9a8a740f65e72e8f4612cf320
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

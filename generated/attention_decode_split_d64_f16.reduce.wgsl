@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bba0d5d88565c20913eaf054f3f743b2f0044b6db0caba299a54dfc766e27e2b
+// source-hash: sha256:d95b85b7447238b14a767c7314df48b22519366af369e6bd5a0143b575b74035
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:95717c8d75eed685354741dec7dc23b6b49725bda9c0717119e2df961c7261ac
+// source-hash: sha256:1a5781844d5280f35730f290e5164903971165758fc21881c4add6dc1cf7b17a
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

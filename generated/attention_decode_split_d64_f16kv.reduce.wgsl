@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9fd4f047ca2dbcbb219b6376a345199327feec87a25933ee16a47836bcfa32b1
+// source-hash: sha256:ec25f1177a36541204d85a598e0284f26e615c7ae6d2b20f52b86604f422cfd2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

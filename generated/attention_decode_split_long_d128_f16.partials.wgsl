@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4f715086dcb804451b7db6cc811933ac5cbbd1fde5fae8c011d1cef3662b151e
+// source-hash: sha256:3e0f0b7432a7270644ed4cce2073c1caa919274fba2c097ce01ce08d3cf67092
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f2902d416154cccea3eae9a2919d3adc9e072d2f988a54c07e25c75c1fbc7b48
+// source-hash: sha256:27e230f59f45c3d725b913a7ebb6692b2d9415a23cc2f8eddd2b2179019e3af6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4858f5fefd4023880413caebb10071d25762d5c992a25eb7c4b67f29b39a74af
+// source-hash: sha256:0aa5390cb45262319e9ca928fd4ffb4f9fc070cc901ae8e72ae8cad01b4e9023
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:48418ee4929b968ba090af31357b17ca29f8068fe99954950cf214463ecfa49f
+// source-hash: sha256:2702d00c2f0ea0b7726f5f56a577693d7ab0146465e663e1662717e1051b650e
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

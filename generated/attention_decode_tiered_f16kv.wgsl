@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9c8b709346eabc612a738fc5b9eadff35293fbdb7af2fefa1d0139aa04b14c54
+// source-hash: sha256:88343344d5faa63504d4bfce1e3b6b1f955a2ae9dc117a3815a36b87bfe5c684
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b80b2d4a1ec8cb00fc63607388f526a2e9b822d12e61f20848616d5c797de322
+// source-hash: sha256:29210829d5ba0ffe8efed03a140f20b6ab01e6fcac38285c6d88cedf6d9e6afa
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

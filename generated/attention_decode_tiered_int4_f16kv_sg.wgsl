@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:90e5d61ae70cc1dcbe9b16c07846284d436ff32cad8f2b1c40a67695a2ef2ecb
+// source-hash: sha256:1c209dc23e9b38baacf85d6f8b0b1acb807c7a2278fa66f0d67f378129d5e00e
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6244a460b7c8887445b59a801fba5a25d2651e303c655451c2c53a0e21c9ca70
+// source-hash: sha256:096bde37058fba7d62f559569d074b1c14951dc4ed4f083612abd786a576aa23
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

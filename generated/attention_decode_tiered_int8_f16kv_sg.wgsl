@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fd8b6a3bbd4b3ab2aa0569f17cf4d9f79d748f6c85c4ace9e44dec23192cc8f0
+// source-hash: sha256:9a2c8f13d5cd5c8e5140a0185603aa7c0a589c8478b307c14f9ad3fd03b5b54e
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ee000deed65d28e8bdff8fc765fbaf698e64326e3e2bffb094e91a001003001e
+// source-hash: sha256:1c0cabb208c89dbec682dbc15b7ca96cf4fdd7c3dce51f88bb5480207fa2f939
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

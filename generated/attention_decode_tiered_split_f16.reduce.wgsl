@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2cad3cd3c172cf2ca70285bb510cf9426dbfae5df748076ebd45933385cd58a6
+// source-hash: sha256:5f084a19158646652045dcae9fecf472d29854239001766b827a79df66e7bd1b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3b3f0dfc00a317394035fa1a11c3ef63dd19825c7bcb9532de8c69f9dd92f235
+// source-hash: sha256:a396b646b4146100742e26d34c973221ce53a8c1658ba1b6807622ce822d68f6
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f5e9b56b298f6cca3b18dbe22142bc0b71bca794ac90f663d92863ac6badbbbd
+// source-hash: sha256:390e93cf29b6e05ea1390c335e9cd1095d9e88f8e15bfcf55989358c51114502
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6a7305f2545faa5f3db8f8429fac07be52b3223a1f724987d3ee39b942149a0f
+// source-hash: sha256:b2daf816132b59014160d5abc7da2b8489c1c275a6e90f20b97a91f878402acb
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:63adb957047d962e9eb82c11fa6ac5873857f5c941400461b632feae2415538a
+// source-hash: sha256:f25656f9fae91c75e119cae944ca728b4d167219a8c8d8a1c038d19beec27360
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1268e779cb1b40c4e8f474b23b0f4bb90649fbbe5dbf832fff5d1f9c2e920ecc
+// source-hash: sha256:5c1985874608f86bfdd1bbe19f814e05dfd0e01ba714cea3e0a615f7eb3e4d00
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

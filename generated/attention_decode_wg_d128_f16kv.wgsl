@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:647cae8a95868dbb53e765f7ab97bdb7a0e011c6f647e4df5c8886032db24a43
+// source-hash: sha256:a036a87c4c37807607c897c0f19da23586dc2fee636bd4b59b39d085e857bfda
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3d8b782c44693d2f852a3ada1d667ffce8453496cd2b3572a760f1d17d65a7bb
+// source-hash: sha256:01b2cfd4423af98b644855e46a134ab20054b2fff111aa50dd4c611dc9c4ba49
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9e40ac0a1a8523280b9ef1777f858eb4c3df12047235fcd16eefcfa2e9603b2b
+// source-hash: sha256:cdb0328ace9cfb24d18f0fdb9e76edc64a8ebf8dcf4b73d3851ec343128905fd
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c82e7040078ab4cfbd3ec75a38bade4ce835846381a41c130ea6f46fef3ace29
+// source-hash: sha256:8a2ed1e89475893476a4552d7b7a4a6d8613497e66b34aaab7c64e2be8f10b05
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

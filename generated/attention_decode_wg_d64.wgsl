@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b6380fdfdfc6503eb490acd7ce6df0bc33841b142b068f542bf389b8711e6f74
+// source-hash: sha256:04a1e0cc62e432a6452a1e1aba70575ad9c5e894f11ae4f5a889feb3062757de
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

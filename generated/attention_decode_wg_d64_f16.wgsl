@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8dc144d63a1263560d140ccbfbe0a00317793403db67a6413027c58645cbeb43
+// source-hash: sha256:602d4afceb1890609ab570653e357ddb66bad2f5a195dec9dedc8c65c0ddac17
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:41afea66f6c8bdffa07ea42a80b43df7084a2e793687406594ed4ae1cc2bbc5a
+// source-hash: sha256:5852438e30cb87df746ac95b8eb5cc8d4bf6e94fcc085520806e92becdeaf015
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d113739693174aad2bec4cfecb555f31727cf944ee05ae0de72a43fcb9af9abc
+// source-hash: sha256:931f8b73731e85642de6d4fca4c8a07f628913a38e942cf77e53f01989745a75
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

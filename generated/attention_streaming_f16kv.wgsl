@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f3d912b243940e8182b305407d40da7623b985baf695699405666f354d383f99
+// source-hash: sha256:726cd9cdc1da0f27715af29e3b683a6d3c899c20c6a29c092e68fd954373c896
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

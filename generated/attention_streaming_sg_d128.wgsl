@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:179d91f0486a84c8b56d7c4bd675bafc903e1a34df4f150a3e631e68321862b6
+// source-hash: sha256:e3da7dcb8b48d6fb36723a847a550781f9fdc2ff928d72a034fc63ecf48bb059
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

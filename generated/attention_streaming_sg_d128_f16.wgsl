@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4e4c779297689bcc9d254c9cefae65e047002fd243a46385a1c80f44617c17ba
+// source-hash: sha256:db03acd0779e1cdad5b17987d605ccba8751c1c198ca517a5b7a186805e0d573
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

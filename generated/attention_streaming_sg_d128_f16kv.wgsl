@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4ca3759d0ab5f5b61a2e7df29ab5b7f0652f2e6b2b3473fee7de9e2797867ad4
+// source-hash: sha256:60da7abdc26c8691fdb55ccd6b9ad348c349e76a2db80170131ca3a116584aea
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

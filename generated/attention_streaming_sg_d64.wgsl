@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b51532cb57e8444f88d95326c6966d31d74abc310bd80e64384f7e63cd8626e1
+// source-hash: sha256:ac35380e3c1d90f1ef9e9b04ef01265c47f8ac6a953353de96777930a39fbe0a
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:182c1b79160b4cf0d47f362117ccaf0dedd901ac90a80343b0ae17e775940323
+// source-hash: sha256:4d2cb88ba25e2a865631e91cabd7cd42113927dbcdfd22a01fece413e3adc65a
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

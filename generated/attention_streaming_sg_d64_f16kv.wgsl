@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f315d3b4c37f372a46c3dc47f40658921cb7b8e18c5088384ebe4bee9499b191
+// source-hash: sha256:f4283d1aefda154aaf990609144462ecb6dcb0c434b720f1df6dbcb20dc98c08
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from doppler_gen.errors import DopplerGenError, InterfaceError
-from doppler_gen.families.attention import kv_vector_width
+from doppler_gen.families import get_family
 from doppler_gen.wgsl import evaluate
 
 EXPORT_DIR = "generated/doppler"
@@ -252,10 +252,8 @@ def export_variant(name: str, entry: Mapping[str, Any]) -> ExportedVariant | Non
     if entry.get("min_subgroup_size"):
         # the host compares it with the adapter's subgroupMinSize before selecting the variant
         fields["variantMetadata"]["minSubgroupSize"] = entry["min_subgroup_size"]
-    width = kv_vector_width(entry)
-    if width > 1:
-        # K/V bound as vecN: the host must not select the variant for other head_dims
-        fields["variantMetadata"]["headDimMultiple"] = width
+    # what else the family knows the host must check (attention: headDimMultiple)
+    fields["variantMetadata"].update(get_family(entry["family"]).host_metadata(entry))
     for key, meta_key in (("outputDtype", "out_dtype"), ("inputDtype", "q_dtype")):
         if meta.get(meta_key) is not None:
             fields[key] = meta[meta_key]

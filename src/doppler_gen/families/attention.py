@@ -727,6 +727,11 @@ class AttentionFamily(Family):
         """(keys the case holds, how to describe them)."""
         return spec.kv_len, ""
 
+    def host_metadata(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """K/V bound as vecN: the host must not select the variant for other head_dims."""
+        width = kv_vector_width(entry)
+        return {"headDimMultiple": width} if width > 1 else {}
+
     def refuse(
         self,
         spec: CaseSpec,

@@ -186,6 +186,13 @@ class Family(ABC):
         """A zero-argument torch call computing what the kernel computes on ``shape``."""
         raise NotImplementedError
 
+    # -- export --------------------------------------------------------------------------------
+
+    def host_metadata(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """Fields of the Doppler export's ``variantMetadata`` that only this family can read
+        from a manifest entry (a requirement the host must check before selecting it)."""
+        return {}
+
     # -- tune ----------------------------------------------------------------------------------
 
     def constraints(self, entry: Mapping[str, Any], constants: Mapping[str, int]) -> str | None:
