@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3215bc863d534c64d7db17bcd93eab71f0d990a11c488cc54035531b76b3d92c
+// source-hash: sha256:013274a77033ae281ec7fff8ad58107b758644ee37e354f3fa715179de5b6a11
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

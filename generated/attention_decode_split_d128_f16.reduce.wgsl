@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7185ad98445f2bd7a7fe9f7fc7fb2b728d702758d09cbad304b35612b0e05832
+// source-hash: sha256:7a22780edbd9daa71a731f1b541bb432e4a415352e825ed31e68e098053f8183
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

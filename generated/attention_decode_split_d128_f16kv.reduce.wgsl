@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:44eb6c85ff9857c95f043d84189223984025425be7a32bcd0684005d65f52917
+// source-hash: sha256:0ec6677b136de3f167c193c2a51c31323c9fb1d88bd57c1f3c027640d25bc451
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

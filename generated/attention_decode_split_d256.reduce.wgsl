@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d99345bc580ba4f841fa35a41a67a9f2ba9f627e4f9337a89608f653ed74fe92
+// source-hash: sha256:68dd1a4602ab6e6388202b8cd1056d788de306eb5ef26d592c615b7ee4b41f18
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

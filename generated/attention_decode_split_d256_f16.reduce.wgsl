@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e869f3fcf1a6155be227d19da2d2712e6dd64d2d2aa042dc51b482c293c9f547
+// source-hash: sha256:2058abaa52327ea9f3c6209a95e24fcd5de0a16affabd3515ae3ff73a175e1d1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

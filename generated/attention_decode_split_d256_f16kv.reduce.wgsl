@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bb46af04416571700b92d6a03063f5d22e654916f07a926cc48a613a868ea259
+// source-hash: sha256:9f907fc5f58ec5445e7020be927552ffd841c15ff119f4eeb823d31d49ffe4df
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa8da6d8bfc081a3fc5b0d6121e225a6a89881be3f994196727d3a712616a6b5
+// source-hash: sha256:a401b6b97b20dbc9487e73430bd78588f1d7a59559e14a83dd051b27ff6126dd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:27e230f59f45c3d725b913a7ebb6692b2d9415a23cc2f8eddd2b2179019e3af6
+// source-hash: sha256:d6814d7bcaed60807cf792a50f07cae1b5851cc183ab6f5ae1570512cec06f9e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2702d00c2f0ea0b7726f5f56a577693d7ab0146465e663e1662717e1051b650e
+// source-hash: sha256:7e0c8e273951f4b256a039b8e6586f348437130669e9fe2cb545c1cb44ebb693
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -165,9 +165,6 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
 
 // One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn cold_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.cold_len;
     let at0 = min(key0, u.cold_len - 1u);
@@ -175,11 +172,12 @@ fn cold_step(first: u32, width: u32) {
     let live1 = in_group && key1 < u.cold_len;
     let at1 = min(key1, u.cold_len - 1u);
     let row0 = (get_cold_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+
     let kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh0_1 = K_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
     let vh0_0 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
     let vh0_1 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
-    let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh1_1 = K_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
     let vh1_0 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
@@ -205,9 +203,6 @@ fn cold_step(first: u32, width: u32) {
 
 // One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.hot_len;
     let at0 = min(key0, u.hot_len - 1u);
@@ -215,11 +210,12 @@ fn hot_step(first: u32, width: u32) {
     let live1 = in_group && key1 < u.hot_len;
     let at1 = min(key1, u.hot_len - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+
     let kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh0_1 = K_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
     let vh0_0 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
     let vh0_1 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
-    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
     let kh1_1 = K_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
     let vh1_0 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);

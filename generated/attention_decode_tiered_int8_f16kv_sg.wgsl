@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9a2c8f13d5cd5c8e5140a0185603aa7c0a589c8478b307c14f9ad3fd03b5b54e
+// source-hash: sha256:a798d55b23a5ec52bea2bc9323f710022e2f9f2940a81d1d5ff3e3aac73b8329
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -116,12 +116,12 @@ fn get_hot_pos(hot_pos: u32) -> u32 {
     return hot_pos;
 }
 
-// Values first .. first+3 of a packed int8 word, as signed integers in f32
-fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
-    let lane = vec4<u32>(first, first + 1u, first + 2u, first + 3u);
-    let offset_binary = packed_val ^ 0x80808080u;
-    let raw = (vec4<u32>(offset_binary) >> (8u * lane)) & vec4<u32>(0xffu);
-    return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
+// Values 0 .. 3 of a packed int8 word, as signed integers in f32
+fn unpack_quant_0(packed_val: u32) -> vec4<f32> {
+    let lo = packed_val ^ 0x80808080u;  // offset binary
+    let hi = lo >> 16u;
+    let bits = (vec4<u32>(lo, lo, hi, hi) & vec4<u32>(0xffu, 0xff00u, 0xffu, 0xff00u)) | vec4<u32>(0x4b000000u);
+    return fma(bitcast<vec4<f32>>(bits), vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625), vec4<f32>(-8388736.0, -32896.0, -8388736.0, -32896.0));
 }
 
 // Scale, softcap and mask a key's q.k dot into its score
@@ -162,9 +162,6 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
 
 // One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn cold_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.cold_len;
     let at0 = min(key0, u.cold_len - 1u);
@@ -173,26 +170,27 @@ fn cold_step(first: u32, width: u32) {
     let at1 = min(key1, u.cold_len - 1u);
     let scale_idx0 = at0 * u.num_kv_heads + kv_head;
     let base0 = scale_idx0 * u.packed_stride;
-    let ks0 = f32(scales_k[scale_idx0]);
-    let vs0 = select(0.0, f32(scales_v[scale_idx0]), live0);
     let word0_0 = base0 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
-    let kw0_0 = K_cold[word0_0];
-    let vw0_0 = V_cold[word0_0];
     let word0_1 = base0 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
-    let kw0_1 = K_cold[word0_1];
-    let vw0_1 = V_cold[word0_1];
     let scale_idx1 = at1 * u.num_kv_heads + kv_head;
     let base1 = scale_idx1 * u.packed_stride;
+    let word1_0 = base1 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
+    let word1_1 = base1 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
+
+    let ks0 = f32(scales_k[scale_idx0]);
+    let vs0 = select(0.0, f32(scales_v[scale_idx0]), live0);
+    let kw0_0 = K_cold[word0_0];
+    let vw0_0 = V_cold[word0_0];
+    let kw0_1 = K_cold[word0_1];
+    let vw0_1 = V_cold[word0_1];
     let ks1 = f32(scales_k[scale_idx1]);
     let vs1 = select(0.0, f32(scales_v[scale_idx1]), live1);
-    let word1_0 = base1 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
     let kw1_0 = K_cold[word1_0];
     let vw1_0 = V_cold[word1_0];
-    let word1_1 = base1 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
     let kw1_1 = K_cold[word1_1];
     let vw1_1 = V_cold[word1_1];
-    let part0 = (dot(q_0, unpack_quant(kw0_0, 0u)) + dot(q_1, unpack_quant(kw0_1, 0u))) * ks0;
-    let part1 = (dot(q_0, unpack_quant(kw1_0, 0u)) + dot(q_1, unpack_quant(kw1_1, 0u))) * ks1;
+    let part0 = (dot(q_0, unpack_quant_0(kw0_0)) + dot(q_1, unpack_quant_0(kw0_1))) * ks0;
+    let part1 = (dot(q_0, unpack_quant_0(kw1_0)) + dot(q_1, unpack_quant_0(kw1_1))) * ks1;
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
     let score0 = finish_score(dots0[0], key0);
     let score1 = finish_score(dots0[1], key1);
@@ -205,16 +203,13 @@ fn cold_step(first: u32, width: u32) {
     let w0 = select(0.0, exp(score0 - m), live0);
     let w1 = select(0.0, exp(score1 - m), live1);
     run_sum = run_sum * correction + w0 + w1;
-    acc_0 = acc_0 * correction + w0 * vs0 * unpack_quant(vw0_0, 0u) + w1 * vs1 * unpack_quant(vw1_0, 0u);
-    acc_1 = acc_1 * correction + w0 * vs0 * unpack_quant(vw0_1, 0u) + w1 * vs1 * unpack_quant(vw1_1, 0u);
+    acc_0 = acc_0 * correction + w0 * vs0 * unpack_quant_0(vw0_0) + w1 * vs1 * unpack_quant_0(vw1_0);
+    acc_1 = acc_1 * correction + w0 * vs0 * unpack_quant_0(vw0_1) + w1 * vs1 * unpack_quant_0(vw1_1);
     run_max = m;
 }
 
 // One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.hot_len;
     let at0 = min(key0, u.hot_len - 1u);
@@ -222,11 +217,12 @@ fn hot_step(first: u32, width: u32) {
     let live1 = in_group && key1 < u.hot_len;
     let at1 = min(key1, u.hot_len - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
+    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
+
     let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
     let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
     let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
     let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
-    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
     let kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
     let kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
     let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
@@ -252,9 +248,6 @@ fn hot_step(first: u32, width: u32) {
 
 // One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step_aligned(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < u.hot_len;
     let at0 = min(key0, u.hot_len - 1u);
@@ -262,11 +255,12 @@ fn hot_step_aligned(first: u32, width: u32) {
     let live1 = in_group && key1 < u.hot_len;
     let at1 = min(key1, u.hot_len - 1u);
     let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
+    let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
+
     let kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
     let kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
     let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]), live0);
     let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]), live0);
-    let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
     let kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
     let kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
     let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]), live1);

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1c0cabb208c89dbec682dbc15b7ca96cf4fdd7c3dce51f88bb5480207fa2f939
+// source-hash: sha256:73ea798e96547440727ecf799c2df73ebafffc6a76b63311e63f836ea4dab857
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -14,7 +14,7 @@
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
-// group scores 4 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
 // q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
@@ -210,43 +210,52 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 4
-fn cold_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// cold_step's rows for the next step, loaded by cold_step_fetch one step ahead
+var<private> cold_step_kh0_0: vec4<f16>;
+var<private> cold_step_kh0_1: vec4<f16>;
+var<private> cold_step_vh0_0: vec4<f16>;
+var<private> cold_step_vh0_1: vec4<f16>;
+var<private> cold_step_kh1_0: vec4<f16>;
+var<private> cold_step_kh1_1: vec4<f16>;
+var<private> cold_step_vh1_0: vec4<f16>;
+var<private> cold_step_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into cold_step's private registers
+fn cold_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < cold_end;
     let at0 = min(key0, cold_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < cold_end;
     let at1 = min(key1, cold_end - 1u);
-    let key2 = first + 2u * num_groups + key_group;
-    let live2 = in_group && key2 < cold_end;
-    let at2 = min(key2, cold_end - 1u);
-    let key3 = first + 3u * num_groups + key_group;
-    let live3 = in_group && key3 < cold_end;
-    let at3 = min(key3, cold_end - 1u);
     let row0 = (get_cold_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh0_1 = K_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh0_0 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
-    let vh0_1 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
     let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh1_1 = K_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh1_0 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
-    let vh1_1 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
-    let row2 = (get_cold_pos(at2) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh2_0 = K_cold[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh2_1 = K_cold[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh2_0 = select(vec4<f16>(), V_cold[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live2);
-    let vh2_1 = select(vec4<f16>(), V_cold[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live2);
-    let row3 = (get_cold_pos(at3) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh3_0 = K_cold[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh3_1 = K_cold[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh3_0 = select(vec4<f16>(), V_cold[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live3);
-    let vh3_1 = select(vec4<f16>(), V_cold[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live3);
+
+    cold_step_kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_kh0_1 = K_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    cold_step_vh0_0 = V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_vh0_1 = V_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    cold_step_kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_kh1_1 = K_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    cold_step_vh1_0 = V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_vh1_1 = V_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
+    let kh0_0 = cold_step_kh0_0;
+    let kh0_1 = cold_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), cold_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), cold_step_vh0_1, live0);
+    let kh1_0 = cold_step_kh1_0;
+    let kh1_1 = cold_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), cold_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), cold_step_vh1_1, live1);
+    cold_step_fetch(first + 2u * num_groups);
     // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
@@ -256,14 +265,6 @@ fn cold_step(first: u32, width: u32) {
     let kf1_1 = vec4<f32>(kh1_1);
     let vf1_0 = vec4<f32>(vh1_0);
     let vf1_1 = vec4<f32>(vh1_1);
-    let kf2_0 = vec4<f32>(kh2_0);
-    let kf2_1 = vec4<f32>(kh2_1);
-    let vf2_0 = vec4<f32>(vh2_0);
-    let vf2_1 = vec4<f32>(vh2_1);
-    let kf3_0 = vec4<f32>(kh3_0);
-    let kf3_1 = vec4<f32>(kh3_1);
-    let vf3_0 = vec4<f32>(vh3_0);
-    let vf3_1 = vec4<f32>(vh3_1);
     let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
     let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
     let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
@@ -272,22 +273,10 @@ fn cold_step(first: u32, width: u32) {
     let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
     let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
     let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
-    let part2_h0 = dot(q_0_h0, kf2_0) + dot(q_1_h0, kf2_1);
-    let part2_h1 = dot(q_0_h1, kf2_0) + dot(q_1_h1, kf2_1);
-    let part2_h2 = dot(q_0_h2, kf2_0) + dot(q_1_h2, kf2_1);
-    let part2_h3 = dot(q_0_h3, kf2_0) + dot(q_1_h3, kf2_1);
-    let part3_h0 = dot(q_0_h0, kf3_0) + dot(q_1_h0, kf3_1);
-    let part3_h1 = dot(q_0_h1, kf3_0) + dot(q_1_h1, kf3_1);
-    let part3_h2 = dot(q_0_h2, kf3_0) + dot(q_1_h2, kf3_1);
-    let part3_h3 = dot(q_0_h3, kf3_0) + dot(q_1_h3, kf3_1);
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
     let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
     let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
     let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
-    let dots8 = group_reduce(vec2<f32>(part2_h0, part2_h1), width);
-    let dots10 = group_reduce(vec2<f32>(part2_h2, part2_h3), width);
-    let dots12 = group_reduce(vec2<f32>(part3_h0, part3_h1), width);
-    let dots14 = group_reduce(vec2<f32>(part3_h2, part3_h3), width);
     let score0_h0 = finish_score(dots0[0], key0);
     let score0_h1 = finish_score(dots0[1], key0);
     let score0_h2 = finish_score(dots2[0], key0);
@@ -296,117 +285,102 @@ fn cold_step(first: u32, width: u32) {
     let score1_h1 = finish_score(dots4[1], key1);
     let score1_h2 = finish_score(dots6[0], key1);
     let score1_h3 = finish_score(dots6[1], key1);
-    let score2_h0 = finish_score(dots8[0], key2);
-    let score2_h1 = finish_score(dots8[1], key2);
-    let score2_h2 = finish_score(dots10[0], key2);
-    let score2_h3 = finish_score(dots10[1], key2);
-    let score3_h0 = finish_score(dots12[0], key3);
-    let score3_h1 = finish_score(dots12[1], key3);
-    let score3_h2 = finish_score(dots14[0], key3);
-    let score3_h3 = finish_score(dots14[1], key3);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
     if (live1) { m_h0 = max(m_h0, score1_h0); }
-    if (live2) { m_h0 = max(m_h0, score2_h0); }
-    if (live3) { m_h0 = max(m_h0, score3_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
     let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
-    let w2_h0 = select(0.0, exp(score2_h0 - m_h0), live2);
-    let w3_h0 = select(0.0, exp(score3_h0 - m_h0), live3);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0 + w2_h0 + w3_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0 + w2_h0 * vf2_0 + w3_h0 * vf3_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1 + w2_h0 * vf2_1 + w3_h0 * vf3_1;
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
     if (live1) { m_h1 = max(m_h1, score1_h1); }
-    if (live2) { m_h1 = max(m_h1, score2_h1); }
-    if (live3) { m_h1 = max(m_h1, score3_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
     let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
-    let w2_h1 = select(0.0, exp(score2_h1 - m_h1), live2);
-    let w3_h1 = select(0.0, exp(score3_h1 - m_h1), live3);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1 + w2_h1 + w3_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0 + w2_h1 * vf2_0 + w3_h1 * vf3_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1 + w2_h1 * vf2_1 + w3_h1 * vf3_1;
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
 
     // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
     var m_h2 = run_max_h2;
     if (live0) { m_h2 = max(m_h2, score0_h2); }
     if (live1) { m_h2 = max(m_h2, score1_h2); }
-    if (live2) { m_h2 = max(m_h2, score2_h2); }
-    if (live3) { m_h2 = max(m_h2, score3_h2); }
     let correction_h2 = exp(run_max_h2 - m_h2);
     let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
     let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
-    let w2_h2 = select(0.0, exp(score2_h2 - m_h2), live2);
-    let w3_h2 = select(0.0, exp(score3_h2 - m_h2), live3);
-    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2 + w2_h2 + w3_h2;
-    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0 + w2_h2 * vf2_0 + w3_h2 * vf3_0;
-    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1 + w2_h2 * vf2_1 + w3_h2 * vf3_1;
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
     run_max_h2 = m_h2;
 
     // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
     var m_h3 = run_max_h3;
     if (live0) { m_h3 = max(m_h3, score0_h3); }
     if (live1) { m_h3 = max(m_h3, score1_h3); }
-    if (live2) { m_h3 = max(m_h3, score2_h3); }
-    if (live3) { m_h3 = max(m_h3, score3_h3); }
     let correction_h3 = exp(run_max_h3 - m_h3);
     let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
     let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
-    let w2_h3 = select(0.0, exp(score2_h3 - m_h3), live2);
-    let w3_h3 = select(0.0, exp(score3_h3 - m_h3), live3);
-    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3 + w2_h3 + w3_h3;
-    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0 + w2_h3 * vf2_0 + w3_h3 * vf3_0;
-    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1 + w2_h3 * vf2_1 + w3_h3 * vf3_1;
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
     run_max_h3 = m_h3;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 4
-fn hot_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// hot_step's rows for the next step, loaded by hot_step_fetch one step ahead
+var<private> hot_step_kh0_0: vec4<f16>;
+var<private> hot_step_kh0_1: vec4<f16>;
+var<private> hot_step_vh0_0: vec4<f16>;
+var<private> hot_step_vh0_1: vec4<f16>;
+var<private> hot_step_kh1_0: vec4<f16>;
+var<private> hot_step_kh1_1: vec4<f16>;
+var<private> hot_step_vh1_0: vec4<f16>;
+var<private> hot_step_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step's private registers
+fn hot_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < hot_end;
     let at0 = min(key0, hot_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < hot_end;
     let at1 = min(key1, hot_end - 1u);
-    let key2 = first + 2u * num_groups + key_group;
-    let live2 = in_group && key2 < hot_end;
-    let at2 = min(key2, hot_end - 1u);
-    let key3 = first + 3u * num_groups + key_group;
-    let live3 = in_group && key3 < hot_end;
-    let at3 = min(key3, hot_end - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh0_1 = K_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh0_0 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
-    let vh0_1 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
     let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh1_1 = K_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh1_0 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
-    let vh1_1 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
-    let row2 = (get_hot_pos(at2) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh2_0 = K_hot[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh2_1 = K_hot[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh2_0 = select(vec4<f16>(), V_hot[row2 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live2);
-    let vh2_1 = select(vec4<f16>(), V_hot[row2 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live2);
-    let row3 = (get_hot_pos(at3) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
-    let kh3_0 = K_hot[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh3_1 = K_hot[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh3_0 = select(vec4<f16>(), V_hot[row3 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live3);
-    let vh3_1 = select(vec4<f16>(), V_hot[row3 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live3);
+
+    hot_step_kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_kh0_1 = K_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    hot_step_vh0_0 = V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_vh0_1 = V_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    hot_step_kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_kh1_1 = K_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    hot_step_vh1_0 = V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_vh1_1 = V_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
     // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
@@ -416,14 +390,6 @@ fn hot_step(first: u32, width: u32) {
     let kf1_1 = vec4<f32>(kh1_1);
     let vf1_0 = vec4<f32>(vh1_0);
     let vf1_1 = vec4<f32>(vh1_1);
-    let kf2_0 = vec4<f32>(kh2_0);
-    let kf2_1 = vec4<f32>(kh2_1);
-    let vf2_0 = vec4<f32>(vh2_0);
-    let vf2_1 = vec4<f32>(vh2_1);
-    let kf3_0 = vec4<f32>(kh3_0);
-    let kf3_1 = vec4<f32>(kh3_1);
-    let vf3_0 = vec4<f32>(vh3_0);
-    let vf3_1 = vec4<f32>(vh3_1);
     let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
     let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
     let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
@@ -432,22 +398,10 @@ fn hot_step(first: u32, width: u32) {
     let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
     let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
     let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
-    let part2_h0 = dot(q_0_h0, kf2_0) + dot(q_1_h0, kf2_1);
-    let part2_h1 = dot(q_0_h1, kf2_0) + dot(q_1_h1, kf2_1);
-    let part2_h2 = dot(q_0_h2, kf2_0) + dot(q_1_h2, kf2_1);
-    let part2_h3 = dot(q_0_h3, kf2_0) + dot(q_1_h3, kf2_1);
-    let part3_h0 = dot(q_0_h0, kf3_0) + dot(q_1_h0, kf3_1);
-    let part3_h1 = dot(q_0_h1, kf3_0) + dot(q_1_h1, kf3_1);
-    let part3_h2 = dot(q_0_h2, kf3_0) + dot(q_1_h2, kf3_1);
-    let part3_h3 = dot(q_0_h3, kf3_0) + dot(q_1_h3, kf3_1);
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
     let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
     let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
     let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
-    let dots8 = group_reduce(vec2<f32>(part2_h0, part2_h1), width);
-    let dots10 = group_reduce(vec2<f32>(part2_h2, part2_h3), width);
-    let dots12 = group_reduce(vec2<f32>(part3_h0, part3_h1), width);
-    let dots14 = group_reduce(vec2<f32>(part3_h2, part3_h3), width);
     let score0_h0 = finish_score(dots0[0], u.hot_start + key0);
     let score0_h1 = finish_score(dots0[1], u.hot_start + key0);
     let score0_h2 = finish_score(dots2[0], u.hot_start + key0);
@@ -456,77 +410,53 @@ fn hot_step(first: u32, width: u32) {
     let score1_h1 = finish_score(dots4[1], u.hot_start + key1);
     let score1_h2 = finish_score(dots6[0], u.hot_start + key1);
     let score1_h3 = finish_score(dots6[1], u.hot_start + key1);
-    let score2_h0 = finish_score(dots8[0], u.hot_start + key2);
-    let score2_h1 = finish_score(dots8[1], u.hot_start + key2);
-    let score2_h2 = finish_score(dots10[0], u.hot_start + key2);
-    let score2_h3 = finish_score(dots10[1], u.hot_start + key2);
-    let score3_h0 = finish_score(dots12[0], u.hot_start + key3);
-    let score3_h1 = finish_score(dots12[1], u.hot_start + key3);
-    let score3_h2 = finish_score(dots14[0], u.hot_start + key3);
-    let score3_h3 = finish_score(dots14[1], u.hot_start + key3);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
     if (live1) { m_h0 = max(m_h0, score1_h0); }
-    if (live2) { m_h0 = max(m_h0, score2_h0); }
-    if (live3) { m_h0 = max(m_h0, score3_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
     let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
-    let w2_h0 = select(0.0, exp(score2_h0 - m_h0), live2);
-    let w3_h0 = select(0.0, exp(score3_h0 - m_h0), live3);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0 + w2_h0 + w3_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0 + w2_h0 * vf2_0 + w3_h0 * vf3_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1 + w2_h0 * vf2_1 + w3_h0 * vf3_1;
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
     if (live1) { m_h1 = max(m_h1, score1_h1); }
-    if (live2) { m_h1 = max(m_h1, score2_h1); }
-    if (live3) { m_h1 = max(m_h1, score3_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
     let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
-    let w2_h1 = select(0.0, exp(score2_h1 - m_h1), live2);
-    let w3_h1 = select(0.0, exp(score3_h1 - m_h1), live3);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1 + w2_h1 + w3_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0 + w2_h1 * vf2_0 + w3_h1 * vf3_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1 + w2_h1 * vf2_1 + w3_h1 * vf3_1;
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
 
     // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
     var m_h2 = run_max_h2;
     if (live0) { m_h2 = max(m_h2, score0_h2); }
     if (live1) { m_h2 = max(m_h2, score1_h2); }
-    if (live2) { m_h2 = max(m_h2, score2_h2); }
-    if (live3) { m_h2 = max(m_h2, score3_h2); }
     let correction_h2 = exp(run_max_h2 - m_h2);
     let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
     let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
-    let w2_h2 = select(0.0, exp(score2_h2 - m_h2), live2);
-    let w3_h2 = select(0.0, exp(score3_h2 - m_h2), live3);
-    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2 + w2_h2 + w3_h2;
-    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0 + w2_h2 * vf2_0 + w3_h2 * vf3_0;
-    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1 + w2_h2 * vf2_1 + w3_h2 * vf3_1;
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
     run_max_h2 = m_h2;
 
     // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
     var m_h3 = run_max_h3;
     if (live0) { m_h3 = max(m_h3, score0_h3); }
     if (live1) { m_h3 = max(m_h3, score1_h3); }
-    if (live2) { m_h3 = max(m_h3, score2_h3); }
-    if (live3) { m_h3 = max(m_h3, score3_h3); }
     let correction_h3 = exp(run_max_h3 - m_h3);
     let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
     let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
-    let w2_h3 = select(0.0, exp(score2_h3 - m_h3), live2);
-    let w3_h3 = select(0.0, exp(score3_h3 - m_h3), live3);
-    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3 + w2_h3 + w3_h3;
-    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0 + w2_h3 * vf2_0 + w3_h3 * vf3_0;
-    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1 + w2_h3 * vf2_1 + w3_h3 * vf3_1;
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
     run_max_h3 = m_h3;
 }
 
@@ -652,11 +582,17 @@ fn main(
 
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
     let groups = WORKGROUP_SIZE / lanes_per_key;
-    let keys_per_step = groups * 4u;
+    let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    if (cold_first < cold_last) {
+        cold_step_fetch(cold_first);
+    }
     for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
         cold_step(first, shuffle_width);
+    }
+    if (hot_first < hot_last) {
+        hot_step_fetch(hot_first);
     }
     for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
         hot_step(first, shuffle_width);

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5f084a19158646652045dcae9fecf472d29854239001766b827a79df66e7bd1b
+// source-hash: sha256:c1b78d0d8b456150ee2b7b95332f5d43dc5fe20a99f907e58d28a5fa94d007e0
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -11,9 +11,9 @@ enable f16;
 
 const MAX_HEAD_DIM: u32 = 256u;
 const NEG_BIG: f32 = -3.402823e+38;
-const MAX_REDUCE_WORKGROUP_SIZE: u32 = 128u;
+const MAX_REDUCE_WORKGROUP_SIZE: u32 = 1024u;
 
-override REDUCE_WORKGROUP_SIZE: u32 = 128u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
+override REDUCE_WORKGROUP_SIZE: u32 = 1024u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
 override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (as in the partials pass)
 

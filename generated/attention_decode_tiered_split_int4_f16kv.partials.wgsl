@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a396b646b4146100742e26d34c973221ce53a8c1658ba1b6807622ce822d68f6
+// source-hash: sha256:f45df67a24ecb21b5bb5986a63f8a348960c1dd3eb197c0895f06f968c8f03b8
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -159,12 +159,19 @@ fn get_hot_pos(hot_pos: u32) -> u32 {
     return hot_pos;
 }
 
-// Values first .. first+3 of a packed int4 word, as signed integers in f32
-fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
-    let lane = vec4<u32>(first, first + 1u, first + 2u, first + 3u);
-    let offset_binary = packed_val ^ 0x88888888u;
-    let raw = (vec4<u32>(offset_binary) >> (4u * lane)) & vec4<u32>(0xfu);
-    return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388616.0);
+// Values 0 .. 3 of a packed int4 word, as signed integers in f32
+fn unpack_quant_0(packed_val: u32) -> vec4<f32> {
+    let lo = packed_val ^ 0x88888888u;  // offset binary
+    let bits = (vec4<u32>(lo, lo, lo, lo) & vec4<u32>(0xfu, 0xf0u, 0xf00u, 0xf000u)) | vec4<u32>(0x4b000000u);
+    return fma(bitcast<vec4<f32>>(bits), vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625), vec4<f32>(-8388616.0, -524296.0, -32776.0, -2056.0));
+}
+
+// Values 4 .. 7 of a packed int4 word, as signed integers in f32
+fn unpack_quant_4(packed_val: u32) -> vec4<f32> {
+    let lo = packed_val ^ 0x88888888u;  // offset binary
+    let hi = lo >> 16u;
+    let bits = (vec4<u32>(hi, hi, hi, hi) & vec4<u32>(0xfu, 0xf0u, 0xf00u, 0xf000u)) | vec4<u32>(0x4b000000u);
+    return fma(bitcast<vec4<f32>>(bits), vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625), vec4<f32>(-8388616.0, -524296.0, -32776.0, -2056.0));
 }
 
 // Scale, softcap and mask a key's q.k dot into its score
@@ -203,33 +210,53 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 1
-fn cold_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// cold_step's rows for the next step, loaded by cold_step_fetch one step ahead
+var<private> cold_step_ks0: f32;
+var<private> cold_step_vs0: f32;
+var<private> cold_step_kw0_0: u32;
+var<private> cold_step_vw0_0: u32;
+var<private> cold_step_kw0_1: u32;
+var<private> cold_step_vw0_1: u32;
+
+// Load the rows of the step starting at `first` into cold_step's private registers
+fn cold_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < cold_end;
     let at0 = min(key0, cold_end - 1u);
     let scale_idx0 = at0 * u.num_kv_heads + kv_head;
     let base0 = scale_idx0 * u.packed_stride;
-    let ks0 = f32(scales_k[scale_idx0]);
-    let vs0 = select(0.0, f32(scales_v[scale_idx0]), live0);
     let word0_0 = base0 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
-    let kw0_0 = K_cold[word0_0];
-    let vw0_0 = V_cold[word0_0];
     let word0_1 = base0 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
-    let kw0_1 = K_cold[word0_1];
-    let vw0_1 = V_cold[word0_1];
+
+    cold_step_ks0 = f32(scales_k[scale_idx0]);
+    cold_step_vs0 = f32(scales_v[scale_idx0]);
+    cold_step_kw0_0 = K_cold[word0_0];
+    cold_step_vw0_0 = V_cold[word0_0];
+    cold_step_kw0_1 = K_cold[word0_1];
+    cold_step_vw0_1 = V_cold[word0_1];
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 1
+fn cold_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+    let ks0 = cold_step_ks0;
+    let vs0 = select(0.0, cold_step_vs0, live0);
+    let kw0_0 = cold_step_kw0_0;
+    let vw0_0 = cold_step_vw0_0;
+    let kw0_1 = cold_step_kw0_1;
+    let vw0_1 = cold_step_vw0_1;
+    cold_step_fetch(first + 1u * num_groups);
     // Each slice converted (unpacked, V scaled) once, for all 2 heads
-    let kf0_0 = unpack_quant(kw0_0, 0u);
-    let kf0_1 = unpack_quant(kw0_0, 4u);
-    let kf0_2 = unpack_quant(kw0_1, 0u);
-    let kf0_3 = unpack_quant(kw0_1, 4u);
-    let vf0_0 = unpack_quant(vw0_0, 0u) * vs0;
-    let vf0_1 = unpack_quant(vw0_0, 4u) * vs0;
-    let vf0_2 = unpack_quant(vw0_1, 0u) * vs0;
-    let vf0_3 = unpack_quant(vw0_1, 4u) * vs0;
+    let kf0_0 = unpack_quant_0(kw0_0);
+    let kf0_1 = unpack_quant_4(kw0_0);
+    let kf0_2 = unpack_quant_0(kw0_1);
+    let kf0_3 = unpack_quant_4(kw0_1);
+    let vf0_0 = unpack_quant_0(vw0_0) * vs0;
+    let vf0_1 = unpack_quant_4(vw0_0) * vs0;
+    let vf0_2 = unpack_quant_0(vw0_1) * vs0;
+    let vf0_3 = unpack_quant_4(vw0_1) * vs0;
     let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3)) * ks0;
     let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3)) * ks0;
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
@@ -261,23 +288,47 @@ fn cold_step(first: u32, width: u32) {
     run_max_h1 = m_h1;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 1
-fn hot_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// hot_step's rows for the next step, loaded by hot_step_fetch one step ahead
+var<private> hot_step_kh0_0: vec4<f16>;
+var<private> hot_step_kh0_1: vec4<f16>;
+var<private> hot_step_kh0_2: vec4<f16>;
+var<private> hot_step_kh0_3: vec4<f16>;
+var<private> hot_step_vh0_0: vec4<f16>;
+var<private> hot_step_vh0_1: vec4<f16>;
+var<private> hot_step_vh0_2: vec4<f16>;
+var<private> hot_step_vh0_3: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step's private registers
+fn hot_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < hot_end;
     let at0 = min(key0, hot_end - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
-    let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
-    let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let kh0_2 = vec4<f16>(K_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]);
-    let kh0_3 = vec4<f16>(K_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]);
-    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
-    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
-    let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]), live0);
-    let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]), live0);
+
+    hot_step_kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_kh0_2 = vec4<f16>(K_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]);
+    hot_step_kh0_3 = vec4<f16>(K_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]);
+    hot_step_vh0_0 = vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_vh0_1 = vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_vh0_2 = vec4<f16>(V_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]);
+    hot_step_vh0_3 = vec4<f16>(V_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]);
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 1
+fn hot_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let kh0_2 = hot_step_kh0_2;
+    let kh0_3 = hot_step_kh0_3;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let vh0_2 = select(vec4<f16>(), hot_step_vh0_2, live0);
+    let vh0_3 = select(vec4<f16>(), hot_step_vh0_3, live0);
+    hot_step_fetch(first + 1u * num_groups);
     // Each slice converted (unpacked) once, for all 2 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
@@ -318,23 +369,47 @@ fn hot_step(first: u32, width: u32) {
     run_max_h1 = m_h1;
 }
 
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 1
-fn hot_step_aligned(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// hot_step_aligned's rows for the next step, loaded by hot_step_aligned_fetch one step ahead
+var<private> hot_step_aligned_kh0_0: vec4<f16>;
+var<private> hot_step_aligned_kh0_1: vec4<f16>;
+var<private> hot_step_aligned_kh0_2: vec4<f16>;
+var<private> hot_step_aligned_kh0_3: vec4<f16>;
+var<private> hot_step_aligned_vh0_0: vec4<f16>;
+var<private> hot_step_aligned_vh0_1: vec4<f16>;
+var<private> hot_step_aligned_vh0_2: vec4<f16>;
+var<private> hot_step_aligned_vh0_3: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step_aligned's private registers
+fn hot_step_aligned_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < hot_end;
     let at0 = min(key0, hot_end - 1u);
     let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
-    let kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-    let kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-    let kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
-    let kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
-    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]), live0);
-    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]), live0);
-    let vh0_2 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]), live0);
-    let vh0_3 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]), live0);
+
+    hot_step_aligned_kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+    hot_step_aligned_kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+    hot_step_aligned_kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
+    hot_step_aligned_kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
+    hot_step_aligned_vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+    hot_step_aligned_vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+    hot_step_aligned_vh0_2 = vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]);
+    hot_step_aligned_vh0_3 = vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]);
+}
+
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 1
+fn hot_step_aligned(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let kh0_0 = hot_step_aligned_kh0_0;
+    let kh0_1 = hot_step_aligned_kh0_1;
+    let kh0_2 = hot_step_aligned_kh0_2;
+    let kh0_3 = hot_step_aligned_kh0_3;
+    let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_aligned_vh0_1, live0);
+    let vh0_2 = select(vec4<f16>(), hot_step_aligned_vh0_2, live0);
+    let vh0_3 = select(vec4<f16>(), hot_step_aligned_vh0_3, live0);
+    hot_step_aligned_fetch(first + 1u * num_groups);
     // Each slice converted (unpacked) once, for all 2 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
@@ -491,15 +566,27 @@ fn main(
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
     if (head_dim % DIMS_PER_LANE == 0u) {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
         for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
             cold_step(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_aligned_fetch(hot_first);
         }
         for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
             hot_step_aligned(first, shuffle_width);
         }
     } else {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
         for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
             cold_step(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_fetch(hot_first);
         }
         for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
             hot_step(first, shuffle_width);

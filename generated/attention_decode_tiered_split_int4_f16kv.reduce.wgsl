@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cc6760f7ee34f1c2c6ebe001e9214c261feb89917af6f311cb9a29f96216f9ee
+// source-hash: sha256:3fd1c57229229e7f4e216108c6969a3b4a05c803fd22f3250b1b2cfce95b2023
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:390e93cf29b6e05ea1390c335e9cd1095d9e88f8e15bfcf55989358c51114502
+// source-hash: sha256:71e610ec5e49b12a19c96c98c109b21d6e31406d965d116e8443a6075dfc1121
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -163,12 +163,12 @@ fn get_hot_pos(hot_pos: u32) -> u32 {
     return hot_pos;
 }
 
-// Values first .. first+3 of a packed int8 word, as signed integers in f32
-fn unpack_quant(packed_val: u32, first: u32) -> vec4<f32> {
-    let lane = vec4<u32>(first, first + 1u, first + 2u, first + 3u);
-    let offset_binary = packed_val ^ 0x80808080u;
-    let raw = (vec4<u32>(offset_binary) >> (8u * lane)) & vec4<u32>(0xffu);
-    return bitcast<vec4<f32>>(raw | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
+// Values 0 .. 3 of a packed int8 word, as signed integers in f32
+fn unpack_quant_0(packed_val: u32) -> vec4<f32> {
+    let lo = packed_val ^ 0x80808080u;  // offset binary
+    let hi = lo >> 16u;
+    let bits = (vec4<u32>(lo, lo, hi, hi) & vec4<u32>(0xffu, 0xff00u, 0xffu, 0xff00u)) | vec4<u32>(0x4b000000u);
+    return fma(bitcast<vec4<f32>>(bits), vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625), vec4<f32>(-8388736.0, -32896.0, -8388736.0, -32896.0));
 }
 
 // Scale, softcap and mask a key's q.k dot into its score
@@ -207,46 +207,79 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
-fn cold_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// cold_step's rows for the next step, loaded by cold_step_fetch one step ahead
+var<private> cold_step_ks0: f32;
+var<private> cold_step_vs0: f32;
+var<private> cold_step_kw0_0: u32;
+var<private> cold_step_vw0_0: u32;
+var<private> cold_step_kw0_1: u32;
+var<private> cold_step_vw0_1: u32;
+var<private> cold_step_ks1: f32;
+var<private> cold_step_vs1: f32;
+var<private> cold_step_kw1_0: u32;
+var<private> cold_step_vw1_0: u32;
+var<private> cold_step_kw1_1: u32;
+var<private> cold_step_vw1_1: u32;
+
+// Load the rows of the step starting at `first` into cold_step's private registers
+fn cold_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < cold_end;
     let at0 = min(key0, cold_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < cold_end;
     let at1 = min(key1, cold_end - 1u);
     let scale_idx0 = at0 * u.num_kv_heads + kv_head;
     let base0 = scale_idx0 * u.packed_stride;
-    let ks0 = f32(scales_k[scale_idx0]);
-    let vs0 = select(0.0, f32(scales_v[scale_idx0]), live0);
     let word0_0 = base0 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
-    let kw0_0 = K_cold[word0_0];
-    let vw0_0 = V_cold[word0_0];
     let word0_1 = base0 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
-    let kw0_1 = K_cold[word0_1];
-    let vw0_1 = V_cold[word0_1];
     let scale_idx1 = at1 * u.num_kv_heads + kv_head;
     let base1 = scale_idx1 * u.packed_stride;
-    let ks1 = f32(scales_k[scale_idx1]);
-    let vs1 = select(0.0, f32(scales_v[scale_idx1]), live1);
     let word1_0 = base1 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
-    let kw1_0 = K_cold[word1_0];
-    let vw1_0 = V_cold[word1_0];
     let word1_1 = base1 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
-    let kw1_1 = K_cold[word1_1];
-    let vw1_1 = V_cold[word1_1];
+
+    cold_step_ks0 = f32(scales_k[scale_idx0]);
+    cold_step_vs0 = f32(scales_v[scale_idx0]);
+    cold_step_kw0_0 = K_cold[word0_0];
+    cold_step_vw0_0 = V_cold[word0_0];
+    cold_step_kw0_1 = K_cold[word0_1];
+    cold_step_vw0_1 = V_cold[word0_1];
+    cold_step_ks1 = f32(scales_k[scale_idx1]);
+    cold_step_vs1 = f32(scales_v[scale_idx1]);
+    cold_step_kw1_0 = K_cold[word1_0];
+    cold_step_vw1_0 = V_cold[word1_0];
+    cold_step_kw1_1 = K_cold[word1_1];
+    cold_step_vw1_1 = V_cold[word1_1];
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
+    let ks0 = cold_step_ks0;
+    let vs0 = select(0.0, cold_step_vs0, live0);
+    let kw0_0 = cold_step_kw0_0;
+    let vw0_0 = cold_step_vw0_0;
+    let kw0_1 = cold_step_kw0_1;
+    let vw0_1 = cold_step_vw0_1;
+    let ks1 = cold_step_ks1;
+    let vs1 = select(0.0, cold_step_vs1, live1);
+    let kw1_0 = cold_step_kw1_0;
+    let vw1_0 = cold_step_vw1_0;
+    let kw1_1 = cold_step_kw1_1;
+    let vw1_1 = cold_step_vw1_1;
+    cold_step_fetch(first + 2u * num_groups);
     // Each slice converted (unpacked, V scaled) once, for all 4 heads
-    let kf0_0 = unpack_quant(kw0_0, 0u);
-    let kf0_1 = unpack_quant(kw0_1, 0u);
-    let vf0_0 = unpack_quant(vw0_0, 0u) * vs0;
-    let vf0_1 = unpack_quant(vw0_1, 0u) * vs0;
-    let kf1_0 = unpack_quant(kw1_0, 0u);
-    let kf1_1 = unpack_quant(kw1_1, 0u);
-    let vf1_0 = unpack_quant(vw1_0, 0u) * vs1;
-    let vf1_1 = unpack_quant(vw1_1, 0u) * vs1;
+    let kf0_0 = unpack_quant_0(kw0_0);
+    let kf0_1 = unpack_quant_0(kw0_1);
+    let vf0_0 = unpack_quant_0(vw0_0) * vs0;
+    let vf0_1 = unpack_quant_0(vw0_1) * vs0;
+    let kf1_0 = unpack_quant_0(kw1_0);
+    let kf1_1 = unpack_quant_0(kw1_1);
+    let vf1_0 = unpack_quant_0(vw1_0) * vs1;
+    let vf1_1 = unpack_quant_0(vw1_1) * vs1;
     let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1)) * ks0;
     let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1)) * ks0;
     let part0_h2 = (dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1)) * ks0;
@@ -317,27 +350,52 @@ fn cold_step(first: u32, width: u32) {
     run_max_h3 = m_h3;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
-fn hot_step(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// hot_step's rows for the next step, loaded by hot_step_fetch one step ahead
+var<private> hot_step_kh0_0: vec4<f16>;
+var<private> hot_step_kh0_1: vec4<f16>;
+var<private> hot_step_vh0_0: vec4<f16>;
+var<private> hot_step_vh0_1: vec4<f16>;
+var<private> hot_step_kh1_0: vec4<f16>;
+var<private> hot_step_kh1_1: vec4<f16>;
+var<private> hot_step_vh1_0: vec4<f16>;
+var<private> hot_step_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step's private registers
+fn hot_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < hot_end;
     let at0 = min(key0, hot_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < hot_end;
     let at1 = min(key1, hot_end - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
-    let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
-    let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
-    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
     let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
-    let kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
-    let kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
-    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]), live1);
+
+    hot_step_kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_vh0_0 = vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_vh0_1 = vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_vh1_0 = vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_vh1_1 = vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
     // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
@@ -417,27 +475,52 @@ fn hot_step(first: u32, width: u32) {
     run_max_h3 = m_h3;
 }
 
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
-fn hot_step_aligned(first: u32, width: u32) {
-    // Every slot's rows are loaded whether it is live or not (the key clamped to the tier's last,
-    // the lane's slice to the row's end), so that no load waits behind a branch; a dead key's V
-    // counts as zero
+// hot_step_aligned's rows for the next step, loaded by hot_step_aligned_fetch one step ahead
+var<private> hot_step_aligned_kh0_0: vec4<f16>;
+var<private> hot_step_aligned_kh0_1: vec4<f16>;
+var<private> hot_step_aligned_vh0_0: vec4<f16>;
+var<private> hot_step_aligned_vh0_1: vec4<f16>;
+var<private> hot_step_aligned_kh1_0: vec4<f16>;
+var<private> hot_step_aligned_kh1_1: vec4<f16>;
+var<private> hot_step_aligned_vh1_0: vec4<f16>;
+var<private> hot_step_aligned_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step_aligned's private registers
+fn hot_step_aligned_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < hot_end;
     let at0 = min(key0, hot_end - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < hot_end;
     let at1 = min(key1, hot_end - 1u);
     let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
-    let kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-    let kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]), live0);
-    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]), live0);
     let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
-    let kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-    let kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]), live1);
-    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]), live1);
+
+    hot_step_aligned_kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+    hot_step_aligned_kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+    hot_step_aligned_vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+    hot_step_aligned_vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+    hot_step_aligned_kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+    hot_step_aligned_kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+    hot_step_aligned_vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+    hot_step_aligned_vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+}
+
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_aligned(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+    let kh0_0 = hot_step_aligned_kh0_0;
+    let kh0_1 = hot_step_aligned_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_aligned_vh0_1, live0);
+    let kh1_0 = hot_step_aligned_kh1_0;
+    let kh1_1 = hot_step_aligned_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_aligned_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_aligned_vh1_1, live1);
+    hot_step_aligned_fetch(first + 2u * num_groups);
     // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
@@ -643,15 +726,27 @@ fn main(
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
     if (head_dim % DIMS_PER_LANE == 0u) {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
         for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
             cold_step(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_aligned_fetch(hot_first);
         }
         for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
             hot_step_aligned(first, shuffle_width);
         }
     } else {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
         for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
             cold_step(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_fetch(hot_first);
         }
         for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
             hot_step(first, shuffle_width);

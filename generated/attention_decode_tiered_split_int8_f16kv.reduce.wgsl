@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b2daf816132b59014160d5abc7da2b8489c1c275a6e90f20b97a91f878402acb
+// source-hash: sha256:d5e185060f98032911ead5248dfe4c2885fda058d8077d3aa7b47c7e1bbbf28a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -9,9 +9,9 @@
 
 const MAX_HEAD_DIM: u32 = 256u;
 const NEG_BIG: f32 = -3.402823e+38;
-const MAX_REDUCE_WORKGROUP_SIZE: u32 = 128u;
+const MAX_REDUCE_WORKGROUP_SIZE: u32 = 1024u;
 
-override REDUCE_WORKGROUP_SIZE: u32 = 128u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
+override REDUCE_WORKGROUP_SIZE: u32 = 1024u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
 override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (as in the partials pass)
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import REPO_ROOT
+from gpu_support import adapter_problem
 
+from doppler_gen.backends import get_backend, select_adapter
+from doppler_gen.config import load_project
 from doppler_gen.families import quant
 from doppler_gen.families.quant import (
     QuantizedKV,
@@ -18,6 +22,7 @@ from doppler_gen.families.quant import (
     quantize_kv,
     unpack_signed,
 )
+from doppler_gen.render import Renderer
 
 BITS = [8, 4]
 QMAX = {8: 127, 4: 7}
@@ -290,3 +295,61 @@ def test_dequantize_rejects_inconsistent_container() -> None:
     )
     with pytest.raises(ValueError, match="packed must be flat"):
         dequantize_kv(bad)
+
+
+# --- the kernels' decode, on the adapter ------------------------------------------------------
+
+DECODE_KERNEL = """
+{% import "lib/cold_tier.wgsl.j2" as cold_tier %}
+@group(0) @binding(0) var<storage, read> words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> values: array<f32>;
+
+{{ cold_tier.unpack_quant(cold) }}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i >= arrayLength(&words)) {
+        return;
+    }
+{% for first in range(0, 32 // QUANT_BITS[cold], 4) %}
+    let v{{ first }} = unpack_quant_{{ first }}(words[i]);
+{% for c in range(4) %}
+    values[i * {{ 32 // QUANT_BITS[cold] }}u + {{ first + c }}u] = v{{ first }}[{{ c }}];
+{% endfor %}
+{% endfor %}
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cold", ["int8", "int4"])
+def test_kernel_decode_of_every_value_at_every_lane(cold: str) -> None:
+    """The templates' unpack_quant_<first> (mask in place, OR into 2^23, one exact fma) decodes
+    every two's-complement value, the most negative included (the quantizer never writes it, a
+    host may), at every lane of a word, bit for bit as the numpy unpacker does."""
+    problem = adapter_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    bits = quant.QUANT_BITS[cold]
+    per_word = 32 // bits
+    low = -(2 ** (bits - 1))
+    span = np.arange(low, -low)
+    # every value at every lane: lane k of word j holds value (j + 5 k) mod 2^bits, and
+    # random words besides
+    lanes = np.arange(per_word)
+    ints = span[(np.arange(span.size)[:, None] + 5 * lanes[None, :]) % span.size]
+    rng = np.random.default_rng(7)
+    ints = np.concatenate([ints, rng.integers(low, -low, size=(4096, per_word))])
+    words = pack_signed(ints, bits, 1).reshape(-1).astype(np.uint32)
+    wgsl = Renderer(load_project(REPO_ROOT)).env.from_string(DECODE_KERNEL).render(cold=cold)
+    backend = get_backend("wgpu")
+    with backend.open_device(select_adapter(backend.adapters(), None), limits={}) as dev:
+        pipeline = dev.compile(wgsl, label=f"decode {cold}")
+        src = dev.storage_buffer(words.tobytes(), label="words")
+        poisoned = np.full(ints.size, np.nan, np.float32)  # a value never written stays NaN
+        out = dev.storage_buffer(poisoned, read_write=True, label="values")
+        dev.dispatch(pipeline, {0: src, 1: out}, ((words.size + 63) // 64, 1, 1))
+        got = np.frombuffer(dev.read_buffer(out), np.float32)[: ints.size].reshape(ints.shape)
+    np.testing.assert_array_equal(got, ints.astype(np.float32))
+    np.testing.assert_array_equal(unpack_signed(words.reshape(-1, 1), bits, per_word), ints)

@@ -84,15 +84,15 @@ MUTATIONS = [
     (
         "int8-sign-extension-dropped",
         COLD,
-        "let offset_binary = packed_val ^ {{",
-        "let offset_binary = packed_val;\n    let sign_flip_dropped = {{",
+        "let lo = packed_val ^ {{",
+        "let lo = packed_val;\n    let sign_flip_dropped = {{",
         ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"],
     ),
     (
-        "int4-lane-shift-wrong",
+        "int4-lane-position-wrong",
         COLD,
-        "({{ bits }}u * lane)",
-        "(8u * lane)",
+        "{% set p = (i * bits) % 16 %}",
+        "{% set p = (i * 8) % 16 %}",
         ["attention_decode_tiered_int4_f16kv"],
     ),
     (

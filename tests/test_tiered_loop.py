@@ -1,0 +1,162 @@
+"""The tiered key loop's tunables: `prefetch` (each step requests the next step's rows) and
+`narrow_subgroups = "nan"` (shuffles only, no barrier in the loop), on the adapter.
+
+The quick matrix covers GQA 1 to 8, windows, softcap, paged/ring tiers and odd head_dims; the
+long case below walks 5,100 keys (hundreds of steps) across the cold-to-hot boundary.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, edit, render_variant
+from gpu_support import adapter_problem
+
+from doppler_gen.backends import Device, get_backend
+from doppler_gen.families.attention import CaseSpec
+from doppler_gen.render import TemplateError
+from doppler_gen.runtime.runner import KernelRunner
+from doppler_gen.runtime.session import subgroup_width
+from doppler_gen.runtime.verify import validate_variant
+from doppler_gen.validate import open_run_device
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem())),
+]
+
+MANY_SPLITS = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
+LONG = CaseSpec(
+    "long cold tier, GQA 4, head_dim 128",
+    num_heads=8,
+    num_kv_heads=2,
+    cold_len=5000,
+    hot_len=100,
+    hot_start=5000,
+    hot_window=128,
+    start_pos=5099,
+    head_dim=128,
+    seed=11,
+)
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[Device]:
+    kernel = render_variant(REPO_ROOT, "attention_decode_tiered_split_int4_f16kv")[0]
+    dev = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
+    if "subgroups" not in dev.features:
+        dev.close()
+        pytest.skip("the adapter offers no subgroups")
+    yield dev
+    dev.close()
+
+
+PREFETCH = [
+    # workgroup-memory reduction, four keys a step
+    ("attention_decode_tiered_f16", {"prefetch": True, "keys_per_step": 4}, None),
+    # f16 rows as vec4<f16>, subgroup shuffles
+    ("attention_decode_tiered_f16_sg", {"prefetch": True}, None),
+    # int4 words, shipped with prefetch
+    ("attention_decode_tiered_int4_f16kv_sg", {}, None),
+    # split pass, int8 words, four heads a workgroup, many splits (shipped with prefetch)
+    ("attention_decode_tiered_split_int8_f16kv", {}, MANY_SPLITS),
+]
+
+
+@pytest.mark.parametrize(("name", "params", "constants"), PREFETCH)
+def test_prefetch_passes_the_matrix_and_a_long_cold_tier(
+    device: Device, name: str, params: dict, constants: dict | None
+) -> None:
+    """Each step's rows come from the previous step's fetch (the first from the one before
+    the loop): the quick matrix and 5,100 keys across both tiers give the reference result."""
+    kernel, entry = render_variant(REPO_ROOT, name, params)
+    text = kernel.passes[0].text
+    assert "fn cold_step_fetch(first: u32)" in text or "fn cold_step_aligned_fetch(" in text
+    assert re.search(r"hot_step(_aligned)?_fetch\(first \+ \du \* num_groups\);", text)
+    report = validate_variant(device, kernel, entry, quick=True, seed=0, constants=constants)
+    assert report.status == "PASS", [(c.spec.name, c.refused) for c in report.cases]
+    result = KernelRunner(device, kernel, entry, constants).run_case(LONG)
+    assert result.passed, (result.refused, result.verdict)
+
+
+PREFETCH_BUGS = [
+    # every step fetches its own rows again instead of the next step's
+    ("    {{ name }}_fetch(first + {{ n }}u * num_groups);", "    {{ name }}_fetch(first);"),
+    # the loop's first rows are never requested (its priming fetch reads the tier's end)
+    (
+        "{{ indent }}    {{ tier }}_step{{ suffix }}_fetch({{ span[0] }});",
+        "{{ indent }}    {{ tier }}_step{{ suffix }}_fetch({{ span[1] }});",
+    ),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), PREFETCH_BUGS, ids=["same-rows-again", "not-primed"])
+@pytest.mark.parametrize(
+    "name", ["attention_decode_tiered_int4_f16kv_sg", "attention_decode_tiered_f16_sg"]
+)
+def test_prefetch_planted_bugs_fail(
+    device: Device, project_copy: Path, name: str, old: str, new: str
+) -> None:
+    edit(project_copy / "templates/lib/tiered_decode.wgsl.j2", old, new)
+    kernel, entry = render_variant(project_copy, name, {"prefetch": True})
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    long = KernelRunner(device, kernel, entry).run_case(LONG)
+    # the quick cases fit in one or two steps of 64 lane groups; the long one needs ~80
+    assert report.status == "FAIL" or not long.passed
+    assert not long.passed
+
+
+def test_shuffles_only_passes_where_the_groups_fit_and_has_no_barrier_in_the_loop(
+    device: Device,
+) -> None:
+    """narrow_subgroups "nan" at 16 elements a lane: 8-lane groups at head_dim 128, which every
+    lavapipe and GPU subgroup holds. The manifest says so; the reduction has no barrier."""
+    params = {"narrow_subgroups": "nan", "max_head_dim": 128, "dims_per_lane": 16}
+    kernel, entry = render_variant(REPO_ROOT, "attention_decode_tiered_int4_f16kv_sg", params)
+    assert entry["min_subgroup_size"] == 8
+    reduce = kernel.passes[0].text.split("fn group_reduce(")[1].split("\n}\n")[0]
+    assert "subgroupShuffleXor" in reduce and "workgroupBarrier" not in reduce
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    assert report.status == "PASS", [(c.spec.name, c.refused) for c in report.cases]
+    assert KernelRunner(device, kernel, entry).run_case(LONG).passed
+
+
+def test_shuffles_only_stores_nan_where_a_group_is_wider_than_the_subgroup(
+    device: Device,
+) -> None:
+    """32-lane groups (head_dim 256 at 8 elements a lane) on narrower subgroups: the validator
+    skips the variant naming the width, and run anyway every stored value is NaN, a split's
+    partials included, so a host that ignores min_subgroup_size gets a loud failure."""
+    width = subgroup_width(device)
+    assert width is not None
+    if width >= 32:
+        pytest.skip(f"this adapter's subgroups are {width} wide: a 32-lane group fits")
+    for name in ("attention_decode_tiered_f16_sg", "attention_decode_tiered_split_f16"):
+        kernel, entry = render_variant(REPO_ROOT, name, {"narrow_subgroups": "nan"})
+        assert entry["min_subgroup_size"] == 32
+        report = validate_variant(device, kernel, entry, quick=True, seed=0)
+        assert report.status == "SKIP"
+        assert "needs at least 32 (min_subgroup_size" in report.reason
+        spec = CaseSpec(
+            "head_dim 256",
+            num_heads=4,
+            num_kv_heads=2,
+            cold_len=300,
+            hot_len=20,
+            hot_start=300,
+            hot_window=32,
+            start_pos=319,
+            head_dim=256,
+        )
+        result = KernelRunner(device, kernel, entry).run_case(spec, keep_output=True)
+        assert result.output is not None and np.isnan(result.output).all(), name
+        assert not result.passed
+
+
+def test_shuffles_only_without_subgroups_is_refused_at_render() -> None:
+    with pytest.raises(TemplateError, match="drops the workgroup-memory reduction: it needs"):
+        render_variant(REPO_ROOT, "attention_decode_tiered_f16", {"narrow_subgroups": "nan"})
