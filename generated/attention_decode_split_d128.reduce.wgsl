@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:013274a77033ae281ec7fff8ad58107b758644ee37e354f3fa715179de5b6a11
+// source-hash: sha256:dceec55a030e8f03f0e7c6eab9821d7b02ff7ae86f2e35dca874cb7eca897eb3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

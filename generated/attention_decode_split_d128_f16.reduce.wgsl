@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7a22780edbd9daa71a731f1b541bb432e4a415352e825ed31e68e098053f8183
+// source-hash: sha256:d5efa142f99d40c973b48c8ea412c87ac36d278c1952d875ebdbbeaa2bdf641b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

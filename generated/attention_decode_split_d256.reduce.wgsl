@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:68dd1a4602ab6e6388202b8cd1056d788de306eb5ef26d592c615b7ee4b41f18
+// source-hash: sha256:20b7e4e15da45ee9feb98b90ed138ed6e65692aff7b8cb444f0f13579139e710
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

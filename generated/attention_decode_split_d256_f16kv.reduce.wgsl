@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f907fc5f58ec5445e7020be927552ffd841c15ff119f4eeb823d31d49ffe4df
+// source-hash: sha256:4a664174f63e3eb2e4a34c59962494dbd301730363d579167fb88a0cb6fc2a49
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

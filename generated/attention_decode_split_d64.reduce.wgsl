@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a401b6b97b20dbc9487e73430bd78588f1d7a59559e14a83dd051b27ff6126dd
+// source-hash: sha256:b6a2ec1e2203fc4b74b34eb1e06415d2bf48968ef6d8c01b377f892c24e2dd9e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

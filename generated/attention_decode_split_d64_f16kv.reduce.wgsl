@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e31c546fdff26c296154863a953ee73c0c759ff07e12de6e13b36421a9e83c07
+// source-hash: sha256:0e1bddaaef8ffc5ab5d79ab1513fc6741cc6bbdb883941c770b18e0b056d89e5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

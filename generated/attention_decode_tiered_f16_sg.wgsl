@@ -1,13 +1,14 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7e0c8e273951f4b256a039b8e6586f348437130669e9fe2cb545c1cb44ebb693
+// source-hash: sha256:d7a5db89defba06bcbd7ce1ceb10bd33ceaf119e8a3ca559aea1671f43f5d481
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
 // group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
-// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// q, K, V and the output. The q.k dot is reduced across the group
+// by subgroup shuffles (through workgroup memory where a group is wider than the subgroup),
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
 // the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.

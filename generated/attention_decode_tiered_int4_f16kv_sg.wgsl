@@ -1,13 +1,14 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:05b269b882051f3eaca3dc3070f2a34a7a1b07f533c444007277e291534a4736
+// source-hash: sha256:ac3c673c81aadea84e221f36d6a1bda20354e665d765d583621c8afb0f3c930e
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
 // group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
-// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// q, K, V and the output. The q.k dot is reduced across the group
+// by subgroup shuffles (through workgroup memory where a group is wider than the subgroup),
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
 // the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.

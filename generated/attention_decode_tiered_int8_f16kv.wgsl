@@ -1,13 +1,14 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e59d883d97fc1c02bef2f32eb108ec163cd44f4f170ae678cc1d0195196bcb15
+// source-hash: sha256:32aee527bfb1f40c977f3e7cad41b771aacf4a82550a783c4da80ca8c1c1f893
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
 // group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
-// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// q, K, V and the output. The q.k dot is reduced across the group
+// through workgroup memory,
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
 // the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.

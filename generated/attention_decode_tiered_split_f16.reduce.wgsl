@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c1b78d0d8b456150ee2b7b95332f5d43dc5fe20a99f907e58d28a5fa94d007e0
+// source-hash: sha256:08ffde60ccefd4bebdfe4b91a959077fcde69e00e8732b1608943b016f9a1acf
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f45df67a24ecb21b5bb5986a63f8a348960c1dd3eb197c0895f06f968c8f03b8
+// source-hash: sha256:3e9988f449128bf7cfd24adcc4df1160e3d98728907c9710690fd72e2072d6d8
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -15,7 +15,8 @@
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
 // group scores 1 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
-// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// q, K, V and the output. The q.k dot is reduced across the group
+// by subgroup shuffles (through workgroup memory where a group is wider than the subgroup),
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
 // the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.

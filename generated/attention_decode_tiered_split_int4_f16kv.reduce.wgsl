@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3fd1c57229229e7f4e216108c6969a3b4a05c803fd22f3250b1b2cfce95b2023
+// source-hash: sha256:b7a40dc9db9837700cffb443a13243a6955b7e3a5bb2a03b2a6baf07d507cce2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

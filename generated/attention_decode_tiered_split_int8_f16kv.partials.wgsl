@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:71e610ec5e49b12a19c96c98c109b21d6e31406d965d116e8443a6075dfc1121
+// source-hash: sha256:15db722cb28cfd3899e22feb9d8913ddd2264cabd56ee7fb14b7bbd802fc0410
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -15,7 +15,8 @@
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
 // group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
-// q, K, V and the output. The q.k dot is reduced across the group through workgroup memory,
+// q, K, V and the output. The q.k dot is reduced across the group
+// by subgroup shuffles (through workgroup memory where a group is wider than the subgroup),
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
 // slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
 // the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.

@@ -120,7 +120,8 @@ def pack_signed(values: np.ndarray, bits: int, packed_stride: int) -> np.ndarray
 def unpack_signed(words: np.ndarray, bits: int, head_dim: int) -> np.ndarray:
     """Inverse of :func:`pack_signed`: u32 ``[..., packed_stride]`` to int32 ``[..., head_dim]``.
 
-    Decodes exactly as the kernel does: shift, mask, and sign-extend the lane.
+    Shift, mask and sign-extend each lane: the integers the kernels' decode (mask in place,
+    offset binary, one exact fma; templates/lib/cold_tier.wgsl.j2) must reproduce.
     """
     bits = _check_bits(bits)
     words = np.asarray(words)

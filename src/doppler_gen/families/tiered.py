@@ -255,10 +255,24 @@ def tiered_specs(
                 head_dim=13,
             )
         )
+    # Thousands of keys: every kernel walks its tiers in many steps (up to 256 keys a step at
+    # 1024 invocations), so a step that reads another step's rows fails here; the quick tier
+    # keeps it (its other cases fit in one or two steps)
+    many_steps = CaseSpec(
+        "many key steps, GQA 4",
+        num_heads=8,
+        num_kv_heads=2,
+        cold_len=min(3000, max_kv_len - 48),
+        hot_len=48,
+        hot_start=min(3000, max_kv_len - 48) + 64,
+        hot_window=64,
+        start_pos=min(3000, max_kv_len - 48) + 64 + 47,
+        head_dim=min(hd, 64),
+    )
     rng = np.random.default_rng(seed + 1)
     count = 3 if quick else 24
     randoms = [_random_tiered(rng, i, hd, max_kv_len, paged) for i in range(count)]
-    specs = (fixed[::3] if quick else fixed) + randoms
+    specs = (fixed[::3] if quick else fixed) + [many_steps] + randoms
     return [replace(s, seed=seed * 1000 + 500 + i) for i, s in enumerate(specs)]
 
 
