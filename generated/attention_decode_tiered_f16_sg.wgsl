@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d7a5db89defba06bcbd7ce1ceb10bd33ceaf119e8a3ca559aea1671f43f5d481
+// source-hash: sha256:1d86086c4d3440e816f50b3155dce50256070bd62169bf66fe2dadfabc4e4c93
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

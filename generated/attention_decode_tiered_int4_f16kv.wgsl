@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7874e9e3389068d0aeb0eac58836eac12431b4a04c23294f67200e77b7aa4c62
+// source-hash: sha256:2fe7d327634e02535a71d151f91f4b2e6a20d390daeb9f97b078989b01bb74e3
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

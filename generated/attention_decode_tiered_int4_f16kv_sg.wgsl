@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ac3c673c81aadea84e221f36d6a1bda20354e665d765d583621c8afb0f3c930e
+// source-hash: sha256:d192e4d03c179695e9d78a7f4186a5139c22d45eadade35bec7bd078abb4edcd
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //
@@ -209,6 +209,7 @@ fn cold_step(first: u32, width: u32) {
     let live0 = in_group && key0 < u.cold_len;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < u.cold_len;
+
     let ks0 = cold_step_ks0;
     let vs0 = select(0.0, cold_step_vs0, live0);
     let kw0_0 = cold_step_kw0_0;
@@ -274,6 +275,7 @@ fn hot_step(first: u32, width: u32) {
     let live0 = in_group && key0 < u.hot_len;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < u.hot_len;
+
     let kh0_0 = hot_step_kh0_0;
     let kh0_1 = hot_step_kh0_1;
     let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
@@ -339,6 +341,7 @@ fn hot_step_aligned(first: u32, width: u32) {
     let live0 = in_group && key0 < u.hot_len;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < u.hot_len;
+
     let kh0_0 = hot_step_aligned_kh0_0;
     let kh0_1 = hot_step_aligned_kh0_1;
     let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:76ba84fd46fb50939b73664bdddac535f2c75274cb69860040719c62ad06c2ae
+// source-hash: sha256:44d8c9b31e2084ea18b670b5f18d059fc56145b4c7d7b476fa31cc7f3e967ab6
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2d5afd487077fbc5c5207dfaa92cad751fa70eab92c44fec40096fb1732c30c9
+// source-hash: sha256:fadad087c69bb161625c71cd3ffd6ac32bf56f1597ef40490a4a10b9112d9acf
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -248,6 +248,7 @@ fn cold_step(first: u32, width: u32) {
     let live0 = in_group && key0 < cold_end;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < cold_end;
+
     let kh0_0 = cold_step_kh0_0;
     let kh0_1 = cold_step_kh0_1;
     let vh0_0 = select(vec4<f16>(), cold_step_vh0_0, live0);
@@ -373,6 +374,7 @@ fn hot_step(first: u32, width: u32) {
     let live0 = in_group && key0 < hot_end;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
+
     let kh0_0 = hot_step_kh0_0;
     let kh0_1 = hot_step_kh0_1;
     let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);

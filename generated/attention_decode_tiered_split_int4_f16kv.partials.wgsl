@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e9988f449128bf7cfd24adcc4df1160e3d98728907c9710690fd72e2072d6d8
+// source-hash: sha256:37702af5af6a046058c14cb08a97ad993fe6d912b25cb3d89a31a6dbf88fa175
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -242,6 +242,7 @@ fn cold_step(first: u32, width: u32) {
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < cold_end;
+
     let ks0 = cold_step_ks0;
     let vs0 = select(0.0, cold_step_vs0, live0);
     let kw0_0 = cold_step_kw0_0;
@@ -321,6 +322,7 @@ fn hot_step(first: u32, width: u32) {
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+
     let kh0_0 = hot_step_kh0_0;
     let kh0_1 = hot_step_kh0_1;
     let kh0_2 = hot_step_kh0_2;
@@ -402,6 +404,7 @@ fn hot_step_aligned(first: u32, width: u32) {
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+
     let kh0_0 = hot_step_aligned_kh0_0;
     let kh0_1 = hot_step_aligned_kh0_1;
     let kh0_2 = hot_step_aligned_kh0_2;

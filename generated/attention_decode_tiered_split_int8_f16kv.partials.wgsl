@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:15db722cb28cfd3899e22feb9d8913ddd2264cabd56ee7fb14b7bbd802fc0410
+// source-hash: sha256:fe2c93d4f24caff408d06026af5d283884c75bfaff83605eb9306d3680dc1795
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -259,6 +259,7 @@ fn cold_step(first: u32, width: u32) {
     let live0 = in_group && key0 < cold_end;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < cold_end;
+
     let ks0 = cold_step_ks0;
     let vs0 = select(0.0, cold_step_vs0, live0);
     let kw0_0 = cold_step_kw0_0;
@@ -388,6 +389,7 @@ fn hot_step(first: u32, width: u32) {
     let live0 = in_group && key0 < hot_end;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
+
     let kh0_0 = hot_step_kh0_0;
     let kh0_1 = hot_step_kh0_1;
     let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
@@ -513,6 +515,7 @@ fn hot_step_aligned(first: u32, width: u32) {
     let live0 = in_group && key0 < hot_end;
     let key1 = first + 1u * num_groups + key_group;
     let live1 = in_group && key1 < hot_end;
+
     let kh0_0 = hot_step_aligned_kh0_0;
     let kh0_1 = hot_step_aligned_kh0_1;
     let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);
