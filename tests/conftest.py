@@ -42,13 +42,60 @@ def copy_project(destination: Path) -> Path:
     return destination
 
 
+def mesa_shader_cache_dir() -> str:
+    """Where Mesa keeps compiled pipelines for this user: MESA_SHADER_CACHE_DIR, else the XDG
+    cache directory (Mesa's own default)."""
+    chosen = os.environ.get("MESA_SHADER_CACHE_DIR")
+    if chosen:
+        return chosen
+    return os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_user_cache(tmp_path_factory: pytest.TempPathFactory):
     """doppler-gen keeps its state inside each project (.doppler-gen/); should anything write
-    under XDG_CACHE_HOME again, it lands in a temporary directory, not in the user's home."""
+    under XDG_CACHE_HOME again, it lands in a temporary directory, not in the user's home.
+
+    Mesa's shader cache stays where it was: lavapipe spends most of this suite compiling
+    pipelines (12 s for the largest kernel), and the kernels `.ci/setup` validated, or an
+    earlier run compiled, need not compile again. The cache is keyed by the shader and the
+    driver build, so a hit runs the same machine code."""
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MESA_SHADER_CACHE_DIR", mesa_shader_cache_dir())
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run only the K-th of N interleaved slices of the collected tests "
+        "(.ci/test runs the slices side by side, one per core)",
+    )
+
+
+def shard_of(text: str) -> tuple[int, int]:
+    """``K/N`` (1 <= K <= N) as (K, N); a usage error names the bad value."""
+    k, slash, n = text.partition("/")
+    if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--shard {text!r}: expected K/N with 1 <= K <= N, e.g. 1/2")
+    return int(k), int(n)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--shard K/N keeps every N-th collected test from the K-th: the parametrized runs of one
+    slow test spread over the slices, so slices of a whole suite take about as long."""
+    text = config.getoption("--shard")
+    if text is None:
+        return
+    k, n = shard_of(text)
+    kept = [item for index, item in enumerate(items) if index % n == k - 1]
+    dropped = [item for index, item in enumerate(items) if index % n != k - 1]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
 
 
 @pytest.fixture
