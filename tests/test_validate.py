@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, copy_project, run_cli
-from gpu_support import adapter_problem
+from gpu_support import adapter_problem, dawn_problem
 
 from doppler_gen.config import load_project
 from doppler_gen.errors import DopplerGenError
@@ -21,7 +21,7 @@ from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
 from doppler_gen.runtime.runner import KernelRunner, Refusal, evaluate_dispatch, pack_uniforms
-from doppler_gen.validate import case_specs, open_run_device, validate
+from doppler_gen.validate import case_specs, format_report, open_run_device, validate, validate_all
 
 needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 SMALL = "attention_small_f16kv"
@@ -314,3 +314,62 @@ def test_static_skip_counts_invocations_with_the_recorded_pipeline_constants() -
     entry["passes"][0]["pipeline_constants"] = {"WORKGROUP_SIZE": 1024}
     skip, _ = static_skip(entry, _Device())  # type: ignore[arg-type]
     assert skip == "needs 1024 invocations per workgroup; limit 256"
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_jobs_give_the_one_process_report(tmp_path: Path) -> None:
+    """`validate --jobs 2`: each variant validated in a worker process, the same verdicts,
+    reasons, case counts and errors as one process, in the same order; a failing variant
+    (f32 outputs scaled by 1 + 2^-12) still fails, a skip keeps its reason."""
+    common = "templates/lib/attention_common.wgsl.j2"
+    old = '{% if dtype == "f32" %}{{ value }}{% else %}'
+    new = '{% if dtype == "f32" %}(({{ value }}) * 1.000244140625){% else %}'
+    project = load_project(_mutated(tmp_path, common, old, new))
+    names = (SMALL, "rmsnorm_f16", "attention_streaming_sg_d64", "rmsnorm")
+    one = validate(project, names, quick=True)
+    two = validate(project, names, quick=True, jobs=2)
+    assert (one.jobs, two.jobs) == (1, 2)
+    assert [v.name for v in two.variants] == [v.name for v in one.variants]
+    assert sorted(v.name for v in two.variants) == sorted(names)
+    assert {v.name: v.status for v in two.variants}[SMALL] == "FAIL" and two.ok is False
+    for a, b in zip(one.variants, two.variants, strict=True):
+        assert (a.name, a.status, a.reason) == (b.name, b.status, b.reason)
+        assert [(c.spec, c.passed) for c in a.cases] == [(c.spec, c.passed) for c in b.cases]
+        assert [c.verdict.max_abs_error for c in a.cases if c.verdict] == [
+            c.verdict.max_abs_error for c in b.cases if c.verdict
+        ]
+    assert two.adapter == one.adapter
+    assert "in 2 processes" in format_report(two) and "processes" not in format_report(one)
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_cli_jobs_reports_and_exits_as_one_process() -> None:
+    result = run_cli(
+        REPO_ROOT, "validate", "rmsnorm", "rmsnorm_f16", "--quick", "--jobs", "2", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["jobs"] == 2 and [v["variant"] for v in report["variants"]] == [
+        "rmsnorm",
+        "rmsnorm_f16",
+    ]
+    assert all(v["status"] == "PASS" for v in report["variants"])
+    bad = run_cli(REPO_ROOT, "validate", "rmsnorm", "--jobs", "0")
+    assert bad.exit_code == 2 and "--jobs" in bad.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    (adapter_problem() or dawn_problem()) is not None,
+    reason=str(adapter_problem() or dawn_problem()),
+)
+def test_jobs_bring_every_output_back_for_the_backend_comparison() -> None:
+    """--backend all --jobs 2: the outputs come back from the workers, so every case of both
+    backends is compared."""
+    cross = validate_all(load_project(REPO_ROOT), ("rmsnorm", "rmsnorm_f16"), quick=True, jobs=2)
+    assert cross.ok, format_report(cross)
+    assert [r.jobs for r in cross.runs] == [2, 2]
+    for agreement, report in zip(cross.agreements, cross.runs[0].variants, strict=True):
+        assert agreement.status == "AGREE" and agreement.compared == len(report.cases) > 0

@@ -546,6 +546,14 @@ def seed_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 @storage_overrun_option
 @from_templates_option
 @click.option("--fail-fast", is_flag=True, help="Stop each variant at its first failing case.")
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Validate in this many worker processes, each with its own device: on a CPU adapter "
+    "(lavapipe compiles a pipeline on one core) use the machine's cores. Same report.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @common_options
 @pass_state
@@ -563,6 +571,7 @@ def validate(
     storage_overrun: bool,
     from_templates: bool,
     fail_fast: bool,
+    jobs: int,
     as_json: bool,
 ) -> None:
     """Compile every variant (or NAMES / globs) on WebGPU and check it against float64 numpy.
@@ -606,6 +615,7 @@ def validate(
         "large": large,
         "from_templates": from_templates,
         "fail_fast": fail_fast,
+        "jobs": jobs,
     }
     try:
         if len(backends) > 1:

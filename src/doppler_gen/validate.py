@@ -44,6 +44,7 @@ from doppler_gen.runtime.verify import (
     tier_of,
     validate_variant,
 )
+from doppler_gen.runtime.workers import validate_in_workers
 from doppler_gen.shipped import load_kernels
 from doppler_gen.text_table import format_table
 
@@ -58,6 +59,7 @@ class ValidationRun:
     variants: list[VariantReport]
     seconds: float
     source: str = "committed generated/"
+    jobs: int = 1  # worker processes (validate --jobs), each with its own device
 
     @property
     def quick(self) -> bool:
@@ -79,6 +81,7 @@ class ValidationRun:
             "kernels": self.source,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
+            "jobs": self.jobs,
             "variants": [v.as_dict() for v in self.variants],
         }
 
@@ -118,6 +121,7 @@ def validate(
     large: bool = False,
     fail_fast: bool = False,
     from_templates: bool = False,
+    jobs: int = 1,
 ) -> ValidationRun:
     """Validate the selected variants; never raises for a kernel failure (that is a report).
 
@@ -138,6 +142,7 @@ def validate(
         progress=progress,
         fail_fast=fail_fast,
         source=_source(from_templates),
+        jobs=jobs,
     )
 
 
@@ -163,9 +168,28 @@ def _run_backend(
     outputs: Outputs | None = None,
     fail_fast: bool = False,
     source: str = "committed generated/",
+    jobs: int = 1,
 ) -> ValidationRun:
-    """Every kernel on one device of ``backend``; ``outputs`` (if given) collects case outputs."""
+    """Every kernel on one device of ``backend`` (or, with ``jobs`` > 1, on a device in each of
+    that many worker processes); ``outputs`` (if given) collects case outputs."""
     started = time.perf_counter()
+    if jobs > 1 and len(kernels) > 1:
+        options = {"tier": tier, "seed": seed, "storage_overrun": storage_overrun}
+        reports, described = validate_in_workers(
+            backend.name,
+            kernels,
+            entries,
+            jobs=jobs,
+            adapter=adapter,
+            limits=limits,
+            options={**options, "fail_fast": fail_fast},
+            progress=progress,
+            outputs=outputs,
+        )
+        return ValidationRun(
+            backend.name, described, limits, seed, tier, reports,
+            time.perf_counter() - started, source, jobs=min(jobs, len(kernels)),
+        )  # fmt: skip
     device = open_run_device(backend, kernels, adapter, limits)
     reports = []
     try:
@@ -275,6 +299,7 @@ def validate_all(
     large: bool = False,
     fail_fast: bool = False,
     from_templates: bool = False,
+    jobs: int = 1,
 ) -> CrossRun:
     """Validate on every implementation in ``backends``, then compare their outputs pairwise.
 
@@ -302,6 +327,7 @@ def validate_all(
                 outputs=kept,
                 fail_fast=fail_fast,
                 source=_source(from_templates),
+                jobs=jobs,
             )
         )
         outputs.append(kept)
@@ -397,7 +423,8 @@ def _summary(run: ValidationRun) -> str:
     total_cases = sum(len(v.cases) for v in run.variants)
     return (
         f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
-        f"({total_cases} cases, {run.tier} tier, {run.seconds:.1f}s) on {run.adapter} "
+        f"({total_cases} cases, {run.tier} tier, {run.seconds:.1f}s"
+        f"{f' in {run.jobs} processes' if run.jobs > 1 else ''}) on {run.adapter} "
         f"[{run.backend}, limits {run.limits_profile}; {run.source}]"
     )
 

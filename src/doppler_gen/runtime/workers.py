@@ -1,0 +1,101 @@
+"""Validating variants in worker processes, each with its own device (``validate --jobs N``).
+
+Why: on a CPU adapter (lavapipe) most of a validation run is compiling pipelines, and a
+pipeline compiles on one core; N processes use N cores. A worker opens its device once, on
+its first variant, and keeps it; variants are handed out one at a time, so a slow one does
+not hold back the others. Reports come back in the order the variants were asked for, and
+each variant is validated exactly as in one process (``verify.validate_variant``).
+
+Workers are started with ``spawn``, not ``fork``: a forked child would inherit the parent's
+driver threads and handles. On a GPU the workers share it; one process is the default.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+import numpy as np
+
+from doppler_gen.backends import Device, get_backend
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.render import RenderedKernel
+from doppler_gen.runtime.session import Progress, choose_adapter, open_device
+from doppler_gen.runtime.verify import CaseSpec, VariantReport, case_specs, validate_variant
+
+_device: Device | None = None  # this worker's device, opened by its first variant
+
+
+def _worker_device(
+    backend_name: str, adapter_want: str | None, requires: list[str], limits: str
+) -> Device:
+    global _device
+    if _device is None:
+        backend = get_backend(backend_name)
+        _device = open_device(backend, choose_adapter(backend, adapter_want), requires, limits)
+    return _device
+
+
+def _validate_in_worker(
+    device_args: tuple[str, str | None, list[str], str],
+    kernel: RenderedKernel,
+    entry: dict[str, Any],
+    options: dict[str, Any],
+    keep_outputs: bool,
+) -> tuple[VariantReport, dict[CaseSpec, np.ndarray] | None, str]:
+    device = _worker_device(*device_args)
+    outputs: dict[CaseSpec, np.ndarray] | None = {} if keep_outputs else None
+    report = validate_variant(device, kernel, entry, outputs=outputs, **options)
+    return report, outputs, device.adapter.describe()
+
+
+def validate_in_workers(
+    backend_name: str,
+    kernels: Sequence[RenderedKernel],
+    entries: Sequence[dict[str, Any]],
+    *,
+    jobs: int,
+    adapter: str | None,
+    limits: str,
+    options: dict[str, Any],
+    progress: Progress | None = None,
+    outputs: dict[str, dict[CaseSpec, np.ndarray]] | None = None,
+) -> tuple[list[VariantReport], str]:
+    """``validate_variant`` for every kernel, in ``jobs`` processes; the reports in kernel
+    order and the adapter's description. ``options``: validate_variant's keyword arguments
+    (tier, seed, storage_overrun, fail_fast); ``outputs`` (if given) receives each variant's
+    case outputs by name."""
+    choose_adapter(get_backend(backend_name), adapter)  # a bad --adapter fails here, once
+    requires = sorted({f for k in kernels for f in k.variant.requires})
+    device_args = (backend_name, adapter, requires, limits)
+    reports: list[VariantReport | None] = [None] * len(kernels)
+    described = ""
+    context = multiprocessing.get_context("spawn")
+    workers = max(1, min(jobs, len(kernels)))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        pending: dict[Future, int] = {
+            pool.submit(_validate_in_worker, device_args, k, e, options, outputs is not None): i
+            for i, (k, e) in enumerate(zip(kernels, entries, strict=True))
+        }
+        for future in as_completed(pending):
+            index = pending[future]
+            name = kernels[index].variant.name
+            try:
+                report, kept, described = future.result()
+            except BrokenProcessPool as error:
+                raise DopplerGenError(
+                    f"a validation worker process died while validating {name} (--jobs "
+                    f"{jobs}); run without --jobs to see where: {error}"
+                ) from None
+            reports[index] = report
+            if outputs is not None and kept is not None:
+                outputs[name] = kept
+            if progress:
+                progress(
+                    name,
+                    len(case_specs(entries[index], tier=options["tier"], seed=options["seed"])),
+                )
+    return [r for r in reports if r is not None], described
