@@ -174,7 +174,12 @@ def _run_backend(
     that many worker processes); ``outputs`` (if given) collects case outputs."""
     started = time.perf_counter()
     if jobs > 1 and len(kernels) > 1:
-        options = {"tier": tier, "seed": seed, "storage_overrun": storage_overrun}
+        options = {
+            "tier": tier,
+            "seed": seed,
+            "storage_overrun": storage_overrun,
+            "fail_fast": fail_fast,
+        }
         reports, described = validate_in_workers(
             backend.name,
             kernels,
@@ -182,14 +187,15 @@ def _run_backend(
             jobs=jobs,
             adapter=adapter,
             limits=limits,
-            options={**options, "fail_fast": fail_fast},
+            options=options,
             progress=progress,
             outputs=outputs,
         )
+        seconds = time.perf_counter() - started
+        workers = min(jobs, len(kernels))
         return ValidationRun(
-            backend.name, described, limits, seed, tier, reports,
-            time.perf_counter() - started, source, jobs=min(jobs, len(kernels)),
-        )  # fmt: skip
+            backend.name, described, limits, seed, tier, reports, seconds, source, workers
+        )
     device = open_run_device(backend, kernels, adapter, limits)
     reports = []
     try:
