@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import struct
+import subprocess
+import time
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, copy_project, run_cli
+from conftest import REPO_ROOT, copy_project, doppler_gen_command, run_cli
 from gpu_support import adapter_problem, dawn_problem
 
 from doppler_gen.config import load_project
@@ -373,3 +377,54 @@ def test_jobs_bring_every_output_back_for_the_backend_comparison() -> None:
     assert [r.jobs for r in cross.runs] == [2, 2]
     for agreement, report in zip(cross.agreements, cross.runs[0].variants, strict=True):
         assert agreement.status == "AGREE" and agreement.compared == len(report.cases) > 0
+
+
+def _state(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of a process from /proc, or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        state = _state(int(entry.name)) if entry.name.isdigit() else None
+        if state is not None and state[0] != "Z" and state[1] == pid:
+            found.append(int(entry.name))
+    return found
+
+
+@needs_adapter
+@pytest.mark.gpu
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_ctrl_c_stops_every_worker_with_one_line() -> None:
+    """Ctrl-C during `validate --jobs 2`: exit 130 and "interrupted", no traceback from the
+    workers (they leave Ctrl-C to the parent), and no worker left running."""
+    process = subprocess.Popen(
+        [*doppler_gen_command(), "--root", str(REPO_ROOT), "validate", "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 60
+    children: list[int] = []
+    while len(children) < 3 and time.monotonic() < deadline:  # the tracker and two workers
+        time.sleep(0.2)
+        children = _children(process.pid)
+    assert len(children) >= 3, f"the workers never started: {children}"
+    time.sleep(1.0)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and stderr == "interrupted\n", stderr
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        (_state(pid) or ("Z",))[0] != "Z" for pid in children
+    ):
+        time.sleep(0.2)
+    assert all((_state(pid) or ("Z",))[0] == "Z" for pid in children), children

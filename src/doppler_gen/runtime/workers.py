@@ -13,6 +13,7 @@ driver threads and handles. On a GPU the workers share it; one process is the de
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -27,6 +28,19 @@ from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import CaseSpec, VariantReport, case_specs, validate_variant
 
 _device: Device | None = None  # this worker's device, opened by its first variant
+
+
+def _ignore_interrupts() -> None:
+    """Ctrl-C is the parent's to handle (it stops the workers): a worker ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Drop the variants not started and end the workers now, not after their variant (the
+    pool's workers are this process's only children)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for child in multiprocessing.active_children():
+        child.terminate()
 
 
 def _worker_device(
@@ -75,7 +89,10 @@ def validate_in_workers(
     described = ""
     context = multiprocessing.get_context("spawn")
     workers = max(1, min(jobs, len(kernels)))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_ignore_interrupts
+    )
+    try:
         pending: dict[Future, int] = {
             pool.submit(_validate_in_worker, device_args, k, e, options, outputs is not None): i
             for i, (k, e) in enumerate(zip(kernels, entries, strict=True))
@@ -98,4 +115,8 @@ def validate_in_workers(
                     name,
                     len(case_specs(entries[index], tier=options["tier"], seed=options["seed"])),
                 )
+    except BaseException:  # Ctrl-C, a dead worker: the others stop too
+        _stop_workers(pool)
+        raise
+    pool.shutdown()
     return [r for r in reports if r is not None], described
