@@ -108,8 +108,8 @@ def validate_in_workers(
                     f"{jobs}); run without --jobs to see where: {error}"
                 ) from None
             reports[index] = report
-            if outputs is not None and kept is not None:
-                outputs[name] = kept
+            if outputs is not None:
+                outputs[name] = kept or {}
             if progress:
                 progress(
                     name,
