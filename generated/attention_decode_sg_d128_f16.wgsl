@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6b83cf94c4b5ae4a73ec4b5c650c1dc737637244164932d8fb7fe2611100467a
+// source-hash: sha256:3352432dd8c68e77903c5d9a7b4ef3976a55e91a47535f54f4c8fdc4e852a4ec
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -16,10 +16,10 @@ enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 128u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
-const LANES_PER_KEY: u32 = 16u;
-const VEC_PER_LANE: u32 = 2u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
+const LANES_PER_KEY: u32 = 8u;
+const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 4u;
-const MAX_KEY_GROUPS: u32 = 64u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+const MAX_KEY_GROUPS: u32 = 128u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 16u;
 const NEG_BIG: f32 = -3.402823e+38;
@@ -181,6 +181,22 @@ fn main(
                 q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
+        {
+            let j = 2u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
+            }
+        }
+        {
+            let j = 3u;
+            let v = lane + j * LANES_PER_KEY;
+            if (v < hd4) {
+                let o = q_offset + 4u * v;
+                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
+            }
+        }
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
@@ -214,6 +230,18 @@ fn main(
                     k_0[j] = K[row_0 + v];
                     v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
                 }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
 
                 // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
@@ -230,6 +258,18 @@ fn main(
                 }
                 {
                     let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
+                {
+                    let j = 3u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_1[j] = K[row_1 + v];
                     v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
@@ -254,6 +294,18 @@ fn main(
                     k_2[j] = K[row_2 + v];
                     v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
                 }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
 
                 // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
@@ -274,6 +326,18 @@ fn main(
                     k_3[j] = K[row_3 + v];
                     v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
                 }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
 
                 // dot products of key 0 (an invalid key's score is never used)
                 var dot_0: f32 = 0.0;
@@ -283,6 +347,14 @@ fn main(
                 }
                 {
                     let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
                     dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 // dot products of key 1 (an invalid key's score is never used)
@@ -295,6 +367,14 @@ fn main(
                     let j = 1u;
                     dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
                 // dot products of key 2 (an invalid key's score is never used)
                 var dot_2: f32 = 0.0;
                 {
@@ -303,6 +383,14 @@ fn main(
                 }
                 {
                     let j = 1u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 3u;
                     dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                 }
                 // dot products of key 3 (an invalid key's score is never used)
@@ -315,24 +403,28 @@ fn main(
                     let j = 1u;
                     dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                 }
+                {
+                    let j = 2u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
                 // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                 if (subgroup_ok) {
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
-                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
-                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
-                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                 } else {
                     // subgroups narrower than a key group: through workgroup memory (uniform branch)
                     let parity = 0u;
@@ -388,6 +480,14 @@ fn main(
                     let j = 1u;
                     acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                 }
+                {
+                    let j = 2u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 3u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
             }
         } else {
             let span = keys.y - min(keys.x, keys.y);
@@ -414,6 +514,18 @@ fn main(
                     k_0[j] = K[row_0 + v];
                     v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
                 }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                }
 
                 // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
@@ -430,6 +542,18 @@ fn main(
                 }
                 {
                     let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                }
+                {
+                    let j = 3u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_1[j] = K[row_1 + v];
                     v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
@@ -454,6 +578,18 @@ fn main(
                     k_2[j] = K[row_2 + v];
                     v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
                 }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_2[j] = K[row_2 + v];
+                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                }
 
                 // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
@@ -474,6 +610,18 @@ fn main(
                     k_3[j] = K[row_3 + v];
                     v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
                 }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_3[j] = K[row_3 + v];
+                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                }
 
                 // dot products of key 0 (an invalid key's score is never used)
                 var dot_0: f32 = 0.0;
@@ -483,6 +631,14 @@ fn main(
                 }
                 {
                     let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
                     dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 // dot products of key 1 (an invalid key's score is never used)
@@ -495,6 +651,14 @@ fn main(
                     let j = 1u;
                     dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
                 // dot products of key 2 (an invalid key's score is never used)
                 var dot_2: f32 = 0.0;
                 {
@@ -503,6 +667,14 @@ fn main(
                 }
                 {
                     let j = 1u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 3u;
                     dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                 }
                 // dot products of key 3 (an invalid key's score is never used)
@@ -515,24 +687,28 @@ fn main(
                     let j = 1u;
                     dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                 }
+                {
+                    let j = 2u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
                 // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                 if (subgroup_ok) {
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
-                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
-                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
-                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                 } else {
                     // subgroups narrower than a key group: through workgroup memory (uniform branch)
                     let parity = 0u;
@@ -588,6 +764,14 @@ fn main(
                     let j = 1u;
                     acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                 }
+                {
+                    let j = 2u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 3u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
             }
         }
 
@@ -625,6 +809,30 @@ fn main(
                 }
                 {
                     let j = 1u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 2u;
+                    let v = lane + j * LANES_PER_KEY;
+                    if (v < hd4) {
+                        let scaled = acc[j] * rescale;
+                        if (r == 0u) {
+                            merge_acc[row + v] = scaled;
+                        } else {
+                            merge_acc[row + v] = merge_acc[row + v] + scaled;
+                        }
+                    }
+                }
+                {
+                    let j = 3u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;
