@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1d86086c4d3440e816f50b3155dce50256070bd62169bf66fe2dadfabc4e4c93
+// source-hash: sha256:8317c49dc5a731035161ccacd7b3099d42358becf2aa71c96ef07a1c26b273ef
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -164,25 +164,53 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
-fn cold_step(first: u32, width: u32) {
+// cold_step's rows for the next step, loaded by cold_step_fetch one step ahead
+var<private> cold_step_kh0_0: vec4<f16>;
+var<private> cold_step_kh0_1: vec4<f16>;
+var<private> cold_step_vh0_0: vec4<f16>;
+var<private> cold_step_vh0_1: vec4<f16>;
+var<private> cold_step_kh1_0: vec4<f16>;
+var<private> cold_step_kh1_1: vec4<f16>;
+var<private> cold_step_vh1_0: vec4<f16>;
+var<private> cold_step_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into cold_step's private registers
+fn cold_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < u.cold_len;
     let at0 = min(key0, u.cold_len - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < u.cold_len;
     let at1 = min(key1, u.cold_len - 1u);
     let row0 = (get_cold_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
 
-    let kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh0_1 = K_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh0_0 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
-    let vh0_1 = select(vec4<f16>(), V_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
-    let kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh1_1 = K_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh1_0 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
-    let vh1_1 = select(vec4<f16>(), V_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
+    cold_step_kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_kh0_1 = K_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    cold_step_vh0_0 = V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_vh0_1 = V_cold[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    cold_step_kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_kh1_1 = K_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    cold_step_vh1_0 = V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_vh1_1 = V_cold[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.cold_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.cold_len;
+
+    let kh0_0 = cold_step_kh0_0;
+    let kh0_1 = cold_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), cold_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), cold_step_vh0_1, live0);
+    let kh1_0 = cold_step_kh1_0;
+    let kh1_1 = cold_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), cold_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), cold_step_vh1_1, live1);
+    cold_step_fetch(first + 2u * num_groups);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -202,25 +230,53 @@ fn cold_step(first: u32, width: u32) {
     run_max = m;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
-fn hot_step(first: u32, width: u32) {
+// hot_step's rows for the next step, loaded by hot_step_fetch one step ahead
+var<private> hot_step_kh0_0: vec4<f16>;
+var<private> hot_step_kh0_1: vec4<f16>;
+var<private> hot_step_vh0_0: vec4<f16>;
+var<private> hot_step_vh0_1: vec4<f16>;
+var<private> hot_step_kh1_0: vec4<f16>;
+var<private> hot_step_kh1_1: vec4<f16>;
+var<private> hot_step_vh1_0: vec4<f16>;
+var<private> hot_step_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step's private registers
+fn hot_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < u.hot_len;
     let at0 = min(key0, u.hot_len - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < u.hot_len;
     let at1 = min(key1, u.hot_len - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
     let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
 
-    let kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh0_1 = K_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh0_0 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live0);
-    let vh0_1 = select(vec4<f16>(), V_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live0);
-    let kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
-    let kh1_1 = K_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
-    let vh1_0 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)], live1);
-    let vh1_1 = select(vec4<f16>(), V_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)], live1);
+    hot_step_kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_kh0_1 = K_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    hot_step_vh0_0 = V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_vh0_1 = V_hot[row0 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    hot_step_kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_kh1_1 = K_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+    hot_step_vh1_0 = V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_vh1_1 = V_hot[row1 + min(dim0 / 4u + 1u, u.head_dim / 4u - 1u)];
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.hot_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.hot_len;
+
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -293,8 +349,14 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    if (0u < u.cold_len) {
+        cold_step_fetch(0u);
+    }
     for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
         cold_step(first, shuffle_width);
+    }
+    if (0u < u.hot_len) {
+        hot_step_fetch(0u);
     }
     for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
         hot_step(first, shuffle_width);

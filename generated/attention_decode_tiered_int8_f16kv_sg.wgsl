@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:44d8c9b31e2084ea18b670b5f18d059fc56145b4c7d7b476fa31cc7f3e967ab6
+// source-hash: sha256:4ecc99413e9183fe2f0be40b53f78cdc2071b53f0bc020653e7713bfb5fc8f94
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -161,13 +161,25 @@ fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     return sum;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
-fn cold_step(first: u32, width: u32) {
+// cold_step's rows for the next step, loaded by cold_step_fetch one step ahead
+var<private> cold_step_ks0: f32;
+var<private> cold_step_vs0: f32;
+var<private> cold_step_kw0_0: u32;
+var<private> cold_step_vw0_0: u32;
+var<private> cold_step_kw0_1: u32;
+var<private> cold_step_vw0_1: u32;
+var<private> cold_step_ks1: f32;
+var<private> cold_step_vs1: f32;
+var<private> cold_step_kw1_0: u32;
+var<private> cold_step_vw1_0: u32;
+var<private> cold_step_kw1_1: u32;
+var<private> cold_step_vw1_1: u32;
+
+// Load the rows of the step starting at `first` into cold_step's private registers
+fn cold_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < u.cold_len;
     let at0 = min(key0, u.cold_len - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < u.cold_len;
     let at1 = min(key1, u.cold_len - 1u);
     let scale_idx0 = at0 * u.num_kv_heads + kv_head;
     let base0 = scale_idx0 * u.packed_stride;
@@ -178,18 +190,42 @@ fn cold_step(first: u32, width: u32) {
     let word1_0 = base1 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
     let word1_1 = base1 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
 
-    let ks0 = f32(scales_k[scale_idx0]);
-    let vs0 = select(0.0, f32(scales_v[scale_idx0]), live0);
-    let kw0_0 = K_cold[word0_0];
-    let vw0_0 = V_cold[word0_0];
-    let kw0_1 = K_cold[word0_1];
-    let vw0_1 = V_cold[word0_1];
-    let ks1 = f32(scales_k[scale_idx1]);
-    let vs1 = select(0.0, f32(scales_v[scale_idx1]), live1);
-    let kw1_0 = K_cold[word1_0];
-    let vw1_0 = V_cold[word1_0];
-    let kw1_1 = K_cold[word1_1];
-    let vw1_1 = V_cold[word1_1];
+    cold_step_ks0 = f32(scales_k[scale_idx0]);
+    cold_step_vs0 = f32(scales_v[scale_idx0]);
+    cold_step_kw0_0 = K_cold[word0_0];
+    cold_step_vw0_0 = V_cold[word0_0];
+    cold_step_kw0_1 = K_cold[word0_1];
+    cold_step_vw0_1 = V_cold[word0_1];
+    cold_step_ks1 = f32(scales_k[scale_idx1]);
+    cold_step_vs1 = f32(scales_v[scale_idx1]);
+    cold_step_kw1_0 = K_cold[word1_0];
+    cold_step_vw1_0 = V_cold[word1_0];
+    cold_step_kw1_1 = K_cold[word1_1];
+    cold_step_vw1_1 = V_cold[word1_1];
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.cold_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.cold_len;
+
+    let ks0 = cold_step_ks0;
+    let vs0 = select(0.0, cold_step_vs0, live0);
+    let kw0_0 = cold_step_kw0_0;
+    let vw0_0 = cold_step_vw0_0;
+    let kw0_1 = cold_step_kw0_1;
+    let vw0_1 = cold_step_vw0_1;
+    let ks1 = cold_step_ks1;
+    let vs1 = select(0.0, cold_step_vs1, live1);
+    let kw1_0 = cold_step_kw1_0;
+    let vw1_0 = cold_step_vw1_0;
+    let kw1_1 = cold_step_kw1_1;
+    let vw1_1 = cold_step_vw1_1;
+    cold_step_fetch(first + 2u * num_groups);
     let part0 = (dot(q_0, unpack_quant_0(kw0_0)) + dot(q_1, unpack_quant_0(kw0_1))) * ks0;
     let part1 = (dot(q_0, unpack_quant_0(kw1_0)) + dot(q_1, unpack_quant_0(kw1_1))) * ks1;
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -209,25 +245,53 @@ fn cold_step(first: u32, width: u32) {
     run_max = m;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
-fn hot_step(first: u32, width: u32) {
+// hot_step's rows for the next step, loaded by hot_step_fetch one step ahead
+var<private> hot_step_kh0_0: vec4<f16>;
+var<private> hot_step_kh0_1: vec4<f16>;
+var<private> hot_step_vh0_0: vec4<f16>;
+var<private> hot_step_vh0_1: vec4<f16>;
+var<private> hot_step_kh1_0: vec4<f16>;
+var<private> hot_step_kh1_1: vec4<f16>;
+var<private> hot_step_vh1_0: vec4<f16>;
+var<private> hot_step_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step's private registers
+fn hot_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < u.hot_len;
     let at0 = min(key0, u.hot_len - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < u.hot_len;
     let at1 = min(key1, u.hot_len - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
     let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
 
-    let kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
-    let kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]), live0);
-    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]), live0);
-    let kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
-    let kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
-    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]), live1);
-    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]), live1);
+    hot_step_kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_vh0_0 = vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_vh0_1 = vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_vh1_0 = vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_vh1_1 = vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.hot_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.hot_len;
+
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -247,25 +311,53 @@ fn hot_step(first: u32, width: u32) {
     run_max = m;
 }
 
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
-fn hot_step_aligned(first: u32, width: u32) {
+// hot_step_aligned's rows for the next step, loaded by hot_step_aligned_fetch one step ahead
+var<private> hot_step_aligned_kh0_0: vec4<f16>;
+var<private> hot_step_aligned_kh0_1: vec4<f16>;
+var<private> hot_step_aligned_vh0_0: vec4<f16>;
+var<private> hot_step_aligned_vh0_1: vec4<f16>;
+var<private> hot_step_aligned_kh1_0: vec4<f16>;
+var<private> hot_step_aligned_kh1_1: vec4<f16>;
+var<private> hot_step_aligned_vh1_0: vec4<f16>;
+var<private> hot_step_aligned_vh1_1: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step_aligned's private registers
+fn hot_step_aligned_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
-    let live0 = in_group && key0 < u.hot_len;
     let at0 = min(key0, u.hot_len - 1u);
     let key1 = first + 1u * num_groups + key_group;
-    let live1 = in_group && key1 < u.hot_len;
     let at1 = min(key1, u.hot_len - 1u);
     let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
     let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
 
-    let kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
-    let kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-    let vh0_0 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]), live0);
-    let vh0_1 = select(vec4<f16>(), vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]), live0);
-    let kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
-    let kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
-    let vh1_0 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]), live1);
-    let vh1_1 = select(vec4<f16>(), vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]), live1);
+    hot_step_aligned_kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
+    hot_step_aligned_kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
+    hot_step_aligned_vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
+    hot_step_aligned_vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
+    hot_step_aligned_kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+    hot_step_aligned_kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+    hot_step_aligned_vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+    hot_step_aligned_vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
+}
+
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_aligned(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.hot_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.hot_len;
+
+    let kh0_0 = hot_step_aligned_kh0_0;
+    let kh0_1 = hot_step_aligned_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_aligned_vh0_1, live0);
+    let kh1_0 = hot_step_aligned_kh1_0;
+    let kh1_1 = hot_step_aligned_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_aligned_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_aligned_vh1_1, live1);
+    hot_step_aligned_fetch(first + 2u * num_groups);
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
@@ -339,15 +431,27 @@ fn main(
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
     if (head_dim % DIMS_PER_LANE == 0u) {
+        if (0u < u.cold_len) {
+            cold_step_fetch(0u);
+        }
         for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
             cold_step(first, shuffle_width);
+        }
+        if (0u < u.hot_len) {
+            hot_step_aligned_fetch(0u);
         }
         for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
             hot_step_aligned(first, shuffle_width);
         }
     } else {
+        if (0u < u.cold_len) {
+            cold_step_fetch(0u);
+        }
         for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
             cold_step(first, shuffle_width);
+        }
+        if (0u < u.hot_len) {
+            hot_step_fetch(0u);
         }
         for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
             hot_step(first, shuffle_width);
