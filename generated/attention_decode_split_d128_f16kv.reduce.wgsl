@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8f7c7112deb9015bb41c29ffc73ef71670bb0b6c93691bc1fbd9b7717ae2c61e
+// source-hash: sha256:24c133ddd1c8b7737e684806eaa6b1a8dc63441e80a042840565fcaf52b67f9f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:28f706a005030d9c944b247cafa05e120bc68f14a5e5e3f99cd0f893579e0d71
+// source-hash: sha256:f939f2fb888a9d9c502f91854d9f6761bad5af85a19ad2e49a81d05efd8aad19
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b6a2ec1e2203fc4b74b34eb1e06415d2bf48968ef6d8c01b377f892c24e2dd9e
+// source-hash: sha256:ee5c0756bd71135cdbd824b49dc5dee1d0957dc6e20d72fc7dcf27f6e8e5468b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

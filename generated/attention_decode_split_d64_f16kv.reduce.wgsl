@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0e1bddaaef8ffc5ab5d79ab1513fc6741cc6bbdb883941c770b18e0b056d89e5
+// source-hash: sha256:9273913c32caa1325a98d2ec7b5f57139b64f1bbec7da9091727c6c2837edaac
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
