@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a1ac976590011df7cc3d44a53e10ab0cc18cc1474942eab7feb4c5446cb53aa6
+// source-hash: sha256:ec5517ac511e4e09731e0e7c2bfd3d945403be9a067258201ff1afed12e0dde6
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -17,8 +17,8 @@ const MAX_WORKGROUP_SIZE: u32 = 128u;
 const LANES_PER_KEY: u32 = 8u;
 const VEC_PER_LANE: u32 = 8u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const HEADS_PER_GROUP: u32 = 1u;  // query heads each key group serves
-const HEAD_SLOTS: u32 = 4u;       // key-group slots: HEAD_SLOTS * HEADS_PER_GROUP heads at once
+const HEADS_PER_GROUP: u32 = 2u;  // query heads each key group serves
+const HEAD_SLOTS: u32 = 2u;       // key-group slots: HEAD_SLOTS * HEADS_PER_GROUP heads at once
 const MAX_KEY_GROUPS: u32 = 16u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 8u;
@@ -191,77 +191,98 @@ fn main(
             let slot_head = first_head + slot * HEADS_PER_GROUP;
             let group_ok = in_stream && slot_head < group;
             // a head past the group reads the chunk's first head, so every load stays in bounds
-            let q_offset = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 0u, group_ok && slot_head + 0u < group)) * head_dim;
+            let q_offset_h0 = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 0u, group_ok && slot_head + 0u < group)) * head_dim;
+            let q_offset_h1 = query_pos * u.num_heads * head_dim + (kv_head_idx * group + select(first_head, slot_head + 1u, group_ok && slot_head + 1u < group)) * head_dim;
 
         // This lane's slice of q: vec4s lane, lane + LANES_PER_KEY, ...
-        var q = array<vec4<f32>, VEC_PER_LANE>();
-        var acc = array<vec4<f32>, VEC_PER_LANE>();
+        var q_h0 = array<vec4<f32>, VEC_PER_LANE>();
+        var acc_h0 = array<vec4<f32>, VEC_PER_LANE>();
+        var q_h1 = array<vec4<f32>, VEC_PER_LANE>();
+        var acc_h1 = array<vec4<f32>, VEC_PER_LANE>();
         {
             let j = 0u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
         {
             let j = 1u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
         {
             let j = 2u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
         {
             let j = 3u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
         {
             let j = 4u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
         {
             let j = 5u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
         {
             let j = 6u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
         {
             let j = 7u;
             let v = lane + j * LANES_PER_KEY;
             if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
+                let o_h0 = q_offset_h0 + 4u * v;
+                q_h0[j] = vec4<f32>(Q[o_h0], Q[o_h0 + 1u], Q[o_h0 + 2u], Q[o_h0 + 3u]);
+                let o_h1 = q_offset_h1 + 4u * v;
+                q_h1[j] = vec4<f32>(Q[o_h1], Q[o_h1 + 1u], Q[o_h1 + 2u], Q[o_h1 + 3u]);
             }
         }
-        var m: f32 = NEG_BIG;
-        var l: f32 = 0.0;
+        var m_h0: f32 = NEG_BIG;
+        var l_h0: f32 = 0.0;
+        var m_h1: f32 = NEG_BIG;
+        var l_h1: f32 = 0.0;
 
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = streams * KEYS_PER_ITER;
@@ -381,181 +402,288 @@ fn main(
             }
 
             // dot products of key 0 (an invalid key's score is never used)
-            var dot_0: f32 = 0.0;
+            var dot_0_h0: f32 = 0.0;
+            var dot_0_h1: f32 = 0.0;
             {
                 let j = 0u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 1u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 2u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 3u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 4u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 5u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 6u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 7u;
-                dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                let kf = vec4<f32>(k_0[j]);
+                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
             }
             // dot products of key 1 (an invalid key's score is never used)
-            var dot_1: f32 = 0.0;
+            var dot_1_h0: f32 = 0.0;
+            var dot_1_h1: f32 = 0.0;
             {
                 let j = 0u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 1u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 2u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 3u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 4u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 5u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 6u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             {
                 let j = 7u;
-                dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                let kf = vec4<f32>(k_1[j]);
+                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
             }
             // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
             if (subgroup_ok) {
-                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-                dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-                dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
+                dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
+                dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
+                dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
+                dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
+                dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
+                dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
+                dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
+                dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
             } else {
                 // subgroups narrower than a key group: through workgroup memory (uniform branch)
                 let parity = 0u;
                 workgroupBarrier();  // the previous iteration's reads are done
-                partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
+                partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
+                partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
+                partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
                 workgroupBarrier();
-                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                dot_0 = 0.0;
-                dot_1 = 0.0;
+                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
+                dot_0_h0 = 0.0;
+                dot_0_h1 = 0.0;
+                dot_1_h0 = 0.0;
+                dot_1_h1 = 0.0;
                 for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                    dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                    dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                    dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
+                    dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
+                    dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
+                    dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
                 }
             }
-            // Scores and the online softmax update of this key group
-            var block_max: f32 = NEG_BIG;
-            var score_0: f32 = dot_0 * scale;
+            // Scores and the online softmax update of this key group for head 0 of its 2
+            var block_max_h0: f32 = NEG_BIG;
+            var score_0_h0: f32 = dot_0_h0 * scale;
             if (u.attn_softcap > 0.0) {
-                score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+                score_0_h0 = tanh(score_0_h0 / u.attn_softcap) * u.attn_softcap;
             }
             if (valid_0) {
-                block_max = max(block_max, score_0);
+                block_max_h0 = max(block_max_h0, score_0_h0);
             }
-            var score_1: f32 = dot_1 * scale;
+            var score_1_h0: f32 = dot_1_h0 * scale;
             if (u.attn_softcap > 0.0) {
-                score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+                score_1_h0 = tanh(score_1_h0 / u.attn_softcap) * u.attn_softcap;
             }
             if (valid_1) {
-                block_max = max(block_max, score_1);
+                block_max_h0 = max(block_max_h0, score_1_h0);
             }
-            let m_new = max(m, block_max);
-            let correction = exp(m - m_new);
-            let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-            let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-            l = l * correction + p_0 + p_1;
-            m = m_new;
+            let m_new_h0 = max(m_h0, block_max_h0);
+            let correction_h0 = exp(m_h0 - m_new_h0);
+            let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
+            let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
+            l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
+            m_h0 = m_new_h0;
+            // Scores and the online softmax update of this key group for head 1 of its 2
+            var block_max_h1: f32 = NEG_BIG;
+            var score_0_h1: f32 = dot_0_h1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_0_h1 = tanh(score_0_h1 / u.attn_softcap) * u.attn_softcap;
+            }
+            if (valid_0) {
+                block_max_h1 = max(block_max_h1, score_0_h1);
+            }
+            var score_1_h1: f32 = dot_1_h1 * scale;
+            if (u.attn_softcap > 0.0) {
+                score_1_h1 = tanh(score_1_h1 / u.attn_softcap) * u.attn_softcap;
+            }
+            if (valid_1) {
+                block_max_h1 = max(block_max_h1, score_1_h1);
+            }
+            let m_new_h1 = max(m_h1, block_max_h1);
+            let correction_h1 = exp(m_h1 - m_new_h1);
+            let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
+            let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
+            l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
+            m_h1 = m_new_h1;
             {
                 let j = 0u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
             {
                 let j = 1u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
             {
                 let j = 2u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
             {
                 let j = 3u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
             {
                 let j = 4u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
             {
                 let j = 5u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
             {
                 let j = 6u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
             {
                 let j = 7u;
-                acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                let vf_0 = vec4<f32>(v_0[j]);
+                let vf_1 = vec4<f32>(v_1[j]);
+                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
             }
         }
 
             // -- merge the streams of each head: the head's max, rescale, sum the slices --
             // merge_m / merge_l entry of (key group, head h of its slot): kg * HEADS_PER_GROUP + h
             if (lane == 0u) {
-                merge_m[kg * HEADS_PER_GROUP + 0u] = m;
+                merge_m[kg * HEADS_PER_GROUP + 0u] = m_h0;
+                merge_m[kg * HEADS_PER_GROUP + 1u] = m_h1;
             }
             workgroupBarrier();
-            var m_head: f32 = NEG_BIG;
+            var m_head_h0: f32 = NEG_BIG;
             for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head = max(m_head, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
+                m_head_h0 = max(m_head_h0, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
             }
-            let rescale = exp(m - m_head);
-            l = l * rescale;
+            let rescale_h0 = exp(m_h0 - m_head_h0);
+            l_h0 = l_h0 * rescale_h0;
+            var m_head_h1: f32 = NEG_BIG;
+            for (var s: u32 = 0u; s < streams; s = s + 1u) {
+                m_head_h1 = max(m_head_h1, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 1u]);
+            }
+            let rescale_h1 = exp(m_h1 - m_head_h1);
+            l_h1 = l_h1 * rescale_h1;
             if (lane == 0u) {
-                merge_l[kg * HEADS_PER_GROUP + 0u] = l;
+                merge_l[kg * HEADS_PER_GROUP + 0u] = l_h0;
+                merge_l[kg * HEADS_PER_GROUP + 1u] = l_h1;
             }
             // Round r: streams [r * rows_per_head, (r + 1) * rows_per_head) add their slices into
             // their heads' rows; round 0 writes every row
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
-                    let row = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
+                    let row_h0 = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
+                    let row_h1 = ((slot * HEADS_PER_GROUP + 1u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
                     {
                         let j = 0u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }
@@ -563,11 +691,17 @@ fn main(
                         let j = 1u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }
@@ -575,11 +709,17 @@ fn main(
                         let j = 2u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }
@@ -587,11 +727,17 @@ fn main(
                         let j = 3u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }
@@ -599,11 +745,17 @@ fn main(
                         let j = 4u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }
@@ -611,11 +763,17 @@ fn main(
                         let j = 5u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }
@@ -623,11 +781,17 @@ fn main(
                         let j = 6u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }
@@ -635,11 +799,17 @@ fn main(
                         let j = 7u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
-                            let scaled = acc[j] * rescale;
+                            let scaled_h0 = acc_h0[j] * rescale_h0;
                             if (r == 0u) {
-                                merge_acc[row + v] = scaled;
+                                merge_acc[row_h0 + v] = scaled_h0;
                             } else {
-                                merge_acc[row + v] = merge_acc[row + v] + scaled;
+                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
+                            }
+                            let scaled_h1 = acc_h1[j] * rescale_h1;
+                            if (r == 0u) {
+                                merge_acc[row_h1 + v] = scaled_h1;
+                            } else {
+                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
                             }
                         }
                     }

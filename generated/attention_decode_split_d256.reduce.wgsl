@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:20b7e4e15da45ee9feb98b90ed138ed6e65692aff7b8cb444f0f13579139e710
+// source-hash: sha256:77759f1df83add6451b5701c973e5e2bbe872adfe980030a90fcaef113ee2d54
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

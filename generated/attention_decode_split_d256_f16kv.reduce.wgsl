@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4a664174f63e3eb2e4a34c59962494dbd301730363d579167fb88a0cb6fc2a49
+// source-hash: sha256:592c922b8d8199f9e9689d537899b292eaca16cd49e816fda823dee93b2285dd
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
