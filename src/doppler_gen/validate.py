@@ -180,7 +180,7 @@ def _run_backend(
             "storage_overrun": storage_overrun,
             "fail_fast": fail_fast,
         }
-        reports, described = validate_in_workers(
+        reports, described, workers = validate_in_workers(
             backend.name,
             kernels,
             entries,
@@ -192,7 +192,6 @@ def _run_backend(
             outputs=outputs,
         )
         seconds = time.perf_counter() - started
-        workers = min(jobs, len(kernels))
         return ValidationRun(
             backend.name, described, limits, seed, tier, reports, seconds, source, workers
         )

@@ -77,11 +77,11 @@ def validate_in_workers(
     options: dict[str, Any],
     progress: Progress | None = None,
     outputs: dict[str, dict[CaseSpec, np.ndarray]] | None = None,
-) -> tuple[list[VariantReport], str]:
-    """``validate_variant`` for every kernel, in ``jobs`` processes; the reports in kernel
-    order and the adapter's description. ``options``: validate_variant's keyword arguments
-    (tier, seed, storage_overrun, fail_fast); ``outputs`` (if given) receives each variant's
-    case outputs by name."""
+) -> tuple[list[VariantReport], str, int]:
+    """``validate_variant`` for every kernel, in ``jobs`` processes (at most one a kernel);
+    the reports in kernel order, the adapter's description and the processes used.
+    ``options``: validate_variant's keyword arguments (tier, seed, storage_overrun,
+    fail_fast); ``outputs`` (if given) receives each variant's case outputs by name."""
     choose_adapter(get_backend(backend_name), adapter)  # a bad --adapter fails here, once
     requires = sorted({f for k in kernels for f in k.variant.requires})
     device_args = (backend_name, adapter, requires, limits)
@@ -119,4 +119,4 @@ def validate_in_workers(
         _stop_workers(pool)
         raise
     pool.shutdown()
-    return [r for r in reports if r is not None], described
+    return [r for r in reports if r is not None], described, workers
