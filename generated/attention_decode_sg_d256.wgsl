@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:16e6af580257d1259f3f6f8023bbcaf2f036576fce9df5f5b557c39559eaa435
+// source-hash: sha256:c811a265854da45e335b50edf6a170890a0cf906c081ea1491499c71093d11b4
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -236,118 +236,290 @@ fn main(
         let span = keys.y - min(keys.x, keys.y);
         let per_iter = nkg * KEYS_PER_ITER;
         let iterations = (span + per_iter - 1u) / per_iter;
-        for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-            let base = keys.x + it * per_iter + kg;
-            // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_0 = base + 0u * nkg;
-            let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
-            let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_0 = array<vec4<f32>, VEC_PER_LANE>();
-            var v_0 = array<vec4<f32>, VEC_PER_LANE>();
+        // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
+        var next_k_0 = array<vec4<f32>, VEC_PER_LANE>();
+        var next_v_0 = array<vec4<f32>, VEC_PER_LANE>();
+        var next_k_1 = array<vec4<f32>, VEC_PER_LANE>();
+        var next_v_1 = array<vec4<f32>, VEC_PER_LANE>();
+        if (iterations > 0u) {
+            let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             {
                 let j = 0u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
             {
                 let j = 1u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
             {
                 let j = 2u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
             {
                 let j = 3u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
             {
                 let j = 4u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
             {
                 let j = 5u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
             {
                 let j = 6u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
             {
                 let j = 7u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
             }
 
-            // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_1 = base + 1u * nkg;
-            let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
-            let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_1 = array<vec4<f32>, VEC_PER_LANE>();
-            var v_1 = array<vec4<f32>, VEC_PER_LANE>();
+            let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             {
                 let j = 0u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
             {
                 let j = 1u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
             {
                 let j = 2u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
             {
                 let j = 3u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
             {
                 let j = 4u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
             {
                 let j = 5u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
             {
                 let j = 6u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
             {
                 let j = 7u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+        }
+        for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+            let base = keys.x + it * per_iter + kg;
+            // key 0 of this iteration: its K and V rows came with the previous iteration's
+            // (a key past the end read the last key's row; its V is zeroed here)
+            let key_0 = base + 0u * nkg;
+            let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
+            let k_0 = next_k_0;
+            var v_0 = next_v_0;
+            {
+                let j = 0u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            {
+                let j = 1u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            {
+                let j = 2u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            {
+                let j = 3u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            {
+                let j = 4u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            {
+                let j = 5u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            {
+                let j = 6u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            {
+                let j = 7u;
+                v_0[j] = select(vec4<f32>(), v_0[j], valid_0);
+            }
+            // key 1 of this iteration: its K and V rows came with the previous iteration's
+            // (a key past the end read the last key's row; its V is zeroed here)
+            let key_1 = base + 1u * nkg;
+            let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
+            let k_1 = next_k_1;
+            var v_1 = next_v_1;
+            {
+                let j = 0u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            {
+                let j = 1u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            {
+                let j = 2u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            {
+                let j = 3u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            {
+                let j = 4u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            {
+                let j = 5u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            {
+                let j = 6u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            {
+                let j = 7u;
+                v_1[j] = select(vec4<f32>(), v_1[j], valid_1);
+            }
+            // The next iteration's rows, in flight while this one is scored (the last
+            // iteration re-reads the last key's)
+            let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+            {
+                let j = 2u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+            {
+                let j = 3u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+            {
+                let j = 4u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+            {
+                let j = 5u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+            {
+                let j = 6u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+            {
+                let j = 7u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_0[j] = K[next_row_0 + v];
+                next_v_0[j] = V[next_row_0 + v];
+            }
+
+            let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+            {
+                let j = 0u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+            {
+                let j = 1u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+            {
+                let j = 2u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+            {
+                let j = 3u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+            {
+                let j = 4u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+            {
+                let j = 5u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+            {
+                let j = 6u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
+            }
+            {
+                let j = 7u;
+                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                next_k_1[j] = K[next_row_1 + v];
+                next_v_1[j] = V[next_row_1 + v];
             }
 
             // dot products of key 0 (an invalid key's score is never used)

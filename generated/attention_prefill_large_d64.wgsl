@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ce7e0d7ebfe5326a5a14db71fe7c3742748c7d7d251a215638f2aa8258a5c094
+// source-hash: sha256:ba0c364259083a46a0a723f41c2bed8b92fd91641194e60d1dcf581b823f4112
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -187,13 +187,6 @@ fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count
     return value;
 }
 
-// Fill tile_kv with BLOCK_K rows of K or V from key k0
-fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
-    for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
-        tile_kv[idx] = kv_element(is_v, idx, k0, kv_len, kv_head, d4_count);
-    }
-}
-
 // Query tile row r, head-dim vec4 d4, as f32
 fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     return vec4<f32>(tile_q[r * ROW4 + d4]);
@@ -283,10 +276,26 @@ fn main(
     l[3] = 0.0;
     acc[3] = vec4<f32>();
 
+    // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
+    // tile are in flight while this one is computed
+    var pre: array<vec4<f32>, 3>;
+    pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
         workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
-        load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        if (t + 2u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        }
+
+        pre[0] = kv_element(true, t + 0u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(true, t + 1u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(true, t + 2u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
@@ -346,7 +355,16 @@ fn main(
         row_part[(a * TILE_Q + 3u) * COLS + c] = max(s[6], s[7]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
-        load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        if (t + 2u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        }
+
+        pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+
         // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
         // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
         {
