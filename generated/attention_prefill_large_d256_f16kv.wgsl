@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5222b4f330a530a2498f83a796dbc95048c556491886eb64774d7e2995fd4694
+// source-hash: sha256:55bb9bfdc3d08ab78d958fc437a41a542a4a997ab41890c9c39850ad7c388fbc
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 2 queries x 2 keys (S) and 2 queries x 32 dims (O).
+// micro-tiles of 2 queries x 1 keys (S) and 2 queries x 16 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -14,11 +14,11 @@ const MAX_HEAD_DIM: u32 = 256u;
 const MAX_BLOCK_Q: u32 = 32u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 16u;        // keys per KV tile
 const TILE_Q: u32 = 2u;          // queries per invocation
-const TILE_K: u32 = 2u;          // keys per invocation (strided by COLS)
-const COLS: u32 = 8u;             // invocations sharing a query group
-const TILE_D4: u32 = 8u;          // head-dim vec4 columns per invocation (strided by COLS)
+const TILE_K: u32 = 1u;          // keys per invocation (strided by COLS)
+const COLS: u32 = 16u;             // invocations sharing a query group
+const TILE_D4: u32 = 4u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 65u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
-const WORKGROUP_SIZE: u32 = 128u;
+const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
 
 // Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
@@ -54,7 +54,7 @@ struct Uniforms {
 var<workgroup> tile_q: array<vec4<f32>, 2080>;      // [MAX_BLOCK_Q][ROW4]
 var<workgroup> tile_kv: array<vec4<f16>, 1040>;     // [BLOCK_K][ROW4], K then V
 var<workgroup> tile_p: array<vec4<f32>, 128>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
-var<workgroup> row_part: array<f32, 256>;          // [MAX_BLOCK_Q][COLS] partial max / sum
+var<workgroup> row_part: array<f32, 512>;          // [MAX_BLOCK_Q][COLS] partial max / sum
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -271,27 +271,19 @@ fn main(
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
     var m: array<f32, 2>;    // running row max (identical across a query group)
     var l: array<f32, 2>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
     acc[1] = vec4<f32>();
     acc[2] = vec4<f32>();
     acc[3] = vec4<f32>();
+    m[1] = MASKED;
+    l[1] = 0.0;
     acc[4] = vec4<f32>();
     acc[5] = vec4<f32>();
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
-    m[1] = MASKED;
-    l[1] = 0.0;
-    acc[8] = vec4<f32>();
-    acc[9] = vec4<f32>();
-    acc[10] = vec4<f32>();
-    acc[11] = vec4<f32>();
-    acc[12] = vec4<f32>();
-    acc[13] = vec4<f32>();
-    acc[14] = vec4<f32>();
-    acc[15] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -300,38 +292,29 @@ fn main(
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 4>;
+        var s: array<f32, 2>;
         s[0] = 0.0;
         s[1] = 0.0;
-        s[2] = 0.0;
-        s[3] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
-            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
-            s[1] = s[1] + dot(qr0, kt1);
             let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
-            s[2] = s[2] + dot(qr1, kt0);
-            s[3] = s[3] + dot(qr1, kt1);
+            s[1] = s[1] + dot(qr1, kt0);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
         // query's visible range [span.x, span.y) scores MASKED); partial row maxima
         s[0] = final_score(s[0]);
         s[1] = final_score(s[1]);
-        s[2] = final_score(s[2]);
-        s[3] = final_score(s[3]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
-            s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[2] = select(MASKED, s[2], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
-            s[3] = select(MASKED, s[3], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
+            s[1] = select(MASKED, s[1], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
         }
-        row_part[(a * TILE_Q + 0u) * COLS + c] = max(s[0], s[1]);
-        row_part[(a * TILE_Q + 1u) * COLS + c] = max(s[2], s[3]);
+        row_part[(a * TILE_Q + 0u) * COLS + c] = s[0];
+        row_part[(a * TILE_Q + 1u) * COLS + c] = s[1];
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
@@ -344,36 +327,24 @@ fn main(
             m[0] = m_new;
             let p0 = select(0.0, exp(s[0] - m_new), s[0] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            l[0] = l[0] * correction + p0 + p1;
+            l[0] = l[0] * correction + p0;
             acc[0] = acc[0] * correction;
             acc[1] = acc[1] * correction;
             acc[2] = acc[2] * correction;
             acc[3] = acc[3] * correction;
-            acc[4] = acc[4] * correction;
-            acc[5] = acc[5] * correction;
-            acc[6] = acc[6] * correction;
-            acc[7] = acc[7] * correction;
         }
         {
             let r = a * TILE_Q + 1u;
             let m_new = max(m[1], row_max(r));
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
-            let p0 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
+            let p0 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            l[1] = l[1] * correction + p0 + p1;
-            acc[8] = acc[8] * correction;
-            acc[9] = acc[9] * correction;
-            acc[10] = acc[10] * correction;
-            acc[11] = acc[11] * correction;
-            acc[12] = acc[12] * correction;
-            acc[13] = acc[13] * correction;
-            acc[14] = acc[14] * correction;
-            acc[15] = acc[15] * correction;
+            l[1] = l[1] * correction + p0;
+            acc[4] = acc[4] * correction;
+            acc[5] = acc[5] * correction;
+            acc[6] = acc[6] * correction;
+            acc[7] = acc[7] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
@@ -383,100 +354,52 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
-            acc[8] = acc[8] + p1.x * v00;
+            acc[4] = acc[4] + p1.x * v00;
             let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.x * v01;
-            acc[9] = acc[9] + p1.x * v01;
+            acc[5] = acc[5] + p1.x * v01;
             let v02 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.x * v02;
-            acc[10] = acc[10] + p1.x * v02;
+            acc[6] = acc[6] + p1.x * v02;
             let v03 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.x * v03;
-            acc[11] = acc[11] + p1.x * v03;
-            let v04 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 4u * COLS]);
-            acc[4] = acc[4] + p0.x * v04;
-            acc[12] = acc[12] + p1.x * v04;
-            let v05 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 5u * COLS]);
-            acc[5] = acc[5] + p0.x * v05;
-            acc[13] = acc[13] + p1.x * v05;
-            let v06 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 6u * COLS]);
-            acc[6] = acc[6] + p0.x * v06;
-            acc[14] = acc[14] + p1.x * v06;
-            let v07 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 7u * COLS]);
-            acc[7] = acc[7] + p0.x * v07;
-            acc[15] = acc[15] + p1.x * v07;
+            acc[7] = acc[7] + p1.x * v03;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
-            acc[8] = acc[8] + p1.y * v10;
+            acc[4] = acc[4] + p1.y * v10;
             let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.y * v11;
-            acc[9] = acc[9] + p1.y * v11;
+            acc[5] = acc[5] + p1.y * v11;
             let v12 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.y * v12;
-            acc[10] = acc[10] + p1.y * v12;
+            acc[6] = acc[6] + p1.y * v12;
             let v13 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.y * v13;
-            acc[11] = acc[11] + p1.y * v13;
-            let v14 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 4u * COLS]);
-            acc[4] = acc[4] + p0.y * v14;
-            acc[12] = acc[12] + p1.y * v14;
-            let v15 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 5u * COLS]);
-            acc[5] = acc[5] + p0.y * v15;
-            acc[13] = acc[13] + p1.y * v15;
-            let v16 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 6u * COLS]);
-            acc[6] = acc[6] + p0.y * v16;
-            acc[14] = acc[14] + p1.y * v16;
-            let v17 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 7u * COLS]);
-            acc[7] = acc[7] + p0.y * v17;
-            acc[15] = acc[15] + p1.y * v17;
+            acc[7] = acc[7] + p1.y * v13;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
-            acc[8] = acc[8] + p1.z * v20;
+            acc[4] = acc[4] + p1.z * v20;
             let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.z * v21;
-            acc[9] = acc[9] + p1.z * v21;
+            acc[5] = acc[5] + p1.z * v21;
             let v22 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.z * v22;
-            acc[10] = acc[10] + p1.z * v22;
+            acc[6] = acc[6] + p1.z * v22;
             let v23 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.z * v23;
-            acc[11] = acc[11] + p1.z * v23;
-            let v24 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 4u * COLS]);
-            acc[4] = acc[4] + p0.z * v24;
-            acc[12] = acc[12] + p1.z * v24;
-            let v25 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 5u * COLS]);
-            acc[5] = acc[5] + p0.z * v25;
-            acc[13] = acc[13] + p1.z * v25;
-            let v26 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 6u * COLS]);
-            acc[6] = acc[6] + p0.z * v26;
-            acc[14] = acc[14] + p1.z * v26;
-            let v27 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 7u * COLS]);
-            acc[7] = acc[7] + p0.z * v27;
-            acc[15] = acc[15] + p1.z * v27;
+            acc[7] = acc[7] + p1.z * v23;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
-            acc[8] = acc[8] + p1.w * v30;
+            acc[4] = acc[4] + p1.w * v30;
             let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.w * v31;
-            acc[9] = acc[9] + p1.w * v31;
+            acc[5] = acc[5] + p1.w * v31;
             let v32 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.w * v32;
-            acc[10] = acc[10] + p1.w * v32;
+            acc[6] = acc[6] + p1.w * v32;
             let v33 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.w * v33;
-            acc[11] = acc[11] + p1.w * v33;
-            let v34 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 4u * COLS]);
-            acc[4] = acc[4] + p0.w * v34;
-            acc[12] = acc[12] + p1.w * v34;
-            let v35 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 5u * COLS]);
-            acc[5] = acc[5] + p0.w * v35;
-            acc[13] = acc[13] + p1.w * v35;
-            let v36 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 6u * COLS]);
-            acc[6] = acc[6] + p0.w * v36;
-            acc[14] = acc[14] + p1.w * v36;
-            let v37 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 7u * COLS]);
-            acc[7] = acc[7] + p0.w * v37;
-            acc[15] = acc[15] + p1.w * v37;
+            acc[7] = acc[7] + p1.w * v33;
         }
     }
 
@@ -495,23 +418,15 @@ fn main(
         store_out4(base, c + 1u * COLS, acc[1] * inv_l);
         store_out4(base, c + 2u * COLS, acc[2] * inv_l);
         store_out4(base, c + 3u * COLS, acc[3] * inv_l);
-        store_out4(base, c + 4u * COLS, acc[4] * inv_l);
-        store_out4(base, c + 5u * COLS, acc[5] * inv_l);
-        store_out4(base, c + 6u * COLS, acc[6] * inv_l);
-        store_out4(base, c + 7u * COLS, acc[7] * inv_l);
     }
     if (a * TILE_Q + 1u < q_count) {
         let r = a * TILE_Q + 1u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
-        store_out4(base, c + 2u * COLS, acc[10] * inv_l);
-        store_out4(base, c + 3u * COLS, acc[11] * inv_l);
-        store_out4(base, c + 4u * COLS, acc[12] * inv_l);
-        store_out4(base, c + 5u * COLS, acc[13] * inv_l);
-        store_out4(base, c + 6u * COLS, acc[14] * inv_l);
-        store_out4(base, c + 7u * COLS, acc[15] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[6] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[7] * inv_l);
     }
 }

@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:802ffc93225b534e212e6dfcafc9ee5d43a20e4e91a390bc5c9b585a07816526
+// source-hash: sha256:184cf2ccc76f8d8d2c1cdc7785fae3ca3e9213860a2e62c57ac9dfe410b3a5bd
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 2 queries x 4 keys (S) and 2 queries x 64 dims (O).
+// micro-tiles of 2 queries x 2 keys (S) and 2 queries x 32 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -16,13 +16,13 @@ const MAX_HEAD_DIM: u32 = 256u;
 const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 16u;        // keys per KV tile
 const TILE_Q: u32 = 2u;          // queries per invocation
-const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
-const COLS: u32 = 4u;             // invocations sharing a query group
-const TILE_D4: u32 = 16u;          // head-dim vec4 columns per invocation (strided by COLS)
+const TILE_K: u32 = 2u;          // keys per invocation (strided by COLS)
+const COLS: u32 = 8u;             // invocations sharing a query group
+const TILE_D4: u32 = 8u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 65u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
-const WORKGROUP_SIZE: u32 = 128u;
+const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
-const MIN_SUBGROUP_SIZE: u32 = 4u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
+const MIN_SUBGROUP_SIZE: u32 = 8u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
 
 // Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
 // rows idle and stays correct; a larger one makes the kernel return without writing)
@@ -56,7 +56,7 @@ struct Uniforms {
 
 var<workgroup> tile_q: array<vec4<f16>, 4160>;      // [MAX_BLOCK_Q][ROW4]
 var<workgroup> tile_kv: array<vec4<f16>, 1040>;     // [BLOCK_K][ROW4], K then V
-var<workgroup> tile_p: array<vec4<f32>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
+var<workgroup> tile_p: array<vec4<f16>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -257,7 +257,7 @@ fn main(
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
     var m: array<f32, 2>;    // running row max (identical across a query group)
     var l: array<f32, 2>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 32>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
@@ -268,6 +268,8 @@ fn main(
     acc[5] = vec4<f32>();
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
+    m[1] = MASKED;
+    l[1] = 0.0;
     acc[8] = vec4<f32>();
     acc[9] = vec4<f32>();
     acc[10] = vec4<f32>();
@@ -276,24 +278,6 @@ fn main(
     acc[13] = vec4<f32>();
     acc[14] = vec4<f32>();
     acc[15] = vec4<f32>();
-    m[1] = MASKED;
-    l[1] = 0.0;
-    acc[16] = vec4<f32>();
-    acc[17] = vec4<f32>();
-    acc[18] = vec4<f32>();
-    acc[19] = vec4<f32>();
-    acc[20] = vec4<f32>();
-    acc[21] = vec4<f32>();
-    acc[22] = vec4<f32>();
-    acc[23] = vec4<f32>();
-    acc[24] = vec4<f32>();
-    acc[25] = vec4<f32>();
-    acc[26] = vec4<f32>();
-    acc[27] = vec4<f32>();
-    acc[28] = vec4<f32>();
-    acc[29] = vec4<f32>();
-    acc[30] = vec4<f32>();
-    acc[31] = vec4<f32>();
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
@@ -302,30 +286,20 @@ fn main(
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 8>;
+        var s: array<f32, 4>;
         s[0] = 0.0;
         s[1] = 0.0;
         s[2] = 0.0;
         s[3] = 0.0;
-        s[4] = 0.0;
-        s[5] = 0.0;
-        s[6] = 0.0;
-        s[7] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
             let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
-            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
-            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
-            s[2] = s[2] + dot(qr0, kt2);
-            s[3] = s[3] + dot(qr0, kt3);
             let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
-            s[4] = s[4] + dot(qr1, kt0);
-            s[5] = s[5] + dot(qr1, kt1);
-            s[6] = s[6] + dot(qr1, kt2);
-            s[7] = s[7] + dot(qr1, kt3);
+            s[2] = s[2] + dot(qr1, kt0);
+            s[3] = s[3] + dot(qr1, kt1);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
@@ -334,28 +308,22 @@ fn main(
         s[1] = final_score(s[1]);
         s[2] = final_score(s[2]);
         s[3] = final_score(s[3]);
-        s[4] = final_score(s[4]);
-        s[5] = final_score(s[5]);
-        s[6] = final_score(s[6]);
-        s[7] = final_score(s[7]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
-            s[2] = select(MASKED, s[2], (k0 + c + 2u * COLS >= span0.x) & (k0 + c + 2u * COLS < span0.y));
-            s[3] = select(MASKED, s[3], (k0 + c + 3u * COLS >= span0.x) & (k0 + c + 3u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
-            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
-            s[6] = select(MASKED, s[6], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
-            s[7] = select(MASKED, s[7], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
+            s[2] = select(MASKED, s[2], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[3] = select(MASKED, s[3], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
         }
-        var tile_max0 = max(max(max(s[0], s[1]), s[2]), s[3]);
+        var tile_max0 = max(s[0], s[1]);
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 1u));
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 2u));
-        var tile_max1 = max(max(max(s[4], s[5]), s[6]), s[7]);
+        tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 4u));
+        var tile_max1 = max(s[2], s[3]);
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 1u));
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 2u));
+        tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 4u));
         workgroupBarrier();  // every invocation is done reading K
 
         load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
@@ -366,15 +334,13 @@ fn main(
             let m_new = max(m[0], tile_max0);
             let correction = exp(m[0] - m_new);
             m[0] = m_new;
-            let p0 = select(0.0, exp(s[0] - m_new), s[0] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[0] = l[0] * correction + p0 + p1 + p2 + p3;
+            let p0_h = f16(select(0.0, exp(s[0] - m_new), s[0] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[1] - m_new), s[1] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            l[0] = l[0] * correction + p0 + p1;
             acc[0] = acc[0] * correction;
             acc[1] = acc[1] * correction;
             acc[2] = acc[2] * correction;
@@ -383,6 +349,19 @@ fn main(
             acc[5] = acc[5] * correction;
             acc[6] = acc[6] * correction;
             acc[7] = acc[7] * correction;
+        }
+        {
+            let r = a * TILE_Q + 1u;
+            let m_new = max(m[1], tile_max1);
+            let correction = exp(m[1] - m_new);
+            m[1] = m_new;
+            let p0_h = f16(select(0.0, exp(s[2] - m_new), s[2] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[3] - m_new), s[3] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            l[1] = l[1] * correction + p0 + p1;
             acc[8] = acc[8] * correction;
             acc[9] = acc[9] * correction;
             acc[10] = acc[10] * correction;
@@ -392,37 +371,6 @@ fn main(
             acc[14] = acc[14] * correction;
             acc[15] = acc[15] * correction;
         }
-        {
-            let r = a * TILE_Q + 1u;
-            let m_new = max(m[1], tile_max1);
-            let correction = exp(m[1] - m_new);
-            m[1] = m_new;
-            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            l[1] = l[1] * correction + p0 + p1 + p2 + p3;
-            acc[16] = acc[16] * correction;
-            acc[17] = acc[17] * correction;
-            acc[18] = acc[18] * correction;
-            acc[19] = acc[19] * correction;
-            acc[20] = acc[20] * correction;
-            acc[21] = acc[21] * correction;
-            acc[22] = acc[22] * correction;
-            acc[23] = acc[23] * correction;
-            acc[24] = acc[24] * correction;
-            acc[25] = acc[25] * correction;
-            acc[26] = acc[26] * correction;
-            acc[27] = acc[27] * correction;
-            acc[28] = acc[28] * correction;
-            acc[29] = acc[29] * correction;
-            acc[30] = acc[30] * correction;
-            acc[31] = acc[31] * correction;
-        }
         workgroupBarrier();  // V and P are in workgroup memory
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
@@ -431,196 +379,100 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
-            acc[16] = acc[16] + p1.x * v00;
+            acc[8] = acc[8] + p1.x * v00;
             let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.x * v01;
-            acc[17] = acc[17] + p1.x * v01;
+            acc[9] = acc[9] + p1.x * v01;
             let v02 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.x * v02;
-            acc[18] = acc[18] + p1.x * v02;
+            acc[10] = acc[10] + p1.x * v02;
             let v03 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.x * v03;
-            acc[19] = acc[19] + p1.x * v03;
+            acc[11] = acc[11] + p1.x * v03;
             let v04 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 4u * COLS]);
             acc[4] = acc[4] + p0.x * v04;
-            acc[20] = acc[20] + p1.x * v04;
+            acc[12] = acc[12] + p1.x * v04;
             let v05 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 5u * COLS]);
             acc[5] = acc[5] + p0.x * v05;
-            acc[21] = acc[21] + p1.x * v05;
+            acc[13] = acc[13] + p1.x * v05;
             let v06 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 6u * COLS]);
             acc[6] = acc[6] + p0.x * v06;
-            acc[22] = acc[22] + p1.x * v06;
+            acc[14] = acc[14] + p1.x * v06;
             let v07 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 7u * COLS]);
             acc[7] = acc[7] + p0.x * v07;
-            acc[23] = acc[23] + p1.x * v07;
-            let v08 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 8u * COLS]);
-            acc[8] = acc[8] + p0.x * v08;
-            acc[24] = acc[24] + p1.x * v08;
-            let v09 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 9u * COLS]);
-            acc[9] = acc[9] + p0.x * v09;
-            acc[25] = acc[25] + p1.x * v09;
-            let v010 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 10u * COLS]);
-            acc[10] = acc[10] + p0.x * v010;
-            acc[26] = acc[26] + p1.x * v010;
-            let v011 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 11u * COLS]);
-            acc[11] = acc[11] + p0.x * v011;
-            acc[27] = acc[27] + p1.x * v011;
-            let v012 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 12u * COLS]);
-            acc[12] = acc[12] + p0.x * v012;
-            acc[28] = acc[28] + p1.x * v012;
-            let v013 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 13u * COLS]);
-            acc[13] = acc[13] + p0.x * v013;
-            acc[29] = acc[29] + p1.x * v013;
-            let v014 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 14u * COLS]);
-            acc[14] = acc[14] + p0.x * v014;
-            acc[30] = acc[30] + p1.x * v014;
-            let v015 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 15u * COLS]);
-            acc[15] = acc[15] + p0.x * v015;
-            acc[31] = acc[31] + p1.x * v015;
+            acc[15] = acc[15] + p1.x * v07;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
-            acc[16] = acc[16] + p1.y * v10;
+            acc[8] = acc[8] + p1.y * v10;
             let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.y * v11;
-            acc[17] = acc[17] + p1.y * v11;
+            acc[9] = acc[9] + p1.y * v11;
             let v12 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.y * v12;
-            acc[18] = acc[18] + p1.y * v12;
+            acc[10] = acc[10] + p1.y * v12;
             let v13 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.y * v13;
-            acc[19] = acc[19] + p1.y * v13;
+            acc[11] = acc[11] + p1.y * v13;
             let v14 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 4u * COLS]);
             acc[4] = acc[4] + p0.y * v14;
-            acc[20] = acc[20] + p1.y * v14;
+            acc[12] = acc[12] + p1.y * v14;
             let v15 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 5u * COLS]);
             acc[5] = acc[5] + p0.y * v15;
-            acc[21] = acc[21] + p1.y * v15;
+            acc[13] = acc[13] + p1.y * v15;
             let v16 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 6u * COLS]);
             acc[6] = acc[6] + p0.y * v16;
-            acc[22] = acc[22] + p1.y * v16;
+            acc[14] = acc[14] + p1.y * v16;
             let v17 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 7u * COLS]);
             acc[7] = acc[7] + p0.y * v17;
-            acc[23] = acc[23] + p1.y * v17;
-            let v18 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 8u * COLS]);
-            acc[8] = acc[8] + p0.y * v18;
-            acc[24] = acc[24] + p1.y * v18;
-            let v19 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 9u * COLS]);
-            acc[9] = acc[9] + p0.y * v19;
-            acc[25] = acc[25] + p1.y * v19;
-            let v110 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 10u * COLS]);
-            acc[10] = acc[10] + p0.y * v110;
-            acc[26] = acc[26] + p1.y * v110;
-            let v111 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 11u * COLS]);
-            acc[11] = acc[11] + p0.y * v111;
-            acc[27] = acc[27] + p1.y * v111;
-            let v112 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 12u * COLS]);
-            acc[12] = acc[12] + p0.y * v112;
-            acc[28] = acc[28] + p1.y * v112;
-            let v113 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 13u * COLS]);
-            acc[13] = acc[13] + p0.y * v113;
-            acc[29] = acc[29] + p1.y * v113;
-            let v114 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 14u * COLS]);
-            acc[14] = acc[14] + p0.y * v114;
-            acc[30] = acc[30] + p1.y * v114;
-            let v115 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 15u * COLS]);
-            acc[15] = acc[15] + p0.y * v115;
-            acc[31] = acc[31] + p1.y * v115;
+            acc[15] = acc[15] + p1.y * v17;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
-            acc[16] = acc[16] + p1.z * v20;
+            acc[8] = acc[8] + p1.z * v20;
             let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.z * v21;
-            acc[17] = acc[17] + p1.z * v21;
+            acc[9] = acc[9] + p1.z * v21;
             let v22 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.z * v22;
-            acc[18] = acc[18] + p1.z * v22;
+            acc[10] = acc[10] + p1.z * v22;
             let v23 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.z * v23;
-            acc[19] = acc[19] + p1.z * v23;
+            acc[11] = acc[11] + p1.z * v23;
             let v24 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 4u * COLS]);
             acc[4] = acc[4] + p0.z * v24;
-            acc[20] = acc[20] + p1.z * v24;
+            acc[12] = acc[12] + p1.z * v24;
             let v25 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 5u * COLS]);
             acc[5] = acc[5] + p0.z * v25;
-            acc[21] = acc[21] + p1.z * v25;
+            acc[13] = acc[13] + p1.z * v25;
             let v26 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 6u * COLS]);
             acc[6] = acc[6] + p0.z * v26;
-            acc[22] = acc[22] + p1.z * v26;
+            acc[14] = acc[14] + p1.z * v26;
             let v27 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 7u * COLS]);
             acc[7] = acc[7] + p0.z * v27;
-            acc[23] = acc[23] + p1.z * v27;
-            let v28 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 8u * COLS]);
-            acc[8] = acc[8] + p0.z * v28;
-            acc[24] = acc[24] + p1.z * v28;
-            let v29 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 9u * COLS]);
-            acc[9] = acc[9] + p0.z * v29;
-            acc[25] = acc[25] + p1.z * v29;
-            let v210 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 10u * COLS]);
-            acc[10] = acc[10] + p0.z * v210;
-            acc[26] = acc[26] + p1.z * v210;
-            let v211 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 11u * COLS]);
-            acc[11] = acc[11] + p0.z * v211;
-            acc[27] = acc[27] + p1.z * v211;
-            let v212 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 12u * COLS]);
-            acc[12] = acc[12] + p0.z * v212;
-            acc[28] = acc[28] + p1.z * v212;
-            let v213 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 13u * COLS]);
-            acc[13] = acc[13] + p0.z * v213;
-            acc[29] = acc[29] + p1.z * v213;
-            let v214 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 14u * COLS]);
-            acc[14] = acc[14] + p0.z * v214;
-            acc[30] = acc[30] + p1.z * v214;
-            let v215 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 15u * COLS]);
-            acc[15] = acc[15] + p0.z * v215;
-            acc[31] = acc[31] + p1.z * v215;
+            acc[15] = acc[15] + p1.z * v27;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
-            acc[16] = acc[16] + p1.w * v30;
+            acc[8] = acc[8] + p1.w * v30;
             let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.w * v31;
-            acc[17] = acc[17] + p1.w * v31;
+            acc[9] = acc[9] + p1.w * v31;
             let v32 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 2u * COLS]);
             acc[2] = acc[2] + p0.w * v32;
-            acc[18] = acc[18] + p1.w * v32;
+            acc[10] = acc[10] + p1.w * v32;
             let v33 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 3u * COLS]);
             acc[3] = acc[3] + p0.w * v33;
-            acc[19] = acc[19] + p1.w * v33;
+            acc[11] = acc[11] + p1.w * v33;
             let v34 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 4u * COLS]);
             acc[4] = acc[4] + p0.w * v34;
-            acc[20] = acc[20] + p1.w * v34;
+            acc[12] = acc[12] + p1.w * v34;
             let v35 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 5u * COLS]);
             acc[5] = acc[5] + p0.w * v35;
-            acc[21] = acc[21] + p1.w * v35;
+            acc[13] = acc[13] + p1.w * v35;
             let v36 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 6u * COLS]);
             acc[6] = acc[6] + p0.w * v36;
-            acc[22] = acc[22] + p1.w * v36;
+            acc[14] = acc[14] + p1.w * v36;
             let v37 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 7u * COLS]);
             acc[7] = acc[7] + p0.w * v37;
-            acc[23] = acc[23] + p1.w * v37;
-            let v38 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 8u * COLS]);
-            acc[8] = acc[8] + p0.w * v38;
-            acc[24] = acc[24] + p1.w * v38;
-            let v39 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 9u * COLS]);
-            acc[9] = acc[9] + p0.w * v39;
-            acc[25] = acc[25] + p1.w * v39;
-            let v310 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 10u * COLS]);
-            acc[10] = acc[10] + p0.w * v310;
-            acc[26] = acc[26] + p1.w * v310;
-            let v311 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 11u * COLS]);
-            acc[11] = acc[11] + p0.w * v311;
-            acc[27] = acc[27] + p1.w * v311;
-            let v312 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 12u * COLS]);
-            acc[12] = acc[12] + p0.w * v312;
-            acc[28] = acc[28] + p1.w * v312;
-            let v313 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 13u * COLS]);
-            acc[13] = acc[13] + p0.w * v313;
-            acc[29] = acc[29] + p1.w * v313;
-            let v314 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 14u * COLS]);
-            acc[14] = acc[14] + p0.w * v314;
-            acc[30] = acc[30] + p1.w * v314;
-            let v315 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 15u * COLS]);
-            acc[15] = acc[15] + p0.w * v315;
-            acc[31] = acc[31] + p1.w * v315;
+            acc[15] = acc[15] + p1.w * v37;
         }
     }
 
@@ -633,9 +485,11 @@ fn main(
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);
     total0 = total0 + subgroupShuffleXor(total0, 2u);
+    total0 = total0 + subgroupShuffleXor(total0, 4u);
     var total1 = l[1];
     total1 = total1 + subgroupShuffleXor(total1, 1u);
     total1 = total1 + subgroupShuffleXor(total1, 2u);
+    total1 = total1 + subgroupShuffleXor(total1, 4u);
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
         let total = total0;
@@ -649,35 +503,19 @@ fn main(
         store_out4(base, c + 5u * COLS, acc[5] * inv_l);
         store_out4(base, c + 6u * COLS, acc[6] * inv_l);
         store_out4(base, c + 7u * COLS, acc[7] * inv_l);
-        store_out4(base, c + 8u * COLS, acc[8] * inv_l);
-        store_out4(base, c + 9u * COLS, acc[9] * inv_l);
-        store_out4(base, c + 10u * COLS, acc[10] * inv_l);
-        store_out4(base, c + 11u * COLS, acc[11] * inv_l);
-        store_out4(base, c + 12u * COLS, acc[12] * inv_l);
-        store_out4(base, c + 13u * COLS, acc[13] * inv_l);
-        store_out4(base, c + 14u * COLS, acc[14] * inv_l);
-        store_out4(base, c + 15u * COLS, acc[15] * inv_l);
     }
     if (a * TILE_Q + 1u < q_count) {
         let r = a * TILE_Q + 1u;
         let total = total1;
         let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[16] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[17] * inv_l);
-        store_out4(base, c + 2u * COLS, acc[18] * inv_l);
-        store_out4(base, c + 3u * COLS, acc[19] * inv_l);
-        store_out4(base, c + 4u * COLS, acc[20] * inv_l);
-        store_out4(base, c + 5u * COLS, acc[21] * inv_l);
-        store_out4(base, c + 6u * COLS, acc[22] * inv_l);
-        store_out4(base, c + 7u * COLS, acc[23] * inv_l);
-        store_out4(base, c + 8u * COLS, acc[24] * inv_l);
-        store_out4(base, c + 9u * COLS, acc[25] * inv_l);
-        store_out4(base, c + 10u * COLS, acc[26] * inv_l);
-        store_out4(base, c + 11u * COLS, acc[27] * inv_l);
-        store_out4(base, c + 12u * COLS, acc[28] * inv_l);
-        store_out4(base, c + 13u * COLS, acc[29] * inv_l);
-        store_out4(base, c + 14u * COLS, acc[30] * inv_l);
-        store_out4(base, c + 15u * COLS, acc[31] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[10] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[11] * inv_l);
+        store_out4(base, c + 4u * COLS, acc[12] * inv_l);
+        store_out4(base, c + 5u * COLS, acc[13] * inv_l);
+        store_out4(base, c + 6u * COLS, acc[14] * inv_l);
+        store_out4(base, c + 7u * COLS, acc[15] * inv_l);
     }
 }

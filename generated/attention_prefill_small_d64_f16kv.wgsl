@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:57ec7112ec643223ac3a36d7b45f386f16e06b2ee67f923d4d946f6077c32aea
+// source-hash: sha256:1e88678de8f9933bffc9095f456de1ff562ee238c40a2286e57276f7bc4ca4f1
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 2 queries x 8 keys (S) and 2 queries x 16 dims (O).
+// micro-tiles of 2 queries x 4 keys (S) and 2 queries x 8 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -14,11 +14,11 @@ const MAX_HEAD_DIM: u32 = 64u;
 const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 32u;        // keys per KV tile
 const TILE_Q: u32 = 2u;          // queries per invocation
-const TILE_K: u32 = 8u;          // keys per invocation (strided by COLS)
-const COLS: u32 = 4u;             // invocations sharing a query group
-const TILE_D4: u32 = 4u;          // head-dim vec4 columns per invocation (strided by COLS)
+const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
+const COLS: u32 = 8u;             // invocations sharing a query group
+const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
-const WORKGROUP_SIZE: u32 = 128u;
+const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
 
 // Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
@@ -53,7 +53,7 @@ struct Uniforms {
 
 var<workgroup> tile_kv: array<vec4<f16>, 544>;     // [BLOCK_K][ROW4], K then V
 var<workgroup> tile_p: array<vec4<f32>, 512>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
-var<workgroup> row_part: array<f32, 256>;          // [MAX_BLOCK_Q][COLS] partial max / sum
+var<workgroup> row_part: array<f32, 512>;          // [MAX_BLOCK_Q][COLS] partial max / sum
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -188,13 +188,6 @@ fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count
     return value;
 }
 
-// Fill tile_kv with BLOCK_K rows of K or V from key k0
-fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
-    for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
-        tile_kv[idx] = kv_element(is_v, idx, k0, kv_len, kv_head, d4_count);
-    }
-}
-
 // Query tile row r, head-dim vec4 d4, as f32
 fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
     let query = q0 + r;
@@ -263,28 +256,40 @@ fn main(
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
     var m: array<f32, 2>;    // running row max (identical across a query group)
     var l: array<f32, 2>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var acc: array<vec4<f32>, 4>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
     acc[1] = vec4<f32>();
-    acc[2] = vec4<f32>();
-    acc[3] = vec4<f32>();
     m[1] = MASKED;
     l[1] = 0.0;
-    acc[4] = vec4<f32>();
-    acc[5] = vec4<f32>();
-    acc[6] = vec4<f32>();
-    acc[7] = vec4<f32>();
+    acc[2] = vec4<f32>();
+    acc[3] = vec4<f32>();
+
+    // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
+    // tile are in flight while this one is computed
+    var pre: array<vec4<f16>, 3>;
+    pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
         workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
-        load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        if (t + 2u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        }
+
+        pre[0] = kv_element(true, t + 0u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(true, t + 1u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(true, t + 2u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 16>;
+        var s: array<f32, 8>;
         s[0] = 0.0;
         s[1] = 0.0;
         s[2] = 0.0;
@@ -293,41 +298,21 @@ fn main(
         s[5] = 0.0;
         s[6] = 0.0;
         s[7] = 0.0;
-        s[8] = 0.0;
-        s[9] = 0.0;
-        s[10] = 0.0;
-        s[11] = 0.0;
-        s[12] = 0.0;
-        s[13] = 0.0;
-        s[14] = 0.0;
-        s[15] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
             let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
             let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
             let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
-            let kt4 = vec4<f32>(tile_kv[(c + 4u * COLS) * ROW4 + d4]);
-            let kt5 = vec4<f32>(tile_kv[(c + 5u * COLS) * ROW4 + d4]);
-            let kt6 = vec4<f32>(tile_kv[(c + 6u * COLS) * ROW4 + d4]);
-            let kt7 = vec4<f32>(tile_kv[(c + 7u * COLS) * ROW4 + d4]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
             s[2] = s[2] + dot(qr0, kt2);
             s[3] = s[3] + dot(qr0, kt3);
-            s[4] = s[4] + dot(qr0, kt4);
-            s[5] = s[5] + dot(qr0, kt5);
-            s[6] = s[6] + dot(qr0, kt6);
-            s[7] = s[7] + dot(qr0, kt7);
             let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
-            s[8] = s[8] + dot(qr1, kt0);
-            s[9] = s[9] + dot(qr1, kt1);
-            s[10] = s[10] + dot(qr1, kt2);
-            s[11] = s[11] + dot(qr1, kt3);
-            s[12] = s[12] + dot(qr1, kt4);
-            s[13] = s[13] + dot(qr1, kt5);
-            s[14] = s[14] + dot(qr1, kt6);
-            s[15] = s[15] + dot(qr1, kt7);
+            s[4] = s[4] + dot(qr1, kt0);
+            s[5] = s[5] + dot(qr1, kt1);
+            s[6] = s[6] + dot(qr1, kt2);
+            s[7] = s[7] + dot(qr1, kt3);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
@@ -340,39 +325,32 @@ fn main(
         s[5] = final_score(s[5]);
         s[6] = final_score(s[6]);
         s[7] = final_score(s[7]);
-        s[8] = final_score(s[8]);
-        s[9] = final_score(s[9]);
-        s[10] = final_score(s[10]);
-        s[11] = final_score(s[11]);
-        s[12] = final_score(s[12]);
-        s[13] = final_score(s[13]);
-        s[14] = final_score(s[14]);
-        s[15] = final_score(s[15]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
             s[2] = select(MASKED, s[2], (k0 + c + 2u * COLS >= span0.x) & (k0 + c + 2u * COLS < span0.y));
             s[3] = select(MASKED, s[3], (k0 + c + 3u * COLS >= span0.x) & (k0 + c + 3u * COLS < span0.y));
-            s[4] = select(MASKED, s[4], (k0 + c + 4u * COLS >= span0.x) & (k0 + c + 4u * COLS < span0.y));
-            s[5] = select(MASKED, s[5], (k0 + c + 5u * COLS >= span0.x) & (k0 + c + 5u * COLS < span0.y));
-            s[6] = select(MASKED, s[6], (k0 + c + 6u * COLS >= span0.x) & (k0 + c + 6u * COLS < span0.y));
-            s[7] = select(MASKED, s[7], (k0 + c + 7u * COLS >= span0.x) & (k0 + c + 7u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[8] = select(MASKED, s[8], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
-            s[9] = select(MASKED, s[9], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
-            s[10] = select(MASKED, s[10], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
-            s[11] = select(MASKED, s[11], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
-            s[12] = select(MASKED, s[12], (k0 + c + 4u * COLS >= span1.x) & (k0 + c + 4u * COLS < span1.y));
-            s[13] = select(MASKED, s[13], (k0 + c + 5u * COLS >= span1.x) & (k0 + c + 5u * COLS < span1.y));
-            s[14] = select(MASKED, s[14], (k0 + c + 6u * COLS >= span1.x) & (k0 + c + 6u * COLS < span1.y));
-            s[15] = select(MASKED, s[15], (k0 + c + 7u * COLS >= span1.x) & (k0 + c + 7u * COLS < span1.y));
+            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
+            s[6] = select(MASKED, s[6], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
+            s[7] = select(MASKED, s[7], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
         }
-        row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(max(max(max(max(s[0], s[1]), s[2]), s[3]), s[4]), s[5]), s[6]), s[7]);
-        row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(max(max(max(max(s[8], s[9]), s[10]), s[11]), s[12]), s[13]), s[14]), s[15]);
+        row_part[(a * TILE_Q + 0u) * COLS + c] = max(max(max(s[0], s[1]), s[2]), s[3]);
+        row_part[(a * TILE_Q + 1u) * COLS + c] = max(max(max(s[4], s[5]), s[6]), s[7]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
-        load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        if (t + 2u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        }
+
+        pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+
         // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
         // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
         {
@@ -388,46 +366,26 @@ fn main(
             tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
             let p3 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[0] = l[0] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
+            l[0] = l[0] * correction + p0 + p1 + p2 + p3;
             acc[0] = acc[0] * correction;
             acc[1] = acc[1] * correction;
-            acc[2] = acc[2] * correction;
-            acc[3] = acc[3] * correction;
         }
         {
             let r = a * TILE_Q + 1u;
             let m_new = max(m[1], row_max(r));
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
-            let p0 = select(0.0, exp(s[8] - m_new), s[8] > MASKED);
+            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[9] - m_new), s[9] > MASKED);
+            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[10] - m_new), s[10] > MASKED);
+            let p2 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[11] - m_new), s[11] > MASKED);
+            let p3 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
-            let p4 = select(0.0, exp(s[12] - m_new), s[12] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 4u * COLS) / 4u][(c + 4u * COLS) % 4u] = p4;
-            let p5 = select(0.0, exp(s[13] - m_new), s[13] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 5u * COLS) / 4u][(c + 5u * COLS) % 4u] = p5;
-            let p6 = select(0.0, exp(s[14] - m_new), s[14] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 6u * COLS) / 4u][(c + 6u * COLS) % 4u] = p6;
-            let p7 = select(0.0, exp(s[15] - m_new), s[15] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 7u * COLS) / 4u][(c + 7u * COLS) % 4u] = p7;
-            l[1] = l[1] * correction + p0 + p1 + p2 + p3 + p4 + p5 + p6 + p7;
-            acc[4] = acc[4] * correction;
-            acc[5] = acc[5] * correction;
-            acc[6] = acc[6] * correction;
-            acc[7] = acc[7] * correction;
+            l[1] = l[1] * correction + p0 + p1 + p2 + p3;
+            acc[2] = acc[2] * correction;
+            acc[3] = acc[3] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
@@ -437,52 +395,28 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
-            acc[4] = acc[4] + p1.x * v00;
+            acc[2] = acc[2] + p1.x * v00;
             let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.x * v01;
-            acc[5] = acc[5] + p1.x * v01;
-            let v02 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 2u * COLS]);
-            acc[2] = acc[2] + p0.x * v02;
-            acc[6] = acc[6] + p1.x * v02;
-            let v03 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 3u * COLS]);
-            acc[3] = acc[3] + p0.x * v03;
-            acc[7] = acc[7] + p1.x * v03;
+            acc[3] = acc[3] + p1.x * v01;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
-            acc[4] = acc[4] + p1.y * v10;
+            acc[2] = acc[2] + p1.y * v10;
             let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.y * v11;
-            acc[5] = acc[5] + p1.y * v11;
-            let v12 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 2u * COLS]);
-            acc[2] = acc[2] + p0.y * v12;
-            acc[6] = acc[6] + p1.y * v12;
-            let v13 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 3u * COLS]);
-            acc[3] = acc[3] + p0.y * v13;
-            acc[7] = acc[7] + p1.y * v13;
+            acc[3] = acc[3] + p1.y * v11;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
-            acc[4] = acc[4] + p1.z * v20;
+            acc[2] = acc[2] + p1.z * v20;
             let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.z * v21;
-            acc[5] = acc[5] + p1.z * v21;
-            let v22 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 2u * COLS]);
-            acc[2] = acc[2] + p0.z * v22;
-            acc[6] = acc[6] + p1.z * v22;
-            let v23 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 3u * COLS]);
-            acc[3] = acc[3] + p0.z * v23;
-            acc[7] = acc[7] + p1.z * v23;
+            acc[3] = acc[3] + p1.z * v21;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
-            acc[4] = acc[4] + p1.w * v30;
+            acc[2] = acc[2] + p1.w * v30;
             let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
             acc[1] = acc[1] + p0.w * v31;
-            acc[5] = acc[5] + p1.w * v31;
-            let v32 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 2u * COLS]);
-            acc[2] = acc[2] + p0.w * v32;
-            acc[6] = acc[6] + p1.w * v32;
-            let v33 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 3u * COLS]);
-            acc[3] = acc[3] + p0.w * v33;
-            acc[7] = acc[7] + p1.w * v33;
+            acc[3] = acc[3] + p1.w * v31;
         }
     }
 
@@ -499,17 +433,13 @@ fn main(
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[0] * inv_l);
         store_out4(base, c + 1u * COLS, acc[1] * inv_l);
-        store_out4(base, c + 2u * COLS, acc[2] * inv_l);
-        store_out4(base, c + 3u * COLS, acc[3] * inv_l);
     }
     if (a * TILE_Q + 1u < q_count) {
         let r = a * TILE_Q + 1u;
         let total = row_sum(r);
         let inv_l = select(0.0, 1.0 / total, total > 0.0);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
-        store_out4(base, c + 2u * COLS, acc[6] * inv_l);
-        store_out4(base, c + 3u * COLS, acc[7] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[2] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[3] * inv_l);
     }
 }

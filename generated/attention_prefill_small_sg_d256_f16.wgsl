@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9b6165523a349cb5712ee4232194842373d0c4f1a80de3346d58173ba4c68198
+// source-hash: sha256:8014a570b3625ee13ef615b4bfdc32bd8d122d7203b1dc3f24c7062b97277c68
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -55,7 +55,7 @@ struct Uniforms {
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
 
 var<workgroup> tile_kv: array<vec4<f16>, 1040>;     // [BLOCK_K][ROW4], K then V
-var<workgroup> tile_p: array<vec4<f32>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
+var<workgroup> tile_p: array<vec4<f16>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -358,14 +358,18 @@ fn main(
             let m_new = max(m[0], tile_max0);
             let correction = exp(m[0] - m_new);
             m[0] = m_new;
-            let p0 = select(0.0, exp(s[0] - m_new), s[0] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[1] - m_new), s[1] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[2] - m_new), s[2] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[3] - m_new), s[3] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
+            let p0_h = f16(select(0.0, exp(s[0] - m_new), s[0] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[1] - m_new), s[1] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[2] - m_new), s[2] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[3] - m_new), s[3] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
             l[0] = l[0] * correction + p0 + p1 + p2 + p3;
             acc[0] = acc[0] * correction;
             acc[1] = acc[1] * correction;
@@ -389,14 +393,18 @@ fn main(
             let m_new = max(m[1], tile_max1);
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
-            let p0 = select(0.0, exp(s[4] - m_new), s[4] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0;
-            let p1 = select(0.0, exp(s[5] - m_new), s[5] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1;
-            let p2 = select(0.0, exp(s[6] - m_new), s[6] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2;
-            let p3 = select(0.0, exp(s[7] - m_new), s[7] > MASKED);
-            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3;
+            let p0_h = f16(select(0.0, exp(s[4] - m_new), s[4] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[5] - m_new), s[5] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[6] - m_new), s[6] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[7] - m_new), s[7] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
             l[1] = l[1] * correction + p0 + p1 + p2 + p3;
             acc[16] = acc[16] * correction;
             acc[17] = acc[17] * correction;

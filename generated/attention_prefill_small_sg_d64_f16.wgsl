@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:676a81687eaf70696c0f3b074983546502a6b99161a685b48e1a8166cf1d2958
+// source-hash: sha256:26545e999fc3292f0cd57550345ee718abd0bdfed1701813a5c1054a8d18859c
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 4 queries x 2 keys (S) and 4 queries x 4 dims (O).
+// micro-tiles of 2 queries x 4 keys (S) and 2 queries x 8 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -15,14 +15,14 @@ enable subgroups;
 const MAX_HEAD_DIM: u32 = 64u;
 const MAX_BLOCK_Q: u32 = 32u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 32u;        // keys per KV tile
-const TILE_Q: u32 = 4u;          // queries per invocation
-const TILE_K: u32 = 2u;          // keys per invocation (strided by COLS)
-const COLS: u32 = 16u;             // invocations sharing a query group
-const TILE_D4: u32 = 1u;          // head-dim vec4 columns per invocation (strided by COLS)
+const TILE_Q: u32 = 2u;          // queries per invocation
+const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
+const COLS: u32 = 8u;             // invocations sharing a query group
+const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
 const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
 const WORKGROUP_SIZE: u32 = 128u;
 const MASKED: f32 = -3.402823e+38;
-const MIN_SUBGROUP_SIZE: u32 = 16u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
+const MIN_SUBGROUP_SIZE: u32 = 8u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
 
 // Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
 // rows idle and stays correct; a larger one makes the kernel return without writing)
@@ -248,20 +248,16 @@ fn main(
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
-    var m: array<f32, 4>;    // running row max (identical across a query group)
-    var l: array<f32, 4>;    // this invocation's share of the row sum
+    var m: array<f32, 2>;    // running row max (identical across a query group)
+    var l: array<f32, 2>;    // this invocation's share of the row sum
     var acc: array<vec4<f32>, 4>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
+    acc[1] = vec4<f32>();
     m[1] = MASKED;
     l[1] = 0.0;
-    acc[1] = vec4<f32>();
-    m[2] = MASKED;
-    l[2] = 0.0;
     acc[2] = vec4<f32>();
-    m[3] = MASKED;
-    l[3] = 0.0;
     acc[3] = vec4<f32>();
 
     // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
@@ -305,18 +301,18 @@ fn main(
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
             let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
             let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
+            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
+            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
+            s[2] = s[2] + dot(qr0, kt2);
+            s[3] = s[3] + dot(qr0, kt3);
             let qr1 = q_vec(q0, a * TILE_Q + 1u, d4, head);
-            s[2] = s[2] + dot(qr1, kt0);
-            s[3] = s[3] + dot(qr1, kt1);
-            let qr2 = q_vec(q0, a * TILE_Q + 2u, d4, head);
-            s[4] = s[4] + dot(qr2, kt0);
-            s[5] = s[5] + dot(qr2, kt1);
-            let qr3 = q_vec(q0, a * TILE_Q + 3u, d4, head);
-            s[6] = s[6] + dot(qr3, kt0);
-            s[7] = s[7] + dot(qr3, kt1);
+            s[4] = s[4] + dot(qr1, kt0);
+            s[5] = s[5] + dot(qr1, kt1);
+            s[6] = s[6] + dot(qr1, kt2);
+            s[7] = s[7] + dot(qr1, kt3);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
@@ -333,36 +329,22 @@ fn main(
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
             s[1] = select(MASKED, s[1], (k0 + c + 1u * COLS >= span0.x) & (k0 + c + 1u * COLS < span0.y));
+            s[2] = select(MASKED, s[2], (k0 + c + 2u * COLS >= span0.x) & (k0 + c + 2u * COLS < span0.y));
+            s[3] = select(MASKED, s[3], (k0 + c + 3u * COLS >= span0.x) & (k0 + c + 3u * COLS < span0.y));
             let span1 = visible_keys(q0 + a * TILE_Q + 1u, 1u, kv_len);
-            s[2] = select(MASKED, s[2], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
-            s[3] = select(MASKED, s[3], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
-            let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
-            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
-            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
-            let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
-            s[6] = select(MASKED, s[6], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
-            s[7] = select(MASKED, s[7], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
+            s[4] = select(MASKED, s[4], (k0 + c + 0u * COLS >= span1.x) & (k0 + c + 0u * COLS < span1.y));
+            s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
+            s[6] = select(MASKED, s[6], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
+            s[7] = select(MASKED, s[7], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
         }
-        var tile_max0 = max(s[0], s[1]);
+        var tile_max0 = max(max(max(s[0], s[1]), s[2]), s[3]);
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 1u));
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 2u));
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 4u));
-        tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 8u));
-        var tile_max1 = max(s[2], s[3]);
+        var tile_max1 = max(max(max(s[4], s[5]), s[6]), s[7]);
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 1u));
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 2u));
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 4u));
-        tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 8u));
-        var tile_max2 = max(s[4], s[5]);
-        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 1u));
-        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 2u));
-        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 4u));
-        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 8u));
-        var tile_max3 = max(s[6], s[7]);
-        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 1u));
-        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 2u));
-        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 4u));
-        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 8u));
         workgroupBarrier();  // every invocation is done reading K
 
         tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
@@ -392,49 +374,35 @@ fn main(
             let p1_h = f16(select(0.0, exp(s[1] - m_new), s[1] > MASKED));
             let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            l[0] = l[0] * correction + p0 + p1;
+            let p2_h = f16(select(0.0, exp(s[2] - m_new), s[2] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[3] - m_new), s[3] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[0] = l[0] * correction + p0 + p1 + p2 + p3;
             acc[0] = acc[0] * correction;
+            acc[1] = acc[1] * correction;
         }
         {
             let r = a * TILE_Q + 1u;
             let m_new = max(m[1], tile_max1);
             let correction = exp(m[1] - m_new);
             m[1] = m_new;
-            let p0_h = f16(select(0.0, exp(s[2] - m_new), s[2] > MASKED));
-            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
-            let p1_h = f16(select(0.0, exp(s[3] - m_new), s[3] > MASKED));
-            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            l[1] = l[1] * correction + p0 + p1;
-            acc[1] = acc[1] * correction;
-        }
-        {
-            let r = a * TILE_Q + 2u;
-            let m_new = max(m[2], tile_max2);
-            let correction = exp(m[2] - m_new);
-            m[2] = m_new;
             let p0_h = f16(select(0.0, exp(s[4] - m_new), s[4] > MASKED));
             let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
             tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
             let p1_h = f16(select(0.0, exp(s[5] - m_new), s[5] > MASKED));
             let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
             tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            l[2] = l[2] * correction + p0 + p1;
+            let p2_h = f16(select(0.0, exp(s[6] - m_new), s[6] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[7] - m_new), s[7] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[1] = l[1] * correction + p0 + p1 + p2 + p3;
             acc[2] = acc[2] * correction;
-        }
-        {
-            let r = a * TILE_Q + 3u;
-            let m_new = max(m[3], tile_max3);
-            let correction = exp(m[3] - m_new);
-            m[3] = m_new;
-            let p0_h = f16(select(0.0, exp(s[6] - m_new), s[6] > MASKED));
-            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
-            let p1_h = f16(select(0.0, exp(s[7] - m_new), s[7] > MASKED));
-            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
-            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
-            l[3] = l[3] * correction + p0 + p1;
             acc[3] = acc[3] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
@@ -443,28 +411,30 @@ fn main(
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
             let p0 = vec4<f32>(tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4]);
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
-            let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
-            let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
             let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.x * v00;
-            acc[1] = acc[1] + p1.x * v00;
-            acc[2] = acc[2] + p2.x * v00;
-            acc[3] = acc[3] + p3.x * v00;
+            acc[2] = acc[2] + p1.x * v00;
+            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.x * v01;
+            acc[3] = acc[3] + p1.x * v01;
             let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.y * v10;
-            acc[1] = acc[1] + p1.y * v10;
-            acc[2] = acc[2] + p2.y * v10;
-            acc[3] = acc[3] + p3.y * v10;
+            acc[2] = acc[2] + p1.y * v10;
+            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.y * v11;
+            acc[3] = acc[3] + p1.y * v11;
             let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.z * v20;
-            acc[1] = acc[1] + p1.z * v20;
-            acc[2] = acc[2] + p2.z * v20;
-            acc[3] = acc[3] + p3.z * v20;
+            acc[2] = acc[2] + p1.z * v20;
+            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.z * v21;
+            acc[3] = acc[3] + p1.z * v21;
             let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
             acc[0] = acc[0] + p0.w * v30;
-            acc[1] = acc[1] + p1.w * v30;
-            acc[2] = acc[2] + p2.w * v30;
-            acc[3] = acc[3] + p3.w * v30;
+            acc[2] = acc[2] + p1.w * v30;
+            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
+            acc[1] = acc[1] + p0.w * v31;
+            acc[3] = acc[3] + p1.w * v31;
         }
     }
 
@@ -478,48 +448,24 @@ fn main(
     total0 = total0 + subgroupShuffleXor(total0, 1u);
     total0 = total0 + subgroupShuffleXor(total0, 2u);
     total0 = total0 + subgroupShuffleXor(total0, 4u);
-    total0 = total0 + subgroupShuffleXor(total0, 8u);
     var total1 = l[1];
     total1 = total1 + subgroupShuffleXor(total1, 1u);
     total1 = total1 + subgroupShuffleXor(total1, 2u);
     total1 = total1 + subgroupShuffleXor(total1, 4u);
-    total1 = total1 + subgroupShuffleXor(total1, 8u);
-    var total2 = l[2];
-    total2 = total2 + subgroupShuffleXor(total2, 1u);
-    total2 = total2 + subgroupShuffleXor(total2, 2u);
-    total2 = total2 + subgroupShuffleXor(total2, 4u);
-    total2 = total2 + subgroupShuffleXor(total2, 8u);
-    var total3 = l[3];
-    total3 = total3 + subgroupShuffleXor(total3, 1u);
-    total3 = total3 + subgroupShuffleXor(total3, 2u);
-    total3 = total3 + subgroupShuffleXor(total3, 4u);
-    total3 = total3 + subgroupShuffleXor(total3, 8u);
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
         let total = total0;
         let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[0] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[1] * inv_l);
     }
     if (a * TILE_Q + 1u < q_count) {
         let r = a * TILE_Q + 1u;
         let total = total1;
         let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[1] * inv_l);
-    }
-    if (a * TILE_Q + 2u < q_count) {
-        let r = a * TILE_Q + 2u;
-        let total = total2;
-        let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[2] * inv_l);
-    }
-    if (a * TILE_Q + 3u < q_count) {
-        let r = a * TILE_Q + 3u;
-        let total = total3;
-        let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
-        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[3] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[3] * inv_l);
     }
 }

@@ -1,8 +1,8 @@
 """Tiled prefill with row maxima and sums by subgroup shuffles (templates.attention_prefill_sg).
 
-The shipped variants need subgroups as wide as their COLS key columns (8 or 16 lanes;
-`min_subgroup_size`): lavapipe runs them at 16 lanes in `.ci/setup`, and here at its default
-width with the tiles cut to fit. Narrower subgroups store NaN; planted bugs fail.
+The shipped variants need subgroups as wide as their COLS key columns (4, 8 or 16 lanes;
+`min_subgroup_size`): lavapipe runs the 16-lane ones at 16 lanes in `.ci/setup`, and here the
+code path runs at its default width with the tiles cut to fit. Narrower subgroups store NaN; planted bugs fail.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ pytestmark = [
 ]
 
 PREFILL = "templates/attention_prefill.wgsl.j2"
-SMALL = "attention_prefill_small_sg_d64_f16"  # 32 x 32 tiles, 4 queries an invocation
+SMALL = "attention_prefill_small_sg_d64_f16"  # 32 x 32 tiles
 
 
 def _cols(width: int) -> dict:
-    """Tiles of the small variant whose query groups have ``width`` key columns."""
-    return {"workgroup_size": 8 * width}  # 32 / 4 = 8 query groups
+    """Tiles of the small variant whose query groups have ``width`` key columns: 4 queries an
+    invocation (whatever the shipped tile_q), so 32 / 4 = 8 query groups."""
+    return {"tile_q": 4, "workgroup_size": 8 * width}
 
 
 @pytest.fixture(scope="module")
