@@ -11,7 +11,7 @@ cli) asks the family through this interface and never branches on a family's nam
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -59,6 +59,7 @@ class CaseData:
     uniforms: dict[str, float]  # by uniform struct field name
     buffers: dict[str, np.ndarray]  # by binding name, in the binding's element dtype
     reference_inputs: dict[str, Any] = field(default_factory=dict)
+    memo_key: Hashable | None = None  # set by ``memo.case``: the case its arrays are shared with
 
 
 class Shape(Protocol):

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from doppler_gen.families import memo
 from doppler_gen.families.base import INPUT, OUTPUT, CaseData, Family, rounded, seeded
 from doppler_gen.shapes import ShapeSyntaxError
 from doppler_gen.tolerance import F32_UNIT_ROUNDOFF
@@ -146,15 +147,7 @@ class RmsNormFamily(Family):
 
     def build(self, spec: RmsNormSpec, entry: Mapping[str, Any]) -> CaseData:
         dtype = str(entry["metadata"]["dtype"])
-        rng = seeded(spec.seed)
-        x = rng.standard_normal((spec.rows, spec.size)) * spec.gain
-        if spec.zero_row:
-            x[0] = 0.0
-        x = rounded(x, dtype)
-        weight = rounded(1.0 + 0.25 * rng.standard_normal(spec.size), dtype)
-        uniforms = {"size": spec.size, "num_rows": spec.rows, "eps": spec.eps, "_pad": 0}
-        buffers = {"input": x, "weight": weight}
-        return CaseData(spec, uniforms, buffers, {"x": x, "weight": weight})
+        return memo.case((self.name, spec, dtype), lambda: _build_rmsnorm(spec, dtype))
 
     def output_shape(self, data: CaseData) -> tuple[int, ...]:
         return (int(data.uniforms["num_rows"]), int(data.uniforms["size"]))
@@ -168,11 +161,15 @@ class RmsNormFamily(Family):
         sample: Any = None,
     ) -> np.ndarray:
         """eps is rounded to f32 first: that is what the uniform holds."""
-        x = data.reference_inputs["x"].astype(compute_dtype)
-        weight = data.reference_inputs["weight"].astype(compute_dtype)
-        eps = compute_dtype(np.float32(data.uniforms["eps"]))
-        mean_sq = (x * x).mean(axis=1, keepdims=True, dtype=compute_dtype)
-        return (x / np.sqrt(mean_sq + eps) * weight).astype(compute_dtype)
+
+        def compute(stats: dict[str, float] | None) -> np.ndarray:
+            x = data.reference_inputs["x"].astype(compute_dtype)
+            weight = data.reference_inputs["weight"].astype(compute_dtype)
+            eps = compute_dtype(np.float32(data.uniforms["eps"]))
+            mean_sq = (x * x).mean(axis=1, keepdims=True, dtype=compute_dtype)
+            return (x / np.sqrt(mean_sq + eps) * weight).astype(compute_dtype)
+
+        return memo.reference(data, (), compute_dtype, sample, stats, compute)
 
     def f32_tolerance(self, data: CaseData, ref: np.ndarray, stats: Mapping[str, float]) -> float:
         """max|y| * u * (16 + 2 sqrt(size)): the sum of ``size`` squares carries the random-walk
@@ -223,6 +220,20 @@ class RmsNormFamily(Family):
         if size & (size - 1) or size > limit:
             return f"WORKGROUP_SIZE {size} must be a power of two <= MAX_WORKGROUP_SIZE {limit}"
         return None
+
+
+def _build_rmsnorm(spec: RmsNormSpec, dtype: str) -> CaseData:
+    """Rows of seeded normals (row 0 zero where the spec asks), weights near 1, both rounded
+    to ``dtype`` before the reference sees them."""
+    rng = seeded(spec.seed)
+    x = rng.standard_normal((spec.rows, spec.size)) * spec.gain
+    if spec.zero_row:
+        x[0] = 0.0
+    x = rounded(x, dtype)
+    weight = rounded(1.0 + 0.25 * rng.standard_normal(spec.size), dtype)
+    uniforms = {"size": spec.size, "num_rows": spec.rows, "eps": spec.eps, "_pad": 0}
+    buffers = {"input": x, "weight": weight}
+    return CaseData(spec, uniforms, buffers, {"x": x, "weight": weight})
 
 
 FAMILY = RmsNormFamily()

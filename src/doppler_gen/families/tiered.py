@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from doppler_gen.families import memo
 from doppler_gen.families.attention import (
     AttentionFamily,
     CaseSpec,
@@ -430,7 +431,9 @@ class TieredFamily(AttentionFamily):
         return spec.cold_len + spec.hot_len, f" (cold {spec.cold_len} + hot {spec.hot_len})"
 
     def build(self, spec: CaseSpec, entry: Mapping[str, Any]) -> CaseData:
-        return build_tiered(spec, element_types(entry), str(entry["params"]["cold"]))
+        types, cold = element_types(entry), str(entry["params"]["cold"])
+        key = (self.name, spec, tuple(sorted(types.items())), cold)
+        return memo.case(key, lambda: build_tiered(spec, types, cold))
 
     def output_shape(self, data: CaseData) -> tuple[int, ...]:
         u = data.uniforms
@@ -445,20 +448,25 @@ class TieredFamily(AttentionFamily):
         sample: RowSample | None = None,
     ) -> np.ndarray:
         r = data.reference_inputs
-        return tiered_attention(
-            data.uniforms,
-            r["q"],
-            r["k_hot"],
-            r["v_hot"],
-            r["k_cold"],
-            r["v_cold"],
-            cold_page_table=r.get("cold_page_table"),
-            masked_row=entry["metadata"]["masked_row"],
-            quantized=r["quantized"],
-            compute_dtype=compute_dtype,
-            stats=stats,
-            head_rows=None if sample is None else sample.heads,
-        )
+        masked_row = entry["metadata"]["masked_row"]
+
+        def compute(stats: dict[str, float] | None) -> np.ndarray:
+            return tiered_attention(
+                data.uniforms,
+                r["q"],
+                r["k_hot"],
+                r["v_hot"],
+                r["k_cold"],
+                r["v_cold"],
+                cold_page_table=r.get("cold_page_table"),
+                masked_row=masked_row,
+                quantized=r["quantized"],
+                compute_dtype=compute_dtype,
+                stats=stats,
+                head_rows=None if sample is None else sample.heads,
+            )
+
+        return memo.reference(data, (masked_row,), compute_dtype, sample, stats, compute)
 
     def row_sample(self, data: CaseData) -> RowSample | None:
         """Sampled heads of a large output (one query per head; see ``sampling``)."""

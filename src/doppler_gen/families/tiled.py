@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from doppler_gen.families import memo
 from doppler_gen.families.attention import (
     AttentionFamily,
     CaseSpec,
@@ -259,7 +260,9 @@ class TiledFamily(AttentionFamily):
         return fit_head_dims(features + tiled_sizes(entry, tier, seed), entry)
 
     def build(self, spec: CaseSpec, entry: Mapping[str, Any]) -> CaseData:
-        return build_tiled(spec, element_types(entry))
+        types = element_types(entry)
+        key = (self.name, spec, tuple(sorted(types.items())))
+        return memo.case(key, lambda: build_tiled(spec, types))
 
     def output_shape(self, data: CaseData) -> tuple[int, ...]:
         u = data.uniforms
@@ -274,18 +277,22 @@ class TiledFamily(AttentionFamily):
         sample: RowSample | None = None,
     ) -> np.ndarray:
         r = data.reference_inputs
-        return tiled_attention(
-            data.uniforms,
-            r["q"],
-            r["k"],
-            r["v"],
-            kv_len_buffer=r["kv_len_buffer"],
-            page_table=r["page_table"],
-            compute_dtype=compute_dtype,
-            stats=stats,
-            query_rows=None if sample is None else sample.queries,
-            head_rows=None if sample is None else sample.heads,
-        )
+
+        def compute(stats: dict[str, float] | None) -> np.ndarray:
+            return tiled_attention(
+                data.uniforms,
+                r["q"],
+                r["k"],
+                r["v"],
+                kv_len_buffer=r["kv_len_buffer"],
+                page_table=r["page_table"],
+                compute_dtype=compute_dtype,
+                stats=stats,
+                query_rows=None if sample is None else sample.queries,
+                head_rows=None if sample is None else sample.heads,
+            )
+
+        return memo.reference(data, (), compute_dtype, sample, stats, compute)
 
     def row_sample(self, data: CaseData) -> RowSample | None:
         """Sampled (query, head) rows of a large output (see ``sampling``); None: all."""
