@@ -166,5 +166,6 @@ def test_the_memo_stays_within_its_byte_budget(monkeypatch: pytest.MonkeyPatch) 
     assert len(memo._CASES.entries) == 2 and memo._CASES.bytes <= 2 * size
     monkeypatch.setattr(memo, "LARGEST", size - 1)
     family.build(replace(SPEC, name="too large"), entry)
-    family.build(replace(SPEC, name="too large"), entry)
+    again = family.build(replace(SPEC, name="too large"), entry)
     assert memo.counts()["case_hits"] == 0  # never stored, so built twice
+    assert again.buffers["K"].flags.writeable  # and nothing shares it

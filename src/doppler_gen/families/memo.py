@@ -15,14 +15,14 @@ Sharing must never let one variant's run change another's case:
 - a reference is reused only while the case still holds the very reference-input arrays it was
   computed from, with the same compute dtype, row sample and statistics request.
 
-The memo is bounded (``MAX_BYTES``, least recently used first out); a case larger than
-``LARGEST`` (a model-sized bench shape) is never stored.
+Cases and references are two stores, each bounded by ``MAX_BYTES`` (least recently used first
+out); a case or reference larger than ``LARGEST`` (a model-sized bench shape) is never stored.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -53,8 +53,7 @@ class _Memo:
         return found[0]
 
     def put(self, key: Hashable, value: Any, size: int) -> None:
-        if size > LARGEST:
-            return
+        """Store ``value`` (whose arrays ``_freeze`` made read-only) unless it is too large."""
         self.entries[key] = (value, size)
         self.bytes += size
         while self.bytes > MAX_BYTES and self.entries:
@@ -83,16 +82,27 @@ def counts() -> dict[str, int]:
     }
 
 
-def _freeze(value: Any) -> int:
-    """Make every array in ``value`` (nested dicts, lists, tuples) read-only; their bytes."""
+def _arrays(value: Any) -> Iterator[np.ndarray]:
+    """Every array in ``value`` (nested dicts, lists, tuples)."""
     if isinstance(value, np.ndarray):
-        value.flags.writeable = False
-        return int(value.nbytes)
-    if isinstance(value, Mapping):
-        return sum(_freeze(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_freeze(v) for v in value)
-    return 0
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _arrays(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _arrays(v)
+
+
+def _store(memo: _Memo, key: Hashable, value: Any, *parts: Any) -> None:
+    """Store ``value`` with its arrays (those in ``parts``) made read-only, unless too large."""
+    arrays = [a for part in parts for a in _arrays(part)]
+    size = sum(int(a.nbytes) for a in arrays)
+    if size > LARGEST:
+        return
+    for array in arrays:
+        array.flags.writeable = False
+    memo.put(key, value, size)
 
 
 def _containers(value: Any) -> Any:
@@ -127,8 +137,7 @@ def case(key: Hashable, build: Callable[[], CaseData]) -> CaseData:
     stored = _CASES.get(key)
     if stored is None:
         stored = build()
-        size = _freeze(stored.buffers) + _freeze(stored.reference_inputs)
-        _CASES.put(key, stored, size)
+        _store(_CASES, key, stored, stored.buffers, stored.reference_inputs)
     return _copy(stored, key)
 
 
@@ -163,7 +172,7 @@ def reference(
         fresh: dict[str, float] | None = None if stats is None else {}
         result = compute(fresh)
         found = (result, dict(fresh or {}))
-        _REFERENCES.put(full_key, found, _freeze(result))
+        _store(_REFERENCES, full_key, found, result)
     result, recorded = found
     if stats is not None:
         stats.update(recorded)
