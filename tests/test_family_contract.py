@@ -20,7 +20,7 @@ from families.rowsum import ROWSUM
 from gpu_support import adapter_problem
 
 from doppler_gen.config import Project, load_project
-from doppler_gen.families import FAMILIES, get_family, register_family
+from doppler_gen.families import FAMILIES, get_family, memo, register_family
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer
 from doppler_gen.runtime.runner import KernelRunner, Refusal
@@ -79,7 +79,12 @@ def test_cases_and_inputs_are_deterministic(family_project: tuple[Any, Project])
         assert family.specs(entry, "default", 4) != first  # the seed matters
         assert len({s.seed for s in first}) == len(first)  # every case its own tensors
         for spec in first[:3]:
-            one, two = family.build(spec, entry), family.build(spec, entry)
+            one = family.build(spec, entry)
+            memo.clear()  # a second build from scratch, not the memo's shared case
+            two = family.build(spec, entry)
+            assert one.buffers.keys() and all(
+                one.buffers[k] is not two.buffers[k] for k in one.buffers
+            )
             assert one.uniforms == two.uniforms
             assert one.buffers.keys() == two.buffers.keys()
             for name, array in one.buffers.items():

@@ -18,12 +18,14 @@ from conftest import REPO_ROOT
 from doppler_gen.families import get_family, memo
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.families.base import element_types
+from doppler_gen.families.rmsnorm import RmsNormSpec
 from doppler_gen.families.tiered import build_tiered
 from doppler_gen.families.tiled import build_tiled
 
 MANIFEST = json.loads((REPO_ROOT / "generated/manifest.json").read_text(encoding="utf-8"))
 ENTRIES = MANIFEST["variants"]
 SPEC = CaseSpec("memo", num_heads=4, num_kv_heads=2, head_dim=16, query_len=5, kv_len=40)
+RMS_SPEC = RmsNormSpec("memo rows", rows=4, size=64)
 TIERED_SPEC = CaseSpec(
     "memo tiered", num_heads=4, num_kv_heads=2, head_dim=16, cold_len=30, hot_len=8
 )
@@ -154,6 +156,28 @@ def test_replaced_reference_inputs_are_computed_afresh() -> None:
     doubled = family.reference(changed, entry, stats={})
     plain = family.reference(family.build(SPEC, entry), entry, stats={})
     assert np.allclose(doubled, 2.0 * plain)
+
+
+@pytest.mark.parametrize(("name", "field", "value"), [
+    ("attention_prefill_large_d64", "sliding_window", 3),
+    ("attention_decode_tiered_f16kv", "start_pos", 20),
+    ("rmsnorm", "eps", 10.0),
+])  # fmt: skip
+def test_changed_uniforms_are_computed_afresh_and_never_stored_for_others(
+    name: str, field: str, value: float
+) -> None:
+    """A caller that changes a uniform of its copy (what the reference reads besides the
+    arrays) gets its own reference, and later callers still get the plain one."""
+    entry = ENTRIES[name]
+    family = get_family(entry["family"])
+    spec = RMS_SPEC if name == "rmsnorm" else (TIERED_SPEC if "tiered" in name else SPEC)
+    tweaked = family.build(spec, entry)
+    tweaked.uniforms[field] = value
+    own = family.reference(tweaked, entry, stats={})
+    plain = family.reference(family.build(spec, entry), entry, stats={})
+    assert np.array_equal(own, _uncached_reference(family, tweaked, entry))
+    assert np.array_equal(plain, _uncached_reference(family, family.build(spec, entry), entry))
+    assert not np.array_equal(own, plain)  # the uniform matters, so sharing would have shown
 
 
 def test_the_memo_stays_within_its_byte_budget(monkeypatch: pytest.MonkeyPatch) -> None:

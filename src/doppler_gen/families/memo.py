@@ -12,8 +12,12 @@ Sharing must never let one variant's run change another's case:
   corrupting a later case;
 - every hit returns fresh containers (``CaseData`` and its dicts), so a caller that replaces a
   buffer (a test planting NaN rows) changes only its own copy;
-- a reference is reused only while the case still holds the very reference-input arrays it was
-  computed from, with the same compute dtype, row sample and statistics request.
+- a reference is reused only while the case still has its spec and uniforms and holds the very
+  reference-input arrays it was computed from, with the same compute dtype, row sample and
+  statistics request.
+
+Read-only is numpy's flag, which code could set back; nothing here does, and a write into a
+shared array is a bug the flag turns into an error.
 
 Cases and references are two stores, each bounded by ``MAX_BYTES`` (least recently used first
 out); a case or reference larger than ``LARGEST`` (a model-sized bench shape) is never stored.
@@ -53,7 +57,9 @@ class _Memo:
         return found[0]
 
     def put(self, key: Hashable, value: Any, size: int) -> None:
-        """Store ``value`` (whose arrays ``_freeze`` made read-only) unless it is too large."""
+        """Store ``value`` (its arrays already read-only) under ``key``."""
+        if key in self.entries:
+            self.bytes -= self.entries.pop(key)[1]
         self.entries[key] = (value, size)
         self.bytes += size
         while self.bytes > MAX_BYTES and self.entries:
@@ -145,7 +151,8 @@ def _sample_key(sample: Any) -> Hashable:
     if sample is None:
         return None
     return tuple(
-        (name, np.asarray(value).tobytes()) for name, value in sorted(vars(sample).items())
+        (name, np.asarray(value).dtype.str, np.shape(value), np.asarray(value).tobytes())
+        for name, value in sorted(vars(sample).items())
     )
 
 
@@ -180,9 +187,15 @@ def reference(
 
 
 def _same_inputs(data: CaseData, stored: CaseData) -> bool:
-    """The case still holds the arrays its stored twin was built with (none replaced)."""
+    """The case is still its stored twin as the reference reads it: the same spec and uniforms,
+    and the very arrays it was built with (none replaced)."""
     mine, theirs = data.reference_inputs, stored.reference_inputs
-    return mine.keys() == theirs.keys() and all(_same(mine[name], theirs[name]) for name in mine)
+    return (
+        data.spec == stored.spec
+        and data.uniforms == stored.uniforms
+        and mine.keys() == theirs.keys()
+        and all(_same(mine[name], theirs[name]) for name in mine)
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
