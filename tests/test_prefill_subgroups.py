@@ -2,7 +2,8 @@
 
 The shipped variants need subgroups as wide as their COLS key columns (4, 8 or 16 lanes;
 `min_subgroup_size`): lavapipe runs the 16-lane ones at 16 lanes in `.ci/setup`, and here the
-code path runs at its default width with the tiles cut to fit. Narrower subgroups store NaN; planted bugs fail.
+code path runs at its default width with the tiles cut to fit. Narrower subgroups store NaN;
+planted bugs fail.
 """
 
 from __future__ import annotations
