@@ -206,6 +206,28 @@ def test_generate_fixes_what_check_reports(fresh_project: Path) -> None:
     assert check(fresh_project).exit_code == 0
 
 
+def test_only_check_computes_diffs(fresh_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`generate` and the stale-tree refusal of validate/bench/tune name stale files without
+    diffing them (difflib is quadratic; a shared-macro edit stales every kernel)."""
+    from doppler_gen import outputs
+
+    kernel = fresh_project / "generated/attention.wgsl"
+    kernel.write_text(kernel.read_text(encoding="utf-8") + "// edit\n", encoding="utf-8")
+    calls: list[str] = []
+    real = outputs.unified_diff
+    monkeypatch.setattr(
+        outputs, "unified_diff", lambda path, *a: calls.append(path) or real(path, *a)
+    )
+    refused = run_cli(fresh_project, "validate", "--quick", "attention")
+    assert refused.exit_code == 1 and "stale generated/attention.wgsl" in refused.stderr
+    assert calls == []
+    assert check(fresh_project).exit_code == 1
+    assert calls == ["generated/attention.wgsl"]
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert calls == ["generated/attention.wgsl"]
+    assert check(fresh_project).exit_code == 0
+
+
 # -- --json ----------------------------------------------------------------------------------------
 
 

@@ -276,7 +276,7 @@ def check(state: State, as_json: bool, full: bool) -> None:
     from doppler_gen.outputs import compare, plan
 
     check_memo.forget(project.root)  # whatever this full check finds, the old memo is void
-    status = compare(plan(project))
+    status = compare(plan(project), diffs=True)
     if status.clean:
         check_memo.remember_clean(project.root, digest)  # only if the tree did not change meanwhile
     if as_json:

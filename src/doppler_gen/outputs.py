@@ -73,7 +73,7 @@ class Plan:
 class Status:
     """How ``generated/`` differs from the plan."""
 
-    stale: dict[str, str] = field(default_factory=dict)  # path -> unified diff
+    stale: dict[str, str] = field(default_factory=dict)  # path -> unified diff ("" unless asked)
     missing: list[str] = field(default_factory=list)
     orphaned: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
@@ -250,8 +250,14 @@ def read_output(root: Path, relative: str) -> bytes | None:
         raise OutputError(f"cannot read: {exc.strerror or exc}", location=relative) from None
 
 
-def compare(plan: Plan) -> Status:
-    """Compare the plan with the disk (never writes)."""
+def compare(plan: Plan, *, diffs: bool = False) -> Status:
+    """Compare the plan with the disk (never writes).
+
+    ``diffs`` fills ``stale`` with unified diffs, for a caller that shows them (`check`).
+    Otherwise each stale path maps to "": difflib is quadratic in the lines that changed, and a
+    change to a shared macro makes every kernel stale, so `generate` and the stale-tree refusal
+    would spend seconds on diffs nobody reads.
+    """
     status = Status()
     root = plan.project.root
     generated_directory(plan.project)
@@ -262,8 +268,10 @@ def compare(plan: Plan) -> Status:
         elif actual == expected.encode("utf-8"):
             status.unchanged.append(relative)
         else:
-            shown = actual.decode("utf-8", errors="replace").replace("\r", "\\r")
-            status.stale[relative] = unified_diff(relative, shown, expected)
+            status.stale[relative] = ""
+            if diffs:
+                shown = actual.decode("utf-8", errors="replace").replace("\r", "\\r")
+                status.stale[relative] = unified_diff(relative, shown, expected)
     status.leftovers = leftovers(plan.project)
     if plan.full:
         # generated/doppler/: only JSON files doppler-gen wrote (`generator` key) count
