@@ -22,6 +22,8 @@ from doppler_gen.config import load_project
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer
 
+pytest_plugins = ["claims"]  # --claim DIR: slices that take tests one at a time (.ci/test)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 SEEDS = SHARED / "seeds" / "extracted"

@@ -154,11 +154,11 @@ def test_scatter_refuses_a_block_k_that_is_no_multiple_of_the_group() -> None:
 def test_a_workgroup_wider_than_its_subgroup_is_skipped_and_stores_nan(device: Device) -> None:
     """Twice the adapter's subgroup width: the validator skips it with the measured width, and
     run anyway every output element is NaN (a host that ignores min_subgroup_size gets a loud
-    failure, not partial dot products)."""
+    failure, not partial dot products). The head_dim-64 twin: the case is head_dim 64, and
+    d128's unrolling only makes lavapipe compile longer."""
     width = subgroup_lanes(device)
-    kernel, entry = render_variant(
-        REPO_ROOT, SHIPPED[1], split_params(SHIPPED[1], 2 * width, width)
-    )
+    name = SHIPPED[1].replace("_d128", "_d64")
+    kernel, entry = render_variant(REPO_ROOT, name, split_params(name, 2 * width, width))
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "SKIP"
     assert f"needs at least {2 * width} (min_subgroup_size" in report.reason

@@ -1,0 +1,91 @@
+"""tests/claims.py: pytest processes sharing one suite through ``--claim DIR`` (.ci/test)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+SUITE = """
+import os, time
+import pytest
+
+LOG = os.environ["CLAIMS_LOG"]
+
+
+def note(text):
+    with open(LOG, "a") as handle:
+        handle.write(f"{os.getpid()} {text}\\n")
+
+
+@pytest.fixture(scope="module")
+def shared():
+    note("setup {module}")
+    yield
+    note("teardown {module}")
+
+
+@pytest.mark.parametrize("n", range(12))
+def test_one(shared, n):
+    time.sleep(0.02 * (n % 3))
+    note(f"ran {module}-{n}")
+"""
+
+
+def _suite(root: Path) -> None:
+    for module in ("a", "b"):
+        (root / f"test_{module}.py").write_text(SUITE.replace("{module}", module))
+
+
+def _pytest(root: Path, claims: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "CLAIMS_LOG": str(root / "log.txt")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "claims", "-p", "no:cacheprovider",
+         "--claim", str(claims), *args],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def test_two_processes_run_every_test_once_and_keep_their_module_fixtures(tmp_path: Path) -> None:
+    _suite(tmp_path)
+    runs = [_pytest(tmp_path, tmp_path / "claims") for _ in range(2)]
+    outputs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    lines = [line.split(" ", 1) for line in (tmp_path / "log.txt").read_text().splitlines()]
+    ran = Counter(text for _, text in lines if text.startswith("ran "))
+    assert ran == Counter({f"ran {m}-{n}": 1 for m in "ab" for n in range(12)})
+    for pid in {pid for pid, _ in lines}:
+        mine = [text for p, text in lines if p == pid]
+        assert any(text.startswith("ran ") for text in mine), "a process ran nothing"
+        # every setup is torn down, and a module's fixture is not set up again for each test
+        setups = [t.split()[1] for t in mine if t.startswith("setup ")]
+        assert sorted(setups) == sorted(t.split()[1] for t in mine if t.startswith("teardown "))
+        assert len(setups) < sum(text.startswith("ran ") for text in mine)
+    assert (tmp_path / "claims/collection").read_text().startswith("24 ")
+    assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == sorted(
+        ["collection", *(str(i) for i in range(24))]
+    )
+
+
+def test_a_process_that_collected_other_tests_stops_with_a_usage_error(tmp_path: Path) -> None:
+    _suite(tmp_path)
+    first = _pytest(tmp_path, tmp_path / "claims")
+    assert first.communicate(timeout=120)[0] and first.returncode == 0
+    other = _pytest(tmp_path, tmp_path / "claims", "-k", "test_one and 1")  # 6 of the 24
+    output = other.communicate(timeout=120)[0]
+    assert other.returncode == 4, output
+    assert "another process collected different tests" in output
+
+
+def test_claim_and_shard_together_are_a_usage_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--claim", "x", "--shard",
+         "1/2", "--collect-only", str(TESTS / "test_claims.py")],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "--claim and --shard split the suite two ways" in result.stdout + result.stderr
