@@ -85,12 +85,6 @@ class ClaimQueue:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config) -> None:
-    if config.getoption("--claim") is not None and config.getoption("--shard", None):
-        raise pytest.UsageError("--claim and --shard split the suite two ways: use one")
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
     """pytest's own loop over the tests, over the claimed ones only (None: no --claim)."""
     directory = session.config.getoption("--claim")

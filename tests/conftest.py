@@ -68,38 +68,6 @@ def _isolated_user_cache(tmp_path_factory: pytest.TempPathFactory):
         yield
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--shard",
-        default=None,
-        metavar="K/N",
-        help="run only the K-th of N interleaved slices of the collected tests "
-        "(.ci/test runs the slices side by side, one per core)",
-    )
-
-
-def shard_of(text: str) -> tuple[int, int]:
-    """``K/N`` (1 <= K <= N) as (K, N); a usage error names the bad value."""
-    k, slash, n = text.partition("/")
-    if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
-        raise pytest.UsageError(f"--shard {text!r}: expected K/N with 1 <= K <= N, e.g. 1/2")
-    return int(k), int(n)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """--shard K/N keeps every N-th collected test from the K-th: the parametrized runs of one
-    slow test spread over the slices, so slices of a whole suite take about as long."""
-    text = config.getoption("--shard")
-    if text is None:
-        return
-    k, n = shard_of(text)
-    kept = [item for index, item in enumerate(items) if index % n == k - 1]
-    dropped = [item for index, item in enumerate(items) if index % n != k - 1]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-    items[:] = kept
-
-
 @pytest.fixture
 def project_copy(tmp_path: Path) -> Path:
     """A copy of the project essentials, as they are in the repository right now."""

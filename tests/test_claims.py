@@ -79,13 +79,3 @@ def test_a_process_that_collected_other_tests_stops_with_a_usage_error(tmp_path:
     output = other.communicate(timeout=120)[0]
     assert other.returncode == 4, output
     assert "another process collected different tests" in output
-
-
-def test_claim_and_shard_together_are_a_usage_error() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--claim", "x", "--shard",
-         "1/2", "--collect-only", str(TESTS / "test_claims.py")],
-        cwd=TESTS.parent, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert "--claim and --shard split the suite two ways" in result.stdout + result.stderr
