@@ -159,6 +159,54 @@ def test_a_space_sweeps_only_the_knobs_it_names() -> None:
     assert labels == {"current", "HEAD_TILE=16", "block_size=32", "block_size=32 HEAD_TILE=16"}
 
 
+def test_a_knob_the_rendering_ignores_gives_no_candidate() -> None:
+    """Candidates whose kernel (its digest) and constants a closer candidate already has are
+    dropped: `unroll` changes nothing below block_size 64 here, so it only multiplies there."""
+
+    def entry(params: Mapping[str, Any]) -> dict[str, Any]:
+        unrolled = params["unroll"] and params["block_size"] >= 64
+        digest = f"block{params['block_size']}-{'unrolled' if unrolled else 'loop'}"
+        return {"kernel_digest": digest, "overrides": [_override("WORKGROUP_SIZE", 16)]}
+
+    candidates = enumerate_candidates(
+        {"block_size": 32, "unroll": False},
+        {},
+        {"block_size": (32, 64), "unroll": (False, True)},
+        entry,
+    )
+    current = candidates[0]
+    assert [c.label(current) for c in candidates] == [
+        "current",
+        "block_size=64",
+        "block_size=64 unroll=True",
+    ]
+    assert candidates[0].kernel == "block32-loop"
+    # without a recorded digest nothing is merged (synthetic entries, older manifests)
+    bare = enumerate_candidates(
+        {"block_size": 32, "unroll": False},
+        {},
+        {"block_size": (32, 64), "unroll": (False, True)},
+        lambda params: {"overrides": [_override("WORKGROUP_SIZE", 16)]},
+    )
+    assert len(bare) == 4
+
+
+def test_no_candidate_of_a_shuffle_free_tiered_kernel_unrolls_its_shuffles() -> None:
+    """attention_decode_tiered_f16 has no subgroups: unrolled_shuffles renders the same WGSL,
+    so no candidate differs from another by it alone."""
+    project = load_project(REPO_ROOT)
+    variant = project.variant("attention_decode_tiered_f16")
+    renderer = CandidateRenderer(project, variant)
+    candidates = enumerate_candidates(
+        variant.params, variant.overrides, variant.template.tunable, renderer.entry
+    )
+    current = candidates[0]
+    assert not any("unrolled_shuffles" in c.changes(current) for c in candidates)
+    assert len({(c.kernel, tuple(sorted(c.constants.items()))) for c in candidates}) == len(
+        candidates
+    )
+
+
 def test_the_real_variants_enumerate() -> None:
     project = load_project(REPO_ROOT)
     for name in ("attention_f16", "attention_decode_tiered_f16"):

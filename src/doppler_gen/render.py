@@ -136,6 +136,10 @@ class RenderedKernel:
         return self.only.origin(line)
 
 
+# The header line that records the hash of a kernel's sources and parameters
+SOURCE_HASH_LINE = "// source-hash: sha256:"
+
+
 def header(
     template_path: str, variant_name: str, source_hash: str, pass_name: str | None = None
 ) -> list[str]:
@@ -144,7 +148,7 @@ def header(
     return [
         f"// {HEADER_MARK} {template_path} for {of} by {GENERATOR} - do not edit.",
         f"// Edit the template and variants.toml, then run `{GENERATOR} generate`.",
-        f"// source-hash: sha256:{source_hash}",
+        f"{SOURCE_HASH_LINE}{source_hash}",
     ]
 
 

@@ -20,6 +20,7 @@ regenerated so ``doppler-gen check`` stays clean.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import stat
@@ -34,7 +35,7 @@ from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.manifest import check_metadata, parse_kernel, variant_entry
-from doppler_gen.render import RenderedKernel, Renderer
+from doppler_gen.render import SOURCE_HASH_LINE, RenderedKernel, Renderer
 from doppler_gen.runtime.measure import (
     BenchRow,
     Settings,
@@ -61,6 +62,7 @@ class Candidate:
     constants: Mapping[str, int]  # full assignment of the swept override constants
     defaults: Mapping[str, int]  # the override defaults of this candidate's rendering
     error: str = ""  # why the template refused these parameters (then constants are empty)
+    kernel: str = ""  # sha256 of the rendered WGSL (every pass's); "" when unknown
 
     @property
     def key(self) -> tuple[tuple[tuple[str, Any], ...], tuple[tuple[str, int], ...]]:
@@ -124,7 +126,8 @@ def enumerate_candidates(
     entry_for: EntryFor,
     space: Space | None = None,
 ) -> list[Candidate]:
-    """All candidates, the current configuration first, then by distance from it.
+    """All candidates, the current configuration first, then by distance from it; a candidate
+    whose kernel and constants a closer one already has is left out (``_distinct_kernels``).
 
     ``entry_for(params)`` is the manifest entry of the variant rendered with ``params`` (raising
     DopplerGenError when the template refuses them); it is the only link to rendering, so the
@@ -140,7 +143,43 @@ def enumerate_candidates(
         for candidate in _candidates_for(params, entry_for, space, current_overrides):
             found.setdefault(candidate.key, candidate)
     ranked = sorted(found.values(), key=lambda c: _rank(c, current))
-    return ranked
+    return _distinct_kernels(ranked)
+
+
+def _distinct_kernels(ranked: list[Candidate]) -> list[Candidate]:
+    """``ranked`` without the candidates whose WGSL and constants a closer candidate already has.
+
+    A knob the variant's rendering ignores (``unrolled_shuffles`` in a kernel without subgroup
+    shuffles) would otherwise time the same kernel again and crowd ``--max-candidates`` with
+    copies of the current configuration.
+    """
+    seen: set[tuple[str, tuple[tuple[str, int], ...]]] = set()
+    distinct = []
+    for candidate in ranked:
+        if candidate.kernel:
+            same = (candidate.kernel, tuple(sorted(candidate.constants.items())))
+            if same in seen:
+                continue
+            seen.add(same)
+        distinct.append(candidate)
+    return distinct
+
+
+def _kernel_digest(entry: Mapping[str, Any]) -> str:
+    """The digest of the WGSL a candidate's entry describes (CandidateRenderer.entry adds it);
+    "" when there is none, and then the candidate is never merged with another."""
+    return str(entry.get("kernel_digest") or "")
+
+
+def kernel_digest(kernel: RenderedKernel) -> str:
+    """sha256 of every pass's WGSL without its `source-hash` header line, which hashes the
+    parameters too: two parameter sets that render the same code get the same digest."""
+    digest = hashlib.sha256()
+    for rendered in kernel.passes:
+        lines = rendered.text.splitlines(keepends=True)
+        digest.update("".join(ln for ln in lines if not ln.startswith(SOURCE_HASH_LINE)).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
 
 
 def _current(
@@ -149,7 +188,7 @@ def _current(
     entry = entry_for(params)
     defaults = _defaults(entry)
     constants = {k: int(overrides.get(k, v)) for k, v in defaults.items()}
-    return Candidate(params, constants, defaults)
+    return Candidate(params, constants, defaults, kernel=_kernel_digest(entry))
 
 
 def _candidates_for(
@@ -172,8 +211,9 @@ def _candidates_for(
             for name in sweep
         }
     names = sorted(sweep)
+    kernel = _kernel_digest(entry)
     return [
-        Candidate(params, dict(zip(names, values, strict=True)), defaults)
+        Candidate(params, dict(zip(names, values, strict=True)), defaults, kernel=kernel)
         for values in itertools.product(*(sweep[n] for n in names))
     ]
 
@@ -374,7 +414,10 @@ class CandidateRenderer:
         return self._cache[key]
 
     def entry(self, params: dict[str, ParamValue]) -> Mapping[str, Any]:
-        return self.render(params)[1]
+        """The manifest entry, plus ``kernel_digest`` (see ``kernel_digest``) for the
+        enumeration to merge parameter sets that render the same kernel."""
+        kernel, entry = self.render(params)
+        return {**entry, "kernel_digest": kernel_digest(kernel)}
 
 
 def parse_space(texts: tuple[str, ...], variant: Variant, renderer: CandidateRenderer) -> Space:
