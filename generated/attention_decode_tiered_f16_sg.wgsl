@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8317c49dc5a731035161ccacd7b3099d42358becf2aa71c96ef07a1c26b273ef
+// source-hash: sha256:a20d837ac7506772d63d3af645defbf33ec3dc27469a47642a17fcd4f07bd901
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -144,9 +144,11 @@ fn finish_score(dot: f32, abs_key: u32) -> f32 {
 fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     if (width > 0u) {
         var total = partial;
-        for (var mask: u32 = width / 2u; mask > 0u; mask = mask / 2u) {
-            total += subgroupShuffleXor(total, mask);
-        }
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 16u), 16u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 8u), 8u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 4u), 4u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 2u), 2u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 1u), 1u < width);
         return total;
     }
     let pick = 2u * exchange_half;

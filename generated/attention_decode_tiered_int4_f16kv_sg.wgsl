@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d192e4d03c179695e9d78a7f4186a5139c22d45eadade35bec7bd078abb4edcd
+// source-hash: sha256:10730dadca0b4ad51c7dde47c7112272f7faf7a300f3df66eaa3f03da9c70d12
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:095d506a02092854f2f56c09f34d499a4abd9da3457e113967945898a72a9998
+// source-hash: sha256:f6c5a6e04ac20f9d77e428524ae2f441d261c8e2a5fe6fcd70d42bbbf5253947
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4ecc99413e9183fe2f0be40b53f78cdc2071b53f0bc020653e7713bfb5fc8f94
+// source-hash: sha256:d1baa092110c5ee7f825f6387087c3e2129c212b1d5c68407020e063cd970350
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -141,9 +141,11 @@ fn finish_score(dot: f32, abs_key: u32) -> f32 {
 fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     if (width > 0u) {
         var total = partial;
-        for (var mask: u32 = width / 2u; mask > 0u; mask = mask / 2u) {
-            total += subgroupShuffleXor(total, mask);
-        }
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 16u), 16u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 8u), 8u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 4u), 4u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 2u), 2u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 1u), 1u < width);
         return total;
     }
     let pick = 2u * exchange_half;

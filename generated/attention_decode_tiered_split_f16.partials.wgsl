@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fadad087c69bb161625c71cd3ffd6ac32bf56f1597ef40490a4a10b9112d9acf
+// source-hash: sha256:efe8aa401e22badd7f6b3e5b08de586f73df03049f02a7760b9a23ed0ce1fc61
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -191,9 +191,11 @@ fn finish_score(dot: f32, abs_key: u32) -> f32 {
 fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     if (width > 0u) {
         var total = partial;
-        for (var mask: u32 = width / 2u; mask > 0u; mask = mask / 2u) {
-            total += subgroupShuffleXor(total, mask);
-        }
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 16u), 16u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 8u), 8u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 4u), 4u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 2u), 2u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 1u), 1u < width);
         return total;
     }
     let pick = 2u * exchange_half;

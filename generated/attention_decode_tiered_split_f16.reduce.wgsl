@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:08ffde60ccefd4bebdfe4b91a959077fcde69e00e8732b1608943b016f9a1acf
+// source-hash: sha256:ae2099b1bb2046665a9112ace71484cf0c60de9849f05299edca23d38b80eed0
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

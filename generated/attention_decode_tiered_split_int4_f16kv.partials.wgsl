@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:37702af5af6a046058c14cb08a97ad993fe6d912b25cb3d89a31a6dbf88fa175
+// source-hash: sha256:475a1257154bc95e2b1befababda9164d397b8c61a13b465e2805a1f24a2a101
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

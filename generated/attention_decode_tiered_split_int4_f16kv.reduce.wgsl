@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b7a40dc9db9837700cffb443a13243a6955b7e3a5bb2a03b2a6baf07d507cce2
+// source-hash: sha256:f40bbb993995aa5692d3991419513da85c0904c195185664867a2af2e885a03d
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

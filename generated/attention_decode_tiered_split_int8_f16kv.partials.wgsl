@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fe2c93d4f24caff408d06026af5d283884c75bfaff83605eb9306d3680dc1795
+// source-hash: sha256:72fa8fc4b0ee1f30903f43b282d87718c5024348ff2140d27b0187d7ce1ea41b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -188,9 +188,11 @@ fn finish_score(dot: f32, abs_key: u32) -> f32 {
 fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     if (width > 0u) {
         var total = partial;
-        for (var mask: u32 = width / 2u; mask > 0u; mask = mask / 2u) {
-            total += subgroupShuffleXor(total, mask);
-        }
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 16u), 16u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 8u), 8u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 4u), 4u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 2u), 2u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 1u), 1u < width);
         return total;
     }
     let pick = 2u * exchange_half;

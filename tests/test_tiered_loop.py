@@ -169,3 +169,69 @@ def test_shuffles_only_stores_nan_where_a_group_is_wider_than_the_subgroup(
 def test_shuffles_only_without_subgroups_is_refused_at_render() -> None:
     with pytest.raises(TemplateError, match="drops the workgroup-memory reduction: it needs"):
         render_variant(REPO_ROOT, "attention_decode_tiered_f16", {"narrow_subgroups": "nan"})
+
+
+UNROLLED = [
+    ("attention_decode_tiered_f16_sg", None),  # one dispatch, f16 rows as vec4<f16>
+    ("attention_decode_tiered_split_int8_f16kv", MANY_SPLITS),  # split pass, int8, four heads
+]
+
+
+def _narrow_case(head_dim: int) -> CaseSpec:
+    """A case whose lane groups (head_dim / 8 lanes) are narrower than the widest group at
+    MAX_HEAD_DIM 256 (32 lanes), so that the unrolled reduction runs rounds that add zero."""
+    return CaseSpec(
+        f"GQA 4, head_dim {head_dim}, softcap",
+        num_heads=8,
+        num_kv_heads=2,
+        cold_len=700,
+        hot_len=60,
+        hot_start=700,
+        hot_window=64,
+        start_pos=759,
+        head_dim=head_dim,
+        softcap=30.0,
+        seed=5,
+    )
+
+
+@pytest.mark.parametrize(("name", "constants"), UNROLLED)
+def test_unrolled_shuffles_give_the_loops_sums_bit_for_bit(
+    device: Device, name: str, constants: dict | None
+) -> None:
+    """unrolled_shuffles: one shuffle per constant mask below the widest group instead of a
+    loop over width / 2 .. 1; a round at or above the group's width adds zero, so the output
+    is the loop's exactly, at head dims whose groups fit the subgroup (8 and 4 lanes)."""
+    width = subgroup_width(device)
+    if width is None or width < 8:
+        pytest.skip(f"this adapter's subgroups are {width} wide: an 8-lane group does not fit")
+    unrolled, entry = render_variant(REPO_ROOT, name, {"unrolled_shuffles": True})
+    looped, looped_entry = render_variant(REPO_ROOT, name, {"unrolled_shuffles": False})
+    reduce = re.search(r"\nfn group_reduce\(.*?\n}\n", unrolled.passes[0].text, re.S)
+    assert reduce is not None and "for (var mask" not in reduce.group(0)
+    assert "subgroupShuffleXor(total, 16u), 16u < width)" in reduce.group(0)
+    assert "for (var mask: u32 = width / 2u;" in looped.passes[0].text
+    fast = KernelRunner(device, unrolled, entry, constants)
+    slow = KernelRunner(device, looped, looped_entry, constants)
+    for head_dim in (64, 32):
+        a = fast.run_case(_narrow_case(head_dim), keep_output=True)
+        b = slow.run_case(_narrow_case(head_dim), keep_output=True)
+        assert a.passed and b.passed, (a.verdict, b.verdict)
+        assert np.array_equal(a.output, b.output), head_dim
+
+
+def test_unrolled_rounds_that_add_the_neighbours_fail(device: Device, project_copy: Path) -> None:
+    """Teeth: a round at or above the group's width must add zero; adding the shuffled value
+    there (the neighbouring group's partial dot) fails the quick matrix."""
+    width = subgroup_width(device)
+    if width is None or width < 8:
+        pytest.skip(f"this adapter's subgroups are {width} wide: an 8-lane group does not fit")
+    edit(
+        project_copy / "templates/lib/tiered_decode.wgsl.j2",
+        "subgroupShuffleXor(total, {{ mask }}u), {{ mask }}u < width)",
+        "subgroupShuffleXor(total, {{ mask }}u), {{ mask }}u <= width)",
+    )
+    kernel, entry = render_variant(project_copy, "attention_decode_tiered_f16_sg")
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    assert report.status == "FAIL"
+    assert not KernelRunner(device, kernel, entry).run_case(_narrow_case(64)).passed
