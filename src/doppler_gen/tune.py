@@ -62,7 +62,7 @@ class Candidate:
     constants: Mapping[str, int]  # full assignment of the swept override constants
     defaults: Mapping[str, int]  # the override defaults of this candidate's rendering
     error: str = ""  # why the template refused these parameters (then constants are empty)
-    kernel: str = ""  # sha256 of the rendered WGSL (every pass's); "" when unknown
+    kernel: str = ""  # kernel_digest of its rendering (parameters left out); "" when unknown
 
     @property
     def key(self) -> tuple[tuple[tuple[str, Any], ...], tuple[tuple[str, int], ...]]:
