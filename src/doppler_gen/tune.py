@@ -165,7 +165,7 @@ def _distinct_kernels(ranked: list[Candidate]) -> list[Candidate]:
     return distinct
 
 
-def _kernel_digest(entry: Mapping[str, Any]) -> str:
+def _entry_digest(entry: Mapping[str, Any]) -> str:
     """The digest of the WGSL a candidate's entry describes (CandidateRenderer.entry adds it);
     "" when there is none, and then the candidate is never merged with another."""
     return str(entry.get("kernel_digest") or "")
@@ -188,7 +188,7 @@ def _current(
     entry = entry_for(params)
     defaults = _defaults(entry)
     constants = {k: int(overrides.get(k, v)) for k, v in defaults.items()}
-    return Candidate(params, constants, defaults, kernel=_kernel_digest(entry))
+    return Candidate(params, constants, defaults, kernel=_entry_digest(entry))
 
 
 def _candidates_for(
@@ -211,7 +211,7 @@ def _candidates_for(
             for name in sweep
         }
     names = sorted(sweep)
-    kernel = _kernel_digest(entry)
+    kernel = _entry_digest(entry)
     return [
         Candidate(params, dict(zip(names, values, strict=True)), defaults, kernel=kernel)
         for values in itertools.product(*(sweep[n] for n in names))
