@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:def7e46030ebb9482b2c639dd663fbec2c8ecc313de125060b42e9fe2b1c3f4a
+// source-hash: sha256:3e4b273cfd00caf6783e83f570f64ec566b104d8469c9ce3469a21ad3fb89f6f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -501,8 +501,17 @@ fn main(
         }
         workgroupBarrier();
         var m_all: f32 = NEG_BIG;
-        for (var i: u32 = 0u; i < nkg; i = i + 1u) {
-            m_all = max(m_all, merge_m[i]);
+        {
+            var m_all_1: f32 = NEG_BIG;
+            var m_all_2: f32 = NEG_BIG;
+            var m_all_3: f32 = NEG_BIG;
+            for (var s: u32 = 0u; s < nkg; s = s + 4u) {
+                m_all = max(m_all, merge_m[s]);
+                m_all_1 = max(m_all_1, select(NEG_BIG, merge_m[min(s + 1u, nkg - 1u)], s + 1u < nkg));
+                m_all_2 = max(m_all_2, select(NEG_BIG, merge_m[min(s + 2u, nkg - 1u)], s + 2u < nkg));
+                m_all_3 = max(m_all_3, select(NEG_BIG, merge_m[min(s + 3u, nkg - 1u)], s + 3u < nkg));
+            }
+            m_all = max(max(m_all, m_all_1), max(m_all_2, m_all_3));
         }
         let rescale = exp(m - m_all);
         l = l * rescale;
@@ -544,8 +553,17 @@ fn main(
         }
         // A query whose every key is masked has l == 0 and writes zeros (masked_row = "zero")
         var l_all: f32 = 0.0;
-        for (var i: u32 = 0u; i < nkg; i = i + 1u) {
-            l_all = l_all + merge_l[i];
+        {
+            var l_all_1: f32 = 0.0;
+            var l_all_2: f32 = 0.0;
+            var l_all_3: f32 = 0.0;
+            for (var s: u32 = 0u; s < nkg; s = s + 4u) {
+                l_all = (l_all + merge_l[s]);
+                l_all_1 = (l_all_1 + select(0.0, merge_l[min(s + 1u, nkg - 1u)], s + 1u < nkg));
+                l_all_2 = (l_all_2 + select(0.0, merge_l[min(s + 2u, nkg - 1u)], s + 2u < nkg));
+                l_all_3 = (l_all_3 + select(0.0, merge_l[min(s + 3u, nkg - 1u)], s + 3u < nkg));
+            }
+            l_all = ((l_all + l_all_1) + (l_all_2 + l_all_3));
         }
         let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
         if (true) {

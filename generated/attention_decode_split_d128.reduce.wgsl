@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3bcda8e9aa929262989aecfb20930d9a2e69da8996bc2e0b9b9708d08e40a216
+// source-hash: sha256:898c26a56e100d97220d9eae20213da1d804d5f9dfd404a3ae773639885d7bec
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d5efa142f99d40c973b48c8ea412c87ac36d278c1952d875ebdbbeaa2bdf641b
+// source-hash: sha256:1387fdc044cd8be9f6b9b3c7d4ce242ca3e626d4f3550928108229b504bb3ea5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

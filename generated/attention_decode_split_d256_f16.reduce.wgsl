@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f939f2fb888a9d9c502f91854d9f6761bad5af85a19ad2e49a81d05efd8aad19
+// source-hash: sha256:327be4a2caf5c368be8c18cb43dc1c309df00a9d1583d8d7829bbbbd8cb7fc71
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f5a33be1688fd64c20b73af70f23a3f15249d4bf79ac073004d9d27d4eac1583
+// source-hash: sha256:bae6e3ffdf6852e15b45b2591a0cc0e2beddb302398e3d26e5273c00b1cbc6bf
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

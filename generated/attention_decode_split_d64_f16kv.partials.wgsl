@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:32763e6d0107c9345c2127269e0debc36294fbffe67a90f54657100cf70c5b3f
+// source-hash: sha256:0bc8f6712c5f45cb1f09f7c770b348118d87f07a04adf3f055ca9496105c1724
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -61,7 +61,8 @@ struct Uniforms {
 
 // Merge of the key groups' softmax states, per head
 var<workgroup> merge_m: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
-var<workgroup> merge_l: array<f32, MAX_KEY_GROUPS * HEADS_PER_GROUP>;
+var<workgroup> merge_head_m: array<f32, MERGE_ROWS>;   // [head of the chunk]: its max over the streams
+var<workgroup> merge_l: array<f32, MERGE_ROWS>;        // [head of the chunk][row]: rescaled sums, as merge_acc
 var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
 var<workgroup> subgroup_counter: atomic<u32>;
@@ -397,34 +398,59 @@ fn main(
         }
 
             // -- merge the streams of each head: the head's max, rescale, sum the slices --
-            // merge_m / merge_l entry of (key group, head h of its slot): kg * HEADS_PER_GROUP + h
+            // merge_m entry of (key group, head h of its slot): kg * HEADS_PER_GROUP + h
             if (lane == 0u) {
                 merge_m[kg * HEADS_PER_GROUP + 0u] = m_h0;
                 merge_m[kg * HEADS_PER_GROUP + 1u] = m_h1;
             }
             workgroupBarrier();
             var m_head_h0: f32 = NEG_BIG;
-            for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head_h0 = max(m_head_h0, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
+            {
+                var m_head_h0_1: f32 = NEG_BIG;
+                var m_head_h0_2: f32 = NEG_BIG;
+                var m_head_h0_3: f32 = NEG_BIG;
+                for (var s: u32 = 0u; s < streams; s = s + 4u) {
+                    m_head_h0 = max(m_head_h0, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 0u]);
+                    m_head_h0_1 = max(m_head_h0_1, select(NEG_BIG, merge_m[(slot + min(s + 1u, streams - 1u) * slots) * HEADS_PER_GROUP + 0u], s + 1u < streams));
+                    m_head_h0_2 = max(m_head_h0_2, select(NEG_BIG, merge_m[(slot + min(s + 2u, streams - 1u) * slots) * HEADS_PER_GROUP + 0u], s + 2u < streams));
+                    m_head_h0_3 = max(m_head_h0_3, select(NEG_BIG, merge_m[(slot + min(s + 3u, streams - 1u) * slots) * HEADS_PER_GROUP + 0u], s + 3u < streams));
+                }
+                m_head_h0 = max(max(m_head_h0, m_head_h0_1), max(m_head_h0_2, m_head_h0_3));
             }
             let rescale_h0 = exp(m_h0 - m_head_h0);
             l_h0 = l_h0 * rescale_h0;
             var m_head_h1: f32 = NEG_BIG;
-            for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                m_head_h1 = max(m_head_h1, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 1u]);
+            {
+                var m_head_h1_1: f32 = NEG_BIG;
+                var m_head_h1_2: f32 = NEG_BIG;
+                var m_head_h1_3: f32 = NEG_BIG;
+                for (var s: u32 = 0u; s < streams; s = s + 4u) {
+                    m_head_h1 = max(m_head_h1, merge_m[(slot + s * slots) * HEADS_PER_GROUP + 1u]);
+                    m_head_h1_1 = max(m_head_h1_1, select(NEG_BIG, merge_m[(slot + min(s + 1u, streams - 1u) * slots) * HEADS_PER_GROUP + 1u], s + 1u < streams));
+                    m_head_h1_2 = max(m_head_h1_2, select(NEG_BIG, merge_m[(slot + min(s + 2u, streams - 1u) * slots) * HEADS_PER_GROUP + 1u], s + 2u < streams));
+                    m_head_h1_3 = max(m_head_h1_3, select(NEG_BIG, merge_m[(slot + min(s + 3u, streams - 1u) * slots) * HEADS_PER_GROUP + 1u], s + 3u < streams));
+                }
+                m_head_h1 = max(max(m_head_h1, m_head_h1_1), max(m_head_h1_2, m_head_h1_3));
             }
             let rescale_h1 = exp(m_h1 - m_head_h1);
             l_h1 = l_h1 * rescale_h1;
-            if (lane == 0u) {
-                merge_l[kg * HEADS_PER_GROUP + 0u] = l_h0;
-                merge_l[kg * HEADS_PER_GROUP + 1u] = l_h1;
+            // (one max and one sum per head for the store below, not a scan of the streams)
+            if (in_stream && stream == 0u && lane == 0u) {
+                merge_head_m[slot * HEADS_PER_GROUP + 0u] = m_head_h0;
+                merge_head_m[slot * HEADS_PER_GROUP + 1u] = m_head_h1;
             }
-            // Round r: streams [r * rows_per_head, (r + 1) * rows_per_head) add their slices into
-            // their heads' rows; round 0 writes every row
+            // Round r: streams [r * rows_per_head, (r + 1) * rows_per_head) add their slices (and
+            // their rescaled sums) into their heads' rows; round 0 writes every row
             for (var r: u32 = 0u; r * rows_per_head < streams; r = r + 1u) {
                 if (in_stream && stream / rows_per_head == r) {
-                    let row_h0 = ((slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
-                    let row_h1 = ((slot * HEADS_PER_GROUP + 1u) * rows_per_head + stream % rows_per_head) * (MAX_HEAD_DIM / 4u);
+                    let head_row_h0 = (slot * HEADS_PER_GROUP + 0u) * rows_per_head + stream % rows_per_head;
+                    let row_h0 = head_row_h0 * (MAX_HEAD_DIM / 4u);
+                    let head_row_h1 = (slot * HEADS_PER_GROUP + 1u) * rows_per_head + stream % rows_per_head;
+                    let row_h1 = head_row_h1 * (MAX_HEAD_DIM / 4u);
+                    if (lane == 0u) {
+                        merge_l[head_row_h0] = select(merge_l[head_row_h0], 0.0, r == 0u) + l_h0;
+                        merge_l[head_row_h1] = select(merge_l[head_row_h1], 0.0, r == 0u) + l_h1;
+                    }
                     {
                         let j = 0u;
                         let v = lane + j * LANES_PER_KEY;
@@ -477,15 +503,11 @@ fn main(
                     partial_acc[slot_out * head_dim + d] = total;
                     if (d == 0u) {
                         // head h is entry h % HEADS_PER_GROUP of slot h / HEADS_PER_GROUP
-                        let entry = h % HEADS_PER_GROUP;
-                        var m_h: f32 = NEG_BIG;
                         var l_h: f32 = 0.0;
-                        for (var s: u32 = 0u; s < streams; s = s + 1u) {
-                            let at = (h / HEADS_PER_GROUP + s * slots) * HEADS_PER_GROUP + entry;
-                            m_h = max(m_h, merge_m[at]);
-                            l_h = l_h + merge_l[at];
+                        for (var row: u32 = 0u; row < rows_per_head; row = row + 1u) {
+                            l_h = l_h + merge_l[h * rows_per_head + row];
                         }
-                        partial_ml[2u * slot_out] = m_h;
+                        partial_ml[2u * slot_out] = merge_head_m[h];
                         partial_ml[2u * slot_out + 1u] = l_h;
                     }
                 }

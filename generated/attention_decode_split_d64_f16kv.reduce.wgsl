@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9273913c32caa1325a98d2ec7b5f57139b64f1bbec7da9091727c6c2837edaac
+// source-hash: sha256:c20456cb8c1b70a9118555fe74c14d69bb05fb27863b1ebb02701d7599429215
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:70fb3c3ce1866f02178022d464f10347c2c502cd75382f6a37df6a01c25b816f
+// source-hash: sha256:f07536890737b4381d3fbffcde39d3937ea83a13dbb090404d17ab4bbb09d967
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1c0e4f875960c41817caabd0dd8effafe7aa4e6177999cf06c9c351b3c20f36c
+// source-hash: sha256:d0285ef0000416629054582a6dd801e1680ac95977cf389dad5ef130f0ee92d3
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

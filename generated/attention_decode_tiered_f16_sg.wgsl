@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a20d837ac7506772d63d3af645defbf33ec3dc27469a47642a17fcd4f07bd901
+// source-hash: sha256:8dc0b4f79832e8ffeb307fd1b8a0b8e2df1b7e7e197832728190635855773472
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

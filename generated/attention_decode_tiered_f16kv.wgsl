@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e96934b569c725b54291a5fec62514552e33fc3d2fb1adc6ad023e50f0e18fa9
+// source-hash: sha256:9229c8a2aa8bbc932faa433f4899ff14a6ac1c1760abe38c05488cf6873aac6e
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:15c4c5a5bedbdb465c74e4d3da03e1bd7d2158fb905c4c5e86e4e92dec9612d5
+// source-hash: sha256:a9496761644de756be13ab10378b88ee92be5cfe21bdca8cfe63285893a39ee2
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:10730dadca0b4ad51c7dde47c7112272f7faf7a300f3df66eaa3f03da9c70d12
+// source-hash: sha256:8f0d42e85d1902df4ee387dacc8c2f27d03d5df1068f6f4d93f31e30bc88f24b
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f6c5a6e04ac20f9d77e428524ae2f441d261c8e2a5fe6fcd70d42bbbf5253947
+// source-hash: sha256:d8fc322c6812875784c23422373dc836bcfed3deb179bcac22efb118ef965bf9
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d1baa092110c5ee7f825f6387087c3e2129c212b1d5c68407020e063cd970350
+// source-hash: sha256:7ba9cdf37a39fabcc29f05c502e0ce88dd986c54c5354904474c02e94d137293
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:efe8aa401e22badd7f6b3e5b08de586f73df03049f02a7760b9a23ed0ce1fc61
+// source-hash: sha256:48354e93ac00ead0a57f6ecb701a86a0bc7cbc4d5724fc5f35d098268f1361e3
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ae2099b1bb2046665a9112ace71484cf0c60de9849f05299edca23d38b80eed0
+// source-hash: sha256:1acafa68843348251947811222a3ca968c84fce761250f50b901d7ac79e820b6
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:475a1257154bc95e2b1befababda9164d397b8c61a13b465e2805a1f24a2a101
+// source-hash: sha256:0afe549d510497956eb4da9d139aa7394371be681ae011a7a2b8519b59dc56ae
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

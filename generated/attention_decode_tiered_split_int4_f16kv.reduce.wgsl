@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f40bbb993995aa5692d3991419513da85c0904c195185664867a2af2e885a03d
+// source-hash: sha256:1085ea340afd68fa2fc83444cf24d2ebfee50f093b1f92437058f2394a3f5bb5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

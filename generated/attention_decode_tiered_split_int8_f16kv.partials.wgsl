@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:72fa8fc4b0ee1f30903f43b282d87718c5024348ff2140d27b0187d7ce1ea41b
+// source-hash: sha256:3ad9a913e179290eb07e8f555edf8d8452f4cf4b27d73b3f0d63731f9a05370b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

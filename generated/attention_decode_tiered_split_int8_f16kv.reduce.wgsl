@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5693c43f867819ec18b34b485fb0f55462771c8a726d7cc6606ee3764dd2896d
+// source-hash: sha256:480ceeb78769eb25601fd305ee74ae238a182ebb2d2b1918ec56634c4415dfce
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f25656f9fae91c75e119cae944ca728b4d167219a8c8d8a1c038d19beec27360
+// source-hash: sha256:f705f02970fd547d9caad0091d965b3176b212dde739e3ade365e808883d2cb2
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -643,8 +643,17 @@ fn main(
         }
         workgroupBarrier();
         var m_all: f32 = NEG_BIG;
-        for (var i: u32 = 0u; i < nkg; i = i + 1u) {
-            m_all = max(m_all, merge_m[i]);
+        {
+            var m_all_1: f32 = NEG_BIG;
+            var m_all_2: f32 = NEG_BIG;
+            var m_all_3: f32 = NEG_BIG;
+            for (var s: u32 = 0u; s < nkg; s = s + 4u) {
+                m_all = max(m_all, merge_m[s]);
+                m_all_1 = max(m_all_1, select(NEG_BIG, merge_m[min(s + 1u, nkg - 1u)], s + 1u < nkg));
+                m_all_2 = max(m_all_2, select(NEG_BIG, merge_m[min(s + 2u, nkg - 1u)], s + 2u < nkg));
+                m_all_3 = max(m_all_3, select(NEG_BIG, merge_m[min(s + 3u, nkg - 1u)], s + 3u < nkg));
+            }
+            m_all = max(max(m_all, m_all_1), max(m_all_2, m_all_3));
         }
         let rescale = exp(m - m_all);
         l = l * rescale;
@@ -758,8 +767,17 @@ fn main(
         }
         // A query whose every key is masked has l == 0 and writes zeros (masked_row = "zero")
         var l_all: f32 = 0.0;
-        for (var i: u32 = 0u; i < nkg; i = i + 1u) {
-            l_all = l_all + merge_l[i];
+        {
+            var l_all_1: f32 = 0.0;
+            var l_all_2: f32 = 0.0;
+            var l_all_3: f32 = 0.0;
+            for (var s: u32 = 0u; s < nkg; s = s + 4u) {
+                l_all = (l_all + merge_l[s]);
+                l_all_1 = (l_all_1 + select(0.0, merge_l[min(s + 1u, nkg - 1u)], s + 1u < nkg));
+                l_all_2 = (l_all_2 + select(0.0, merge_l[min(s + 2u, nkg - 1u)], s + 2u < nkg));
+                l_all_3 = (l_all_3 + select(0.0, merge_l[min(s + 3u, nkg - 1u)], s + 3u < nkg));
+            }
+            l_all = ((l_all + l_all_1) + (l_all_2 + l_all_3));
         }
         let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
         if (true) {
