@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5669bdd5af836f9c4d8f217fe57152a3eed6d818758df1376c396427f7ae69b2
+// source-hash: sha256:549e37be8d79c80f6d63fc45311df43108fa1f81c9b8512f4f3ab4ef09c73d1d
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c316023bf6f081349792128a751c1f83671a0df428dbf5fc22aa645eb79ad916
+// source-hash: sha256:da55f9bb7320d81421c17668467828a29cad136b163872f575fb8a9d1d34c26d
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1efd2d35c1e5741ce53fa2643320f6f7b50257ab12f97eadda58bd2139d65e6b
+// source-hash: sha256:14724b9b6aa83bb9fa46ceeb408602f5099552f9e03583b13aa7ce8376f62784
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0142bd8dcd37744e8cffd03390c8661e24dc1ef20b282207112881dcf354172d
+// source-hash: sha256:48f589f9daa59ec1173b45145bce97d2b6cf352ebf14953070990340e6ca36f5
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e4b273cfd00caf6783e83f570f64ec566b104d8469c9ce3469a21ad3fb89f6f
+// source-hash: sha256:f02b11b173bf3ad4ba625f476bbf96380a228bd4a637c09eddea1c416877e52c
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dead8c61b87673cf96a28afae4e4e71f5906547965f2824ce2c6c2a280264dd7
+// source-hash: sha256:56432e56cd5c55cf46d0c106bb4180f79ebff4437ea2d00d05ed9f8d313d4aa1
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

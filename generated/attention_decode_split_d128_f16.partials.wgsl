@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fb969f046179d8edfca11fb95168638f93ff731a0f52b93a4df3518f36a09da0
+// source-hash: sha256:430d64697a93ea0b0a451d67aa05ba0e0784562e867ba3e543f4bf9df0836ee1
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:98799e6e0e9d2968b46463e61fdf5be08b3eeea404dc7cb147b0d267044bf01b
+// source-hash: sha256:a7d442317ee63ceed7977461a6331b53ac9cef5aa1e4a1a79d22a6167fdc1f27
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

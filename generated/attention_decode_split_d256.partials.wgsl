@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:19cbf1213dec160cccac035200cf60d00b6fe245e1c4794da0b602eeb3b2b27b
+// source-hash: sha256:7c328a8c170d222ed87179c2809380f5f714d935b414134ac958617bf7fdcf2c
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:54fe1f917f2f5e3d638adbc052f8cf83557d9e16649f88c002a8ff7d644074f2
+// source-hash: sha256:3ec83d03be538f6ba8cb252371fc6c4c2e37469a1bcafffc1678c3728c8de708
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

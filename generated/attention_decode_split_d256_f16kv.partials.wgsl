@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8a7430a1195b8f90083a85b41c9ea560aebe12c7d100b8e7e7a8bd41fa53c131
+// source-hash: sha256:5859c39576c20865a26c07d19e0bfb352f49e6140cbd32ed956a6674ba390738
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d59111647c7c20ff418e30eb48e4ddc4b5ce583d0dc3031952770e7beb4086dd
+// source-hash: sha256:bfe46cd2d11cde63c4bd80d496d4002be11517b3844dd10eb92585decea86964
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0bc8f6712c5f45cb1f09f7c770b348118d87f07a04adf3f055ca9496105c1724
+// source-hash: sha256:31e6dad02339eaadae110497e25f7d79d9231876b54b357e51f2a9c31775af34
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

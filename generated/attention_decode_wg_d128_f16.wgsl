@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5b9aeaa16916e436fa67fd774d8f33baf01bdb114498f5f10ad995b128f741d4
+// source-hash: sha256:590040e83de7a7cb6adee9135b1aea2bd1292821105b4a111220d0b2d4ef208a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

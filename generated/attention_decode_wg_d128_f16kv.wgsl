@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:96d319822da1e2ad06f6fb6f2a35374d139d62618350c7346ae5daa12a012df0
+// source-hash: sha256:b83b19881b546491a0de49471ea789a437d2946ac1eaa3e3f2171c3ead13c2bf
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:08b7849b89d4cf15fecbb9cb3080c738cde7996fb250c7550f6e3bca1039cb97
+// source-hash: sha256:8ee0840e820c0719dc92aea3de823303fce74a02b3e60038e33019ba8b4fe4ab
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f897625040f36342191489da393da5c3027c74331b2dda0b91e9d5a67cee1c98
+// source-hash: sha256:7125f2935f98dd8f452a0103f6111b35bc56d3b983c3d9034112cebd190f2e5b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f991d6f6ba210e143401b0e87af7724d27e45082a53d4be13de16d8234046c15
+// source-hash: sha256:6f4b0170c85594133e82c1fbc71b917a236aff1f5ec33f1c0b8ffca167ce1c96
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
