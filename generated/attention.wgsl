@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:17c5112e6e5df603184b2d6f6fe92973e89822798a8c92ebeb05a7faf508e199
+// source-hash: sha256:0733bfdb743deaeb46f8855821e44661fe24718a56ca06f21989ec2bca36327b
 
 // Fused Multi-Head Attention Kernel (f32 Q/K/V and output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a493f5c3c9c28203c14bf76e2f7717f4d5c9d6f8b2df84830e259c1ad7ea3c0e
+// source-hash: sha256:f64fd65d920872ce97fdbcbcda36613489a610cba8f11572b7233159e0c50b55
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

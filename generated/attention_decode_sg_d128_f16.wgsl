@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:549e37be8d79c80f6d63fc45311df43108fa1f81c9b8512f4f3ab4ef09c73d1d
+// source-hash: sha256:0e65d2a3aa19b044362e533b6e1694ea896b5dddf83c192878de25d3731a4d58
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

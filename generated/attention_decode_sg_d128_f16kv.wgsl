@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d913b486ef8c7b2a4515d292b16ba645aa01ee0fa5d44ee5243143ab277b891e
+// source-hash: sha256:dce70b480ad590dbecc2707be5abb60343cfa1872561f7464272ebc860f2ad2f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

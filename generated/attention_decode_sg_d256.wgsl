@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d2934e29fe46e43c8cec80a89176cb6fdfe62d3a64f963e70b13b60267c194d5
+// source-hash: sha256:01673a2816b08e2bed25c33b2c2cef116a0d4ad1dc24a82a2a63664e603677ad
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

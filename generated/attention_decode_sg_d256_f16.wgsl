@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:da55f9bb7320d81421c17668467828a29cad136b163872f575fb8a9d1d34c26d
+// source-hash: sha256:8b8ed0c55540f8e70dbf33a9df8f946bfd8285b65397138922b0cb7696ca02a4
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

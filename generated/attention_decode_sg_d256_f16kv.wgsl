@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:14724b9b6aa83bb9fa46ceeb408602f5099552f9e03583b13aa7ce8376f62784
+// source-hash: sha256:c2947720b3bee0cb0f812d5af5e1f6cd86741d99de5a4860c330e11f7de3d9bf
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:48f589f9daa59ec1173b45145bce97d2b6cf352ebf14953070990340e6ca36f5
+// source-hash: sha256:f33c4f7f3c14b691efed8e8de987ef853366b57e85dd43d88fd2c10e139ffefd
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

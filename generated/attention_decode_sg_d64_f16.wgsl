@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5581adbcb68b91d4d3868e81b05271df178811590b68cc21e35a205453ea858d
+// source-hash: sha256:73f82e27dc8aadcd8758d78030956d982e7434fadec4fcb120df43fc77325886
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

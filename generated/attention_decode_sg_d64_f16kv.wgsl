@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f02b11b173bf3ad4ba625f476bbf96380a228bd4a637c09eddea1c416877e52c
+// source-hash: sha256:da1fd630c98112d3fdf5b54ec774d6bdfc833b32f95634ffb039d11369989a58
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

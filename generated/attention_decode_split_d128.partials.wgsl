@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:56432e56cd5c55cf46d0c106bb4180f79ebff4437ea2d00d05ed9f8d313d4aa1
+// source-hash: sha256:f4e376371408d18e689a3c0a5847e141c29f5c47a5d95f5479f8d1524cee1893
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

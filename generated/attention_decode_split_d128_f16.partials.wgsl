@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:430d64697a93ea0b0a451d67aa05ba0e0784562e867ba3e543f4bf9df0836ee1
+// source-hash: sha256:d2ed46477777f8d7b71c4297908dc5231a8d249e87c16c966d9200a9e2ecf185
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a7d442317ee63ceed7977461a6331b53ac9cef5aa1e4a1a79d22a6167fdc1f27
+// source-hash: sha256:f4c2453bc2a72763344920295efcea299a75d08bd670197132a4cf513888a17a
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

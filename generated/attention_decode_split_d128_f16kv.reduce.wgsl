@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:80bcf1e09cfb598ccbab12bcd6889988ad9e08eaeda84d3967d8a4d5e883e69b
+// source-hash: sha256:b2dabc2b5d37dd68971facc8bbbd15f922f6ec77819c5ffe00c6c6ee48f32bd5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7c328a8c170d222ed87179c2809380f5f714d935b414134ac958617bf7fdcf2c
+// source-hash: sha256:8536fe0ee46385065e47f9284b40d433c4b1a06c466f2310e3b684f917e25474
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

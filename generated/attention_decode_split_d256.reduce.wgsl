@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b235a1d15ae1e471efb7c70c8bb5981cc16b2f890b625ee520d91304fe35ddb6
+// source-hash: sha256:d60ec1f81f8a184bb75a251725bb0a8f5b373fc178d678d3f381720f6b2219cc
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3ec83d03be538f6ba8cb252371fc6c4c2e37469a1bcafffc1678c3728c8de708
+// source-hash: sha256:aadbb732dbf25f355c51f652944604630bdf22b5d9c77ccb616b2e483686c8a5
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:327be4a2caf5c368be8c18cb43dc1c309df00a9d1583d8d7829bbbbd8cb7fc71
+// source-hash: sha256:2a591fafd4b7d10580b95f7b35769883668d05b3a086d3cd7fa8088205a3db9f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5859c39576c20865a26c07d19e0bfb352f49e6140cbd32ed956a6674ba390738
+// source-hash: sha256:0fc5c5b193d9e8fc488b19b7125ee7d87c9a7d9a5c6bb8ac99ea3b0c8150480b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

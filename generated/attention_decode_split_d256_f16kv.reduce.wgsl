@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e2afa8c5b063d023e9370d68e640dcfda22f806db35e1de02edeba06701eedf
+// source-hash: sha256:372250a65c1b5123fb4a1c460dd1c7a8698ed88d48575d572534fb56ad5eff98
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

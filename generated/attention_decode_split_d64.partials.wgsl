@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:60af0834a4791cf1511cb2dbad79540a16eaf0eb448b4c19172758bf88ba1306
+// source-hash: sha256:5b7a075a79a74c8b2fbb01672e66abed087dcd205c85896a81393e49c480b765
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5cc58d4c1371d5b0d927978e7aca09fd91bc48b236fd260f65ff4427a7626eeb
+// source-hash: sha256:e4fb1b404641a057e17c44351971cdc94529b70ab01686daede83d7e161600ad
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

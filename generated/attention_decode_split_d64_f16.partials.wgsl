@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bfe46cd2d11cde63c4bd80d496d4002be11517b3844dd10eb92585decea86964
+// source-hash: sha256:7e992d7189842497542338bc07e34825843b4415cc1f8cd7c0722e2ca67a19bc
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

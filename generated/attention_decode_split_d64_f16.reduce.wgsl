@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bae6e3ffdf6852e15b45b2591a0cc0e2beddb302398e3d26e5273c00b1cbc6bf
+// source-hash: sha256:cf1234fbc0cd80f7a325f2be0fa0369bb7af3ef771f540ec3522abe6ee910584
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

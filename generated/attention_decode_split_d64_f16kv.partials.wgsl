@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:31e6dad02339eaadae110497e25f7d79d9231876b54b357e51f2a9c31775af34
+// source-hash: sha256:ce3712190dd2b9ed2ac0009385b74b97c52c7917a8d755eeff0de0b2d4afd809
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

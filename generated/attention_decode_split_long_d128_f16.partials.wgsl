@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e123b53180dbaf2bb435225848b2c749ec3ac31eefb3488dfbedb6f86a1bf65
+// source-hash: sha256:5139a542b8fce7255211af5b104d32c2abf8acb99ed1e089fba9f6220e8cc823
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

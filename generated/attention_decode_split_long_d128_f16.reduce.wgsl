@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f07536890737b4381d3fbffcde39d3937ea83a13dbb090404d17ab4bbb09d967
+// source-hash: sha256:ddc293a29ee8f50ab45dd70ef17b9d081fdfa1e55b5caa7dc66223d270c651a5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8dc0b4f79832e8ffeb307fd1b8a0b8e2df1b7e7e197832728190635855773472
+// source-hash: sha256:d99892565eab22415de1f645e4312bc2bf189691266bb78bd76b17f33d5be7ba
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -82,6 +82,8 @@ var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
 var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
+var<private> open_first: u32;      // absolute positions of the first and last key the query
+var<private> open_last: u32;       // attends (the masks as bounds); the others score MASKED_SCORE
 var<private> run_max: f32;
 var<private> run_sum: f32;
 var<private> q_0: vec4<f32>;
@@ -96,16 +98,18 @@ fn get_kv_head_idx(query_head_idx: u32) -> u32 {
     return query_head_idx / heads_per_kv;
 }
 
-// Causal + sliding-window mask of a key at absolute position abs_key for the decode query
-fn is_masked(abs_key: u32) -> bool {
-    let abs_query = u.start_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
+// The absolute key positions [x, y] the decode query attends (causal and sliding-window masks
+// as bounds, computed once per invocation into open_first / open_last)
+fn open_keys() -> vec2<u32> {
+    var first: u32 = 0u;
+    var last: u32 = 0xffffffffu;
+    // Causal mask: no key after the query
+    if (u.is_causal != 0u) { last = u.start_pos; }
+    // Sliding window mask: no key before the window
+    if (u.sliding_window > 0u && u.start_pos >= u.sliding_window) {
+        first = u.start_pos - u.sliding_window + 1u;
     }
-    return false;
+    return vec2<u32>(first, last);
 }
 
 // Physical row of hot key hot_pos: a ring of hot_window rows starting at hot_start
@@ -128,16 +132,13 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Scale, softcap and mask a key's q.k dot into its score
-fn finish_score(dot: f32, abs_key: u32) -> f32 {
+// Scale and softcap a key's q.k dot into its score; a masked key (not `open`) scores MASKED_SCORE
+fn finish_score(dot: f32, open: bool) -> f32 {
     var s = dot * u.scale;
     if (u.attn_softcap > 0.0) {
         s = tanh(s / u.attn_softcap) * u.attn_softcap;
     }
-    if (is_masked(abs_key)) {
-        s = MASKED_SCORE;
-    }
-    return s;
+    return select(MASKED_SCORE, s, open);
 }
 
 // Sum two key slots' partial q.k dots over each lane group
@@ -216,8 +217,12 @@ fn cold_step(first: u32, width: u32) {
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let score0 = finish_score(dots0[0], key0);
-    let score1 = finish_score(dots0[1], key1);
+    let abs0 = key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0 = finish_score(dots0[0], open0);
+    let score1 = finish_score(dots0[1], open1);
 
     // Online softmax: fold the step's keys into the group's running max, sum and accumulator
     var m = run_max;
@@ -282,8 +287,12 @@ fn hot_step(first: u32, width: u32) {
     let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
     let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
     let dots0 = group_reduce(vec2<f32>(part0, part1), width);
-    let score0 = finish_score(dots0[0], u.hot_start + key0);
-    let score1 = finish_score(dots0[1], u.hot_start + key1);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0 = finish_score(dots0[0], open0);
+    let score1 = finish_score(dots0[1], open1);
 
     // Online softmax: fold the step's keys into the group's running max, sum and accumulator
     var m = run_max;
@@ -328,6 +337,9 @@ fn main(
     lane_live = in_group && dim0 < head_dim;
     kv_head = get_kv_head_idx(head_idx);
     exchange_half = 0u;
+    let open = open_keys();
+    open_first = open.x;
+    open_last = open.y;
     run_max = MASKED_SCORE;
     run_sum = 0.0;
     let q_base = head_idx * head_dim + dim0;

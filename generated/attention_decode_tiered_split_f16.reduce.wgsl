@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1acafa68843348251947811222a3ca968c84fce761250f50b901d7ac79e820b6
+// source-hash: sha256:f6b9e332984ecf339f4387c18635bd14f6d5e49f1105c998a6f60f1079e50dd0
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

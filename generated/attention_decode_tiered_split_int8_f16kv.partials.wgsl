@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3ad9a913e179290eb07e8f555edf8d8452f4cf4b27d73b3f0d63731f9a05370b
+// source-hash: sha256:5a2dda9747230f920d08028ab26f90b1b4d16d0898ad310247a476ccb5246c34
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -95,6 +95,8 @@ var<private> dim0: u32;            // first head-dim element this lane owns
 var<private> lane_live: bool;      // in a group and dim0 < head_dim
 var<private> kv_head: u32;
 var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
+var<private> open_first: u32;      // absolute positions of the first and last key the query
+var<private> open_last: u32;       // attends (the masks as bounds); the others score MASKED_SCORE
 var<private> run_max_h0: f32;
 var<private> run_sum_h0: f32;
 var<private> q_0_h0: vec4<f32>;
@@ -143,16 +145,18 @@ fn get_kv_head_idx(query_head_idx: u32) -> u32 {
     return query_head_idx / heads_per_kv;
 }
 
-// Causal + sliding-window mask of a key at absolute position abs_key for the decode query
-fn is_masked(abs_key: u32) -> bool {
-    let abs_query = u.start_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
+// The absolute key positions [x, y] the decode query attends (causal and sliding-window masks
+// as bounds, computed once per invocation into open_first / open_last)
+fn open_keys() -> vec2<u32> {
+    var first: u32 = 0u;
+    var last: u32 = 0xffffffffu;
+    // Causal mask: no key after the query
+    if (u.is_causal != 0u) { last = u.start_pos; }
+    // Sliding window mask: no key before the window
+    if (u.sliding_window > 0u && u.start_pos >= u.sliding_window) {
+        first = u.start_pos - u.sliding_window + 1u;
     }
-    return false;
+    return vec2<u32>(first, last);
 }
 
 // Physical row of hot key hot_pos: a ring of hot_window rows starting at hot_start
@@ -172,16 +176,13 @@ fn unpack_quant_0(packed_val: u32) -> vec4<f32> {
     return fma(bitcast<vec4<f32>>(bits), vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625), vec4<f32>(-8388736.0, -32896.0, -8388736.0, -32896.0));
 }
 
-// Scale, softcap and mask a key's q.k dot into its score
-fn finish_score(dot: f32, abs_key: u32) -> f32 {
+// Scale and softcap a key's q.k dot into its score; a masked key (not `open`) scores MASKED_SCORE
+fn finish_score(dot: f32, open: bool) -> f32 {
     var s = dot * u.scale;
     if (u.attn_softcap > 0.0) {
         s = tanh(s / u.attn_softcap) * u.attn_softcap;
     }
-    if (is_masked(abs_key)) {
-        s = MASKED_SCORE;
-    }
-    return s;
+    return select(MASKED_SCORE, s, open);
 }
 
 // Sum two key slots' partial q.k dots over each lane group
@@ -296,14 +297,18 @@ fn cold_step(first: u32, width: u32) {
     let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
     let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
     let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
-    let score0_h0 = finish_score(dots0[0], key0);
-    let score0_h1 = finish_score(dots0[1], key0);
-    let score0_h2 = finish_score(dots2[0], key0);
-    let score0_h3 = finish_score(dots2[1], key0);
-    let score1_h0 = finish_score(dots4[0], key1);
-    let score1_h1 = finish_score(dots4[1], key1);
-    let score1_h2 = finish_score(dots6[0], key1);
-    let score1_h3 = finish_score(dots6[1], key1);
+    let abs0 = key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score(dots0[0], open0);
+    let score0_h1 = finish_score(dots0[1], open0);
+    let score0_h2 = finish_score(dots2[0], open0);
+    let score0_h3 = finish_score(dots2[1], open0);
+    let score1_h0 = finish_score(dots4[0], open1);
+    let score1_h1 = finish_score(dots4[1], open1);
+    let score1_h2 = finish_score(dots6[0], open1);
+    let score1_h3 = finish_score(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
@@ -422,14 +427,18 @@ fn hot_step(first: u32, width: u32) {
     let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
     let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
     let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
-    let score0_h0 = finish_score(dots0[0], u.hot_start + key0);
-    let score0_h1 = finish_score(dots0[1], u.hot_start + key0);
-    let score0_h2 = finish_score(dots2[0], u.hot_start + key0);
-    let score0_h3 = finish_score(dots2[1], u.hot_start + key0);
-    let score1_h0 = finish_score(dots4[0], u.hot_start + key1);
-    let score1_h1 = finish_score(dots4[1], u.hot_start + key1);
-    let score1_h2 = finish_score(dots6[0], u.hot_start + key1);
-    let score1_h3 = finish_score(dots6[1], u.hot_start + key1);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score(dots0[0], open0);
+    let score0_h1 = finish_score(dots0[1], open0);
+    let score0_h2 = finish_score(dots2[0], open0);
+    let score0_h3 = finish_score(dots2[1], open0);
+    let score1_h0 = finish_score(dots4[0], open1);
+    let score1_h1 = finish_score(dots4[1], open1);
+    let score1_h2 = finish_score(dots6[0], open1);
+    let score1_h3 = finish_score(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
@@ -548,14 +557,18 @@ fn hot_step_aligned(first: u32, width: u32) {
     let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
     let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
     let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
-    let score0_h0 = finish_score(dots0[0], u.hot_start + key0);
-    let score0_h1 = finish_score(dots0[1], u.hot_start + key0);
-    let score0_h2 = finish_score(dots2[0], u.hot_start + key0);
-    let score0_h3 = finish_score(dots2[1], u.hot_start + key0);
-    let score1_h0 = finish_score(dots4[0], u.hot_start + key1);
-    let score1_h1 = finish_score(dots4[1], u.hot_start + key1);
-    let score1_h2 = finish_score(dots6[0], u.hot_start + key1);
-    let score1_h3 = finish_score(dots6[1], u.hot_start + key1);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score(dots0[0], open0);
+    let score0_h1 = finish_score(dots0[1], open0);
+    let score0_h2 = finish_score(dots2[0], open0);
+    let score0_h3 = finish_score(dots2[1], open0);
+    let score1_h0 = finish_score(dots4[0], open1);
+    let score1_h1 = finish_score(dots4[1], open1);
+    let score1_h2 = finish_score(dots6[0], open1);
+    let score1_h3 = finish_score(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
@@ -663,6 +676,9 @@ fn main(
     lane_live = in_group && dim0 < head_dim;
     kv_head = get_kv_head_idx(head_idx_h0);
     exchange_half = 0u;
+    let open = open_keys();
+    open_first = open.x;
+    open_last = open.y;
     run_max_h0 = MASKED_SCORE;
     run_sum_h0 = 0.0;
     let q_base_h0 = head_idx_h0 * head_dim + dim0;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ed4013435631e697015b9544d9b60eb8f9d07e7414f612b38eb4c7c1725d29e8
+// source-hash: sha256:28b77c81fe90ef2bdcc85f8d09eed841f684d2bc36317c2cbaf08e129e3661d2
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

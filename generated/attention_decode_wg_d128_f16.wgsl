@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:590040e83de7a7cb6adee9135b1aea2bd1292821105b4a111220d0b2d4ef208a
+// source-hash: sha256:9998bb3bc1df11bb76ce51909a85e6d855cf4b2d38594c66f49a00d9b593720a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b83b19881b546491a0de49471ea789a437d2946ac1eaa3e3f2171c3ead13c2bf
+// source-hash: sha256:5eb53b7323b7686fad6eb561a09d582ee8e8f6fc8c1cb490e7cb9ad818740999
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8ee0840e820c0719dc92aea3de823303fce74a02b3e60038e33019ba8b4fe4ab
+// source-hash: sha256:5851a9587c40f054066fd51ef9cd8ac40282623137e530b4b2ad7c0485d4190a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7125f2935f98dd8f452a0103f6111b35bc56d3b983c3d9034112cebd190f2e5b
+// source-hash: sha256:b26c13b59e8a5f98330ec44a9147f140d186ab1bda881597011b339fb3106eea
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

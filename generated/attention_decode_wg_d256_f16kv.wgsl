@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4b3f7ad51e79682ca1513294100607ebe81834ab2e9ed05f7cc1038febf4e37b
+// source-hash: sha256:9428e3b35cab5378edff19ecdbcb5bf9b3feb39814451d75f2545a8175931817
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6f4b0170c85594133e82c1fbc71b917a236aff1f5ec33f1c0b8ffca167ce1c96
+// source-hash: sha256:9103bc681d0b9f5ec13f4df4d538a899804856718bd75fa2e49af6cea27a962c
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

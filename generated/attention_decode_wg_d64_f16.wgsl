@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:77cc05d0b5b954ba1f61bb7ac809a51d84b5bfd80ad39fb0929865ade4999f4c
+// source-hash: sha256:c7b8ddf3e7ad141a2531bc0d081df8193e581fe563e54157420b0ae30ed7ad80
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

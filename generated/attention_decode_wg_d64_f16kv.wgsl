@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fd3b33a02082f2dc642389635cff53a08ad1e955be48015c6f78d5d27f3246e2
+// source-hash: sha256:1249cfc67f8918b95a64456b590d707e0d8890ffcabac899a46c804962b3d550
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

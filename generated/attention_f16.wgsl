@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b64d390cbb666d1f1062ff936dcea3aec8584c91b1c995c081ffce8d2fb8fc6d
+// source-hash: sha256:cb3676722498614559a4aa7168c157accf29e9161ce7d9d94efc05c71c7bab24
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

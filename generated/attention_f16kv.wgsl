@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c49bffc2f266354ff6225f9feb372b8c24f56e3891ad9c2b7cebf440510901fd
+// source-hash: sha256:dc0b4db5c19adff80428abaa1ed0be82fdae2f737d0f4b988afb35c533ea091f
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

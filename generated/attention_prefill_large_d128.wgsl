@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6622033182b66d3a94dd5ecd76f9096516cd4b0f4f828cce3b9ee426e180c6f9
+// source-hash: sha256:56607e6fd0ed2f967d425dacff11a196dacd64eaa8c0cc1013d658f18ebbcf0b
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0f5dabf3989134eba52de6f6fe0767c09116b227b97ec5cc28c0ce39e6379e68
+// source-hash: sha256:d1eb2412ad2f06d65b40f9dc3347ca52ce005315a8f28583ceacfbc5ebabaa81
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8b1d73ec11b1bcd6316a994372b118b336549ff62eb99436c017c97862dca69e
+// source-hash: sha256:2f6cd020b0cb8ff3b9394de56bb1126a33752818927b9f18724fc1f0484f9b3c
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:55bb9bfdc3d08ab78d958fc437a41a542a4a997ab41890c9c39850ad7c388fbc
+// source-hash: sha256:6ef8f55f687cef8e6ead49c7b3419f7470378b7e66f402234e836e1b8cad11ab
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

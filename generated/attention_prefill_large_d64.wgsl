@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ba0c364259083a46a0a723f41c2bed8b92fd91641194e60d1dcf581b823f4112
+// source-hash: sha256:350f03080c0dd3b6c02719f17e5e1867f1195579a234ec6638b8c6cb6a3b1f07
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

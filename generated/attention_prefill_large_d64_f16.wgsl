@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:25f6a009b2ab0d02dbd1e8bca9ffae335c2ef927fc4ce2e3718c03286240f125
+// source-hash: sha256:406a04bcf75666de7bea1dacecae8f1c0e6796258fd0218da2ab51ce161233bb
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:00bd9f457797c16fd45a4fe3a02de4c5555bff492d3980d0c2423a47c51cbb43
+// source-hash: sha256:db9b37e0ce597824e2c398c078375318cc4e2c2e1574c1e95ec3c62e737d3d05
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

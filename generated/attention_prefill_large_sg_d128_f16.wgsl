@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa8b6c5147e35ce0031cf5ce6fc889296ad65bc9acf5d5108acaf4cf3c05a983
+// source-hash: sha256:12aaceaba26aecd376da493130ddff0eb465d45d0f0592fc4b70a88d137bc725
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

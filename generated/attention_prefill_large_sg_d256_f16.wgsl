@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:184cf2ccc76f8d8d2c1cdc7785fae3ca3e9213860a2e62c57ac9dfe410b3a5bd
+// source-hash: sha256:5e389d6e1379edeecb70d7a84dc390b57fa58eb20ea4f4b9185cdbb3634850bc
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

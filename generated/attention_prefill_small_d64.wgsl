@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e605f6a072f66dfae151b89542aad6769540ec940af7b6b6999245f48dd6b39c
+// source-hash: sha256:457de28019971989e406807645151ad838c9756e79cadd29413b8beeb5951e36
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

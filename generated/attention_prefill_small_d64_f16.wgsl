@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b279b6f5c2f9ca0438884582ec004eb7286ee16f43c2d0f17be860da6d038629
+// source-hash: sha256:43c475b5d4aecb14fad33cf0e1bc9f4bb09902eb832c90326473e3c878f6a655
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

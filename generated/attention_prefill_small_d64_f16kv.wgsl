@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1e88678de8f9933bffc9095f456de1ff562ee238c40a2286e57276f7bc4ca4f1
+// source-hash: sha256:0c542848bbafa3dfe7189144acdb1aab01666f86dc99e246bfa9a5c27a7b06be
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

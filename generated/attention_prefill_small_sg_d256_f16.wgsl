@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8014a570b3625ee13ef615b4bfdc32bd8d122d7203b1dc3f24c7062b97277c68
+// source-hash: sha256:fa0cd4dc5196dac16c3c2d554b3bf9bcd925f7c112d8e8155ae1bdaea5e77ec1
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e8243a43218f99fa030c6cfe0195986ccf162ec46ae7f81c8fb673cc4a574ad0
+// source-hash: sha256:146ecaf6e3ba652cfffb2954024167c1d4fb8fefe65f81c0e13ff61c3af349b3
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

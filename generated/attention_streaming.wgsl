@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:931f8b73731e85642de6d4fca4c8a07f628913a38e942cf77e53f01989745a75
+// source-hash: sha256:28a1f701f08c5a85471cd2b0bac6c1abeb05da7af43179731decbb6981156eb3
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e3da7dcb8b48d6fb36723a847a550781f9fdc2ff928d72a034fc63ecf48bb059
+// source-hash: sha256:be6b2fa7c47b9cc5f5a184f70d3528b60e1ad0fbbaf5a14c2d01771a46c4fc56
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

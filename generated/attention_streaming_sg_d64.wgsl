@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ac35380e3c1d90f1ef9e9b04ef01265c47f8ac6a953353de96777930a39fbe0a
+// source-hash: sha256:8145ef27f337b83615ae118689c2af2235471c5429a64fc21e9a22a39276691c
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

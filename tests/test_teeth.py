@@ -44,7 +44,14 @@ MUTATIONS = [
         COMMON,
         "{{ abs_key }} > {{ abs_query }}) { return true; }",
         "{{ abs_key }} >= {{ abs_query }}) { return true; }",
-        [SMALL, "attention_decode_tiered_int8_f16kv"],
+        [SMALL],
+    ),
+    (
+        "tiered-causal-bound-off-by-one",
+        COMMON,
+        "if (u.is_causal != 0u) { last = {{ abs_query }}; }",
+        "if (u.is_causal != 0u) { last = {{ abs_query }} - 1u; }",
+        ["attention_decode_tiered_int8_f16kv"],
     ),
     (
         "softcap-dropped",
@@ -79,7 +86,14 @@ MUTATIONS = [
         COMMON,
         "{{ abs_query }} - u.sliding_window + 1u)",
         "{{ abs_query }} - u.sliding_window)",
-        [SMALL, "attention_decode_tiered_f16"],
+        [SMALL],
+    ),
+    (
+        "tiered-window-bound-off-by-one",
+        COMMON,
+        "first = {{ abs_query }} - u.sliding_window + 1u;",
+        "first = {{ abs_query }} - u.sliding_window;",
+        ["attention_decode_tiered_f16"],
     ),
     (
         "int8-sign-extension-dropped",
@@ -197,8 +211,8 @@ MUTATIONS = [
     (
         "masked-score-not-applied",
         TIERED,
-        "        s = MASKED_SCORE;\n",
-        "",
+        "    return select(MASKED_SCORE, s, open);",
+        "    return s;",
         ["attention_decode_tiered_int8_f16kv"],
     ),
     (
@@ -281,8 +295,8 @@ SIZE_MUTATIONS = [
     (
         "tiered-start-pos-beyond-4095-dropped",
         TIERED,
-        "let abs_query = u.start_pos;",
-        "let abs_query = u.start_pos & 4095u;",
+        'common.open_bounds("u.start_pos")',
+        'common.open_bounds("(u.start_pos & 4095u)")',
         [TIERED_INT8],
     ),
     (
