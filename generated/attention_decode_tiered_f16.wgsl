@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c8f70bd4f2bdf0b9a9c9205a8cebb8a42398ca68609b68afcf3795d033447904
+// source-hash: sha256:e5c8b086647c56eabe0b6a07596f8884aaba95fba98fb2637ccdc373af549044
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d99892565eab22415de1f645e4312bc2bf189691266bb78bd76b17f33d5be7ba
+// source-hash: sha256:66d95aa2b8ad50aec11ddcacbc67e29082863c2c0ba2985f83926e355eee8acb
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -132,13 +132,16 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Scale and softcap a key's q.k dot into its score; a masked key (not `open`) scores MASKED_SCORE
+// Scale a key's q.k dot into its score (the loops without softcap); a masked key (not `open`)
+// scores MASKED_SCORE
 fn finish_score(dot: f32, open: bool) -> f32 {
-    var s = dot * u.scale;
-    if (u.attn_softcap > 0.0) {
-        s = tanh(s / u.attn_softcap) * u.attn_softcap;
-    }
-    return select(MASKED_SCORE, s, open);
+    return select(MASKED_SCORE, dot * u.scale, open);
+}
+
+// The same with the softcap (the loops that run when u.attn_softcap > 0)
+fn finish_score_capped(dot: f32, open: bool) -> f32 {
+    let s = dot * u.scale;
+    return select(MASKED_SCORE, tanh(s / u.attn_softcap) * u.attn_softcap, open);
 }
 
 // Sum two key slots' partial q.k dots over each lane group
@@ -307,6 +310,88 @@ fn hot_step(first: u32, width: u32) {
     run_max = m;
 }
 
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.cold_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.cold_len;
+
+    let kh0_0 = cold_step_kh0_0;
+    let kh0_1 = cold_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), cold_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), cold_step_vh0_1, live0);
+    let kh1_0 = cold_step_kh1_0;
+    let kh1_1 = cold_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), cold_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), cold_step_vh1_1, live1);
+    cold_step_fetch(first + 2u * num_groups);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let abs0 = key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0 = finish_score_capped(dots0[0], open0);
+    let score1 = finish_score_capped(dots0[1], open1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < u.hot_len;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < u.hot_len;
+
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
+    let part0 = dot(q_0, vec4<f32>(kh0_0)) + dot(q_1, vec4<f32>(kh0_1));
+    let part1 = dot(q_0, vec4<f32>(kh1_0)) + dot(q_1, vec4<f32>(kh1_1));
+    let dots0 = group_reduce(vec2<f32>(part0, part1), width);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0 = finish_score_capped(dots0[0], open0);
+    let score1 = finish_score_capped(dots0[1], open1);
+
+    // Online softmax: fold the step's keys into the group's running max, sum and accumulator
+    var m = run_max;
+    if (live0) { m = max(m, score0); }
+    if (live1) { m = max(m, score1); }
+    let correction = exp(run_max - m);
+    let w0 = select(0.0, exp(score0 - m), live0);
+    let w1 = select(0.0, exp(score1 - m), live1);
+    run_sum = run_sum * correction + w0 + w1;
+    acc_0 = acc_0 * correction + w0 * vec4<f32>(vh0_0) + w1 * vec4<f32>(vh1_0);
+    acc_1 = acc_1 * correction + w0 * vec4<f32>(vh0_1) + w1 * vec4<f32>(vh1_1);
+    run_max = m;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
@@ -363,17 +448,33 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
-    if (0u < u.cold_len) {
-        cold_step_fetch(0u);
-    }
-    for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
-        cold_step(first, shuffle_width);
-    }
-    if (0u < u.hot_len) {
-        hot_step_fetch(0u);
-    }
-    for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
-        hot_step(first, shuffle_width);
+    // The key loops twice, with and without the softcap, so that no score branches on it
+    if (u.attn_softcap > 0.0) {
+        if (0u < u.cold_len) {
+            cold_step_fetch(0u);
+        }
+        for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
+            cold_step_capped(first, shuffle_width);
+        }
+        if (0u < u.hot_len) {
+            hot_step_fetch(0u);
+        }
+        for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
+            hot_step_capped(first, shuffle_width);
+        }
+    } else {
+        if (0u < u.cold_len) {
+            cold_step_fetch(0u);
+        }
+        for (var first: u32 = 0u; first < u.cold_len; first += keys_per_step) {
+            cold_step(first, shuffle_width);
+        }
+        if (0u < u.hot_len) {
+            hot_step_fetch(0u);
+        }
+        for (var first: u32 = 0u; first < u.hot_len; first += keys_per_step) {
+            hot_step(first, shuffle_width);
+        }
     }
 
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)

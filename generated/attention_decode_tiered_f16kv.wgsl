@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8e860319b7ae8dcaeb9e70fc6244253f243073173363a43ac41e75d0770fc96b
+// source-hash: sha256:419c94b79797f9e402e07f30bb446da7d2e51ba8410993cda14397202ed36113
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b5a388e549664a60413424c5dacc28b5899338700265bde230f836fdfe3f1662
+// source-hash: sha256:f51789b6544bf8ba44d68f5ed977ddad3ae35f880443686709cbab427ddc4b64
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

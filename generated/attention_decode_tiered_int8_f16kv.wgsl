@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:77aacba1ae9fce917e4a45ce7f69daa96c4b281a0fd1f038fced4bb5870d9147
+// source-hash: sha256:508f49ead98bee3cadd0646065002eaea939fa79ae8ec60a52da4f1be475efd9
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

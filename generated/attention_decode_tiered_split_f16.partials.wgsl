@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:47a7433fbb50090c704f65e8a9237428d6c374e39eed907a956e18ee94cdc64e
+// source-hash: sha256:16ebaa056885be4bdba8fb5d01e55ca2f031474dd84909e2fcc9504515b3bed2
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -179,13 +179,16 @@ fn get_cold_pos(key_pos: u32) -> u32 {
     return key_pos;
 }
 
-// Scale and softcap a key's q.k dot into its score; a masked key (not `open`) scores MASKED_SCORE
+// Scale a key's q.k dot into its score (the loops without softcap); a masked key (not `open`)
+// scores MASKED_SCORE
 fn finish_score(dot: f32, open: bool) -> f32 {
-    var s = dot * u.scale;
-    if (u.attn_softcap > 0.0) {
-        s = tanh(s / u.attn_softcap) * u.attn_softcap;
-    }
-    return select(MASKED_SCORE, s, open);
+    return select(MASKED_SCORE, dot * u.scale, open);
+}
+
+// The same with the softcap (the loops that run when u.attn_softcap > 0)
+fn finish_score_capped(dot: f32, open: bool) -> f32 {
+    let s = dot * u.scale;
+    return select(MASKED_SCORE, tanh(s / u.attn_softcap) * u.attn_softcap, open);
 }
 
 // Sum two key slots' partial q.k dots over each lane group
@@ -474,6 +477,208 @@ fn hot_step(first: u32, width: u32) {
     run_max_h3 = m_h3;
 }
 
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
+
+    let kh0_0 = cold_step_kh0_0;
+    let kh0_1 = cold_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), cold_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), cold_step_vh0_1, live0);
+    let kh1_0 = cold_step_kh1_0;
+    let kh1_1 = cold_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), cold_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), cold_step_vh1_1, live1);
+    cold_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 4 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
+    let abs0 = key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score_capped(dots0[0], open0);
+    let score0_h1 = finish_score_capped(dots0[1], open0);
+    let score0_h2 = finish_score_capped(dots2[0], open0);
+    let score0_h3 = finish_score_capped(dots2[1], open0);
+    let score1_h0 = finish_score_capped(dots4[0], open1);
+    let score1_h1 = finish_score_capped(dots4[1], open1);
+    let score1_h2 = finish_score_capped(dots6[0], open1);
+    let score1_h3 = finish_score_capped(dots6[1], open1);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
+    run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 4 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score_capped(dots0[0], open0);
+    let score0_h1 = finish_score_capped(dots0[1], open0);
+    let score0_h2 = finish_score_capped(dots2[0], open0);
+    let score0_h3 = finish_score_capped(dots2[1], open0);
+    let score1_h0 = finish_score_capped(dots4[0], open1);
+    let score1_h1 = finish_score_capped(dots4[1], open1);
+    let score1_h2 = finish_score_capped(dots6[0], open1);
+    let score1_h3 = finish_score_capped(dots6[1], open1);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
+    run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
@@ -602,17 +807,33 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
-    if (cold_first < cold_last) {
-        cold_step_fetch(cold_first);
-    }
-    for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
-        cold_step(first, shuffle_width);
-    }
-    if (hot_first < hot_last) {
-        hot_step_fetch(hot_first);
-    }
-    for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
-        hot_step(first, shuffle_width);
+    // The key loops twice, with and without the softcap, so that no score branches on it
+    if (u.attn_softcap > 0.0) {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
+        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+            cold_step_capped(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_fetch(hot_first);
+        }
+        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+            hot_step_capped(first, shuffle_width);
+        }
+    } else {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
+        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+            cold_step(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_fetch(hot_first);
+        }
+        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+            hot_step(first, shuffle_width);
+        }
     }
 
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9fabd272ff014821406f8e282739052715d7cdb60832dd996a4d680f7e202423
+// source-hash: sha256:93a269041df937ddd0192e4e82a5e2ff29219f48313708ee78672fd58ada3b0e
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -179,13 +179,16 @@ fn unpack_quant_4(packed_val: u32) -> vec4<f32> {
     return fma(bitcast<vec4<f32>>(bits), vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625), vec4<f32>(-8388616.0, -524296.0, -32776.0, -2056.0));
 }
 
-// Scale and softcap a key's q.k dot into its score; a masked key (not `open`) scores MASKED_SCORE
+// Scale a key's q.k dot into its score (the loops without softcap); a masked key (not `open`)
+// scores MASKED_SCORE
 fn finish_score(dot: f32, open: bool) -> f32 {
-    var s = dot * u.scale;
-    if (u.attn_softcap > 0.0) {
-        s = tanh(s / u.attn_softcap) * u.attn_softcap;
-    }
-    return select(MASKED_SCORE, s, open);
+    return select(MASKED_SCORE, dot * u.scale, open);
+}
+
+// The same with the softcap (the loops that run when u.attn_softcap > 0)
+fn finish_score_capped(dot: f32, open: bool) -> f32 {
+    let s = dot * u.scale;
+    return select(MASKED_SCORE, tanh(s / u.attn_softcap) * u.attn_softcap, open);
 }
 
 // Sum two key slots' partial q.k dots over each lane group
@@ -461,6 +464,178 @@ fn hot_step_aligned(first: u32, width: u32) {
     run_max_h1 = m_h1;
 }
 
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 1
+fn cold_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+
+    let ks0 = cold_step_ks0;
+    let vs0 = select(0.0, cold_step_vs0, live0);
+    let kw0_0 = cold_step_kw0_0;
+    let vw0_0 = cold_step_vw0_0;
+    let kw0_1 = cold_step_kw0_1;
+    let vw0_1 = cold_step_vw0_1;
+    cold_step_fetch(first + 1u * num_groups);
+    // Each slice converted (unpacked, V scaled) once, for all 2 heads
+    let kf0_0 = unpack_quant_0(kw0_0);
+    let kf0_1 = unpack_quant_4(kw0_0);
+    let kf0_2 = unpack_quant_0(kw0_1);
+    let kf0_3 = unpack_quant_4(kw0_1);
+    let vf0_0 = unpack_quant_0(vw0_0) * vs0;
+    let vf0_1 = unpack_quant_4(vw0_0) * vs0;
+    let vf0_2 = unpack_quant_0(vw0_1) * vs0;
+    let vf0_3 = unpack_quant_4(vw0_1) * vs0;
+    let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3)) * ks0;
+    let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3)) * ks0;
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let abs0 = key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let score0_h0 = finish_score_capped(dots0[0], open0);
+    let score0_h1 = finish_score_capped(dots0[1], open0);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
+    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
+    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
+    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
+    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    run_max_h1 = m_h1;
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 1
+fn hot_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+
+    let kh0_0 = hot_step_kh0_0;
+    let kh0_1 = hot_step_kh0_1;
+    let kh0_2 = hot_step_kh0_2;
+    let kh0_3 = hot_step_kh0_3;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
+    let vh0_2 = select(vec4<f16>(), hot_step_vh0_2, live0);
+    let vh0_3 = select(vec4<f16>(), hot_step_vh0_3, live0);
+    hot_step_fetch(first + 1u * num_groups);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let kf0_2 = vec4<f32>(kh0_2);
+    let kf0_3 = vec4<f32>(kh0_3);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let vf0_2 = vec4<f32>(vh0_2);
+    let vf0_3 = vec4<f32>(vh0_3);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let score0_h0 = finish_score_capped(dots0[0], open0);
+    let score0_h1 = finish_score_capped(dots0[1], open0);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
+    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
+    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
+    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
+    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    run_max_h1 = m_h1;
+}
+
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 1
+fn hot_step_aligned_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+
+    let kh0_0 = hot_step_aligned_kh0_0;
+    let kh0_1 = hot_step_aligned_kh0_1;
+    let kh0_2 = hot_step_aligned_kh0_2;
+    let kh0_3 = hot_step_aligned_kh0_3;
+    let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);
+    let vh0_1 = select(vec4<f16>(), hot_step_aligned_vh0_1, live0);
+    let vh0_2 = select(vec4<f16>(), hot_step_aligned_vh0_2, live0);
+    let vh0_3 = select(vec4<f16>(), hot_step_aligned_vh0_3, live0);
+    hot_step_aligned_fetch(first + 1u * num_groups);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let kf0_1 = vec4<f32>(kh0_1);
+    let kf0_2 = vec4<f32>(kh0_2);
+    let kf0_3 = vec4<f32>(kh0_3);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let vf0_1 = vec4<f32>(vh0_1);
+    let vf0_2 = vec4<f32>(vh0_2);
+    let vf0_3 = vec4<f32>(vh0_3);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let score0_h0 = finish_score_capped(dots0[0], open0);
+    let score0_h1 = finish_score_capped(dots0[1], open0);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
+    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
+    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
+    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
+    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    run_max_h1 = m_h1;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
@@ -579,31 +754,62 @@ fn main(
     let keys_per_step = groups * 1u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
-    if (head_dim % DIMS_PER_LANE == 0u) {
-        if (cold_first < cold_last) {
-            cold_step_fetch(cold_first);
-        }
-        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
-            cold_step(first, shuffle_width);
-        }
-        if (hot_first < hot_last) {
-            hot_step_aligned_fetch(hot_first);
-        }
-        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
-            hot_step_aligned(first, shuffle_width);
+    // The key loops twice, with and without the softcap, so that no score branches on it
+    if (u.attn_softcap > 0.0) {
+        if (head_dim % DIMS_PER_LANE == 0u) {
+            if (cold_first < cold_last) {
+                cold_step_fetch(cold_first);
+            }
+            for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+                cold_step_capped(first, shuffle_width);
+            }
+            if (hot_first < hot_last) {
+                hot_step_aligned_fetch(hot_first);
+            }
+            for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+                hot_step_aligned_capped(first, shuffle_width);
+            }
+        } else {
+            if (cold_first < cold_last) {
+                cold_step_fetch(cold_first);
+            }
+            for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+                cold_step_capped(first, shuffle_width);
+            }
+            if (hot_first < hot_last) {
+                hot_step_fetch(hot_first);
+            }
+            for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+                hot_step_capped(first, shuffle_width);
+            }
         }
     } else {
-        if (cold_first < cold_last) {
-            cold_step_fetch(cold_first);
-        }
-        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
-            cold_step(first, shuffle_width);
-        }
-        if (hot_first < hot_last) {
-            hot_step_fetch(hot_first);
-        }
-        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
-            hot_step(first, shuffle_width);
+        if (head_dim % DIMS_PER_LANE == 0u) {
+            if (cold_first < cold_last) {
+                cold_step_fetch(cold_first);
+            }
+            for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+                cold_step(first, shuffle_width);
+            }
+            if (hot_first < hot_last) {
+                hot_step_aligned_fetch(hot_first);
+            }
+            for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+                hot_step_aligned(first, shuffle_width);
+            }
+        } else {
+            if (cold_first < cold_last) {
+                cold_step_fetch(cold_first);
+            }
+            for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+                cold_step(first, shuffle_width);
+            }
+            if (hot_first < hot_last) {
+                hot_step_fetch(hot_first);
+            }
+            for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+                hot_step(first, shuffle_width);
+            }
         }
     }
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0076c57d2adbf36a620d6b1d94743a0e12588da945ccf2d72153bbd933b9f748
+// source-hash: sha256:67011b921274d98cde1e6652c83837b03c70cc3467fc140bb6a16475bf976f02
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -85,7 +85,7 @@ def test_prefetch_passes_the_matrix_and_a_long_cold_tier(
 
 PREFETCH_BUGS = [
     # every step fetches its own rows again instead of the next step's
-    ("    {{ name }}_fetch(first + {{ n }}u * num_groups);", "    {{ name }}_fetch(first);"),
+    ("    {{ fetch }}_fetch(first + {{ n }}u * num_groups);", "    {{ fetch }}_fetch(first);"),
     # the loop's first rows are never requested (its priming fetch reads the tier's end)
     (
         "{{ indent }}    {{ tier }}_step{{ suffix }}_fetch({{ span[0] }});",
@@ -125,7 +125,8 @@ def test_shuffles_only_passes_where_the_groups_fit_and_has_no_barrier_in_the_loo
     assert entry["min_subgroup_size"] == 8
     text = kernel.passes[0].text
     loop = re.findall(r"\nfn (?:group_reduce|(?:cold|hot)_step\w*)\(.*?\n}\n", text, re.S)
-    assert len(loop) == 7  # group_reduce; cold_step, hot_step, hot_step_aligned and fetches
+    # group_reduce; cold_step, hot_step, hot_step_aligned, their fetches and _capped copies
+    assert len(loop) == 10
     assert all("workgroupBarrier" not in body for body in loop)
     assert "subgroupShuffleXor" in loop[0]
     report = validate_variant(device, kernel, entry, quick=True, seed=0)

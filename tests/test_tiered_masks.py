@@ -1,16 +1,20 @@
-"""The tiered key loop's masks as bounds, on the adapter.
+"""The tiered key loop's masks as bounds, and `softcap_loops` (the key loops twice, with and
+without the softcap), on the adapter.
 
 Every tiered kernel computes the causal and sliding-window masks once, as the absolute
 positions of the first and last key the query attends (`open_keys`), and tests each key with
 two comparisons; a masked key still scores MASKED_SCORE and counts in the sum (the "mean_v"
-contract).
+contract). With `softcap_loops` the step functions come in two copies, `*_capped` beside the
+plain ones (sharing their prefetch registers), and u.attn_softcap picks the loops once.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO_ROOT, edit, render_variant
 from gpu_support import adapter_problem
@@ -54,13 +58,13 @@ LONG_CAPPED = CaseSpec(
     seed=17,
 )
 CONFIGS = [
-    # one dispatch, f16 rows as vec4<f16>
+    # one dispatch, f16 rows as vec4<f16>, shipped with softcap_loops
     ("attention_decode_tiered_f16_sg", None),
-    # one dispatch, int4 words
+    # one dispatch, int4 words, shipped with softcap_loops
     ("attention_decode_tiered_int4_f16kv_sg", None),
 ]
-# split pass, four heads a workgroup, many splits (the int8 split kernel compiles twice as long
-# on lavapipe and shares these step functions but the loads)
+# split pass, four heads a workgroup, many splits (shipped with softcap_loops; the int8 split
+# kernel compiles twice as long on lavapipe and shares these step functions but the loads)
 SPLIT = ("attention_decode_tiered_split_f16", MANY_SPLITS)
 
 
@@ -99,20 +103,66 @@ def test_every_tiered_kernel_tests_keys_against_bounds_computed_once() -> None:
         assert "select(MASKED_SCORE, " in text
 
 
+def test_softcap_loops_render_capped_copies_that_share_the_plain_fetches() -> None:
+    kernel, _ = render_variant(REPO_ROOT, "attention_decode_tiered_split_int8_f16kv")
+    text = kernel.passes[0].text
+    plain = re.search(r"\nfn finish_score\(.*?\n}\n", text, re.S)
+    assert plain is not None and "attn_softcap" not in plain.group(0)
+    assert "fn finish_score_capped(dot: f32, open: bool) -> f32" in text
+    for step in ("cold_step", "hot_step", "hot_step_aligned"):
+        body = re.search(rf"\nfn {step}_capped\(.*?\n}}\n", text, re.S)
+        assert body is not None, step
+        assert f"{step}_fetch(first + 2u * num_groups);" in body.group(0)
+        assert "finish_score_capped(" in body.group(0)
+        assert f"{step}_capped_fetch" not in text and f"var<private> {step}_capped_" not in text
+    assert re.search(r"if \(u\.attn_softcap > 0\.0\) \{\n\s+if \(head_dim % DIMS_PER_LANE", text)
+    single, _ = render_variant(
+        REPO_ROOT, "attention_decode_tiered_split_int8_f16kv", {"softcap_loops": False}
+    )
+    assert "_capped" not in single.passes[0].text
+    assert "if (u.attn_softcap > 0.0) {\n        s = tanh" in single.passes[0].text
+
+
 @pytest.mark.parametrize(("name", "constants"), CONFIGS)
-def test_the_shipped_kernels_pass_the_mask_and_softcap_cases(
+def test_both_loop_forms_pass_the_mask_and_softcap_cases_alike(
     device: Device, name: str, constants: dict | None
 ) -> None:
-    assert _failures(device, REPO_ROOT, name, {}, constants) == []
+    """The shipped (two-loop) kernel and its one-loop form pass the default tier's mask and
+    softcap cases and a long capped case, with the same outputs."""
+    outputs = []
+    for loops in (True, False):
+        kernel, entry = render_variant(REPO_ROOT, name, {"softcap_loops": loops})
+        runner = KernelRunner(device, kernel, entry, constants)
+        cases = _cases(entry["params"]["cold"], entry["params"]["max_head_dim"])
+        results = [runner.run_case(c, keep_output=True) for c in cases]
+        assert all(r.passed for r in results), [(r.verdict, r.refused) for r in results]
+        outputs.append([r.output for r in results])
+    for two, one in zip(*outputs, strict=True):
+        np.testing.assert_allclose(two, one, rtol=0, atol=1e-6)
 
 
 def test_the_split_pass_passes_the_mask_and_softcap_cases(device: Device) -> None:
-    """Its splits cut both tiers (8 splits of the long case's 3,100 keys), each walking its own
-    key range."""
+    """Its splits cut both tiers (8 splits of the long case's 3,100 keys), each walking the
+    capped or plain copies of the step functions over its own key range."""
     assert _failures(device, REPO_ROOT, SPLIT[0], {}, SPLIT[1]) == []
 
 
 PLANTED = [
+    # the softcap loops score without the softcap
+    (
+        "attention_decode_tiered.wgsl.j2",
+        'score_fn="finish_score" ~ capped',
+        'score_fn="finish_score"',
+        {"softcap", LONG_CAPPED.name},
+    ),
+    # the capped cold steps keep registers of their own, which the loop's priming fetch (the
+    # plain twin's) never fills
+    (
+        "attention_decode_tiered.wgsl.j2",
+        'fetch="cold_step",',
+        'fetch="",',
+        {"softcap", LONG_CAPPED.name},
+    ),
     # the causal bound excludes the query's own key
     ("lib/tiered_decode.wgsl.j2", "abs{{ s }} <= open_last", "abs{{ s }} < open_last", None),
     # the window starts one key late (one key of thousands is within the long case's tolerance)
@@ -128,7 +178,7 @@ PLANTED = [
 @pytest.mark.parametrize(
     ("path", "old", "new", "must_fail"),
     PLANTED,
-    ids=["own-key-masked", "window-late"],
+    ids=["uncapped-scores", "unprimed-capped-fetch", "own-key-masked", "window-late"],
 )
 def test_planted_mask_and_softcap_bugs_fail(
     device: Device, project_copy: Path, path: str, old: str, new: str, must_fail: set | None

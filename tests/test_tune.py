@@ -438,6 +438,8 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
         "--allow-cpu",
         "--shape",
         TINY_TIERED,
+        "--space",
+        "max_head_dim=64,128",
         "--max-candidates",
         "3",
         "--repeats",
