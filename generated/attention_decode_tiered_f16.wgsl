@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e5c8b086647c56eabe0b6a07596f8884aaba95fba98fb2637ccdc373af549044
+// source-hash: sha256:289fe72d2b2a3dff2c65d22088d67a44de863ec57ad45decb44ef1b9b186a33b
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

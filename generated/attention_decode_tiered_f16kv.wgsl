@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:419c94b79797f9e402e07f30bb446da7d2e51ba8410993cda14397202ed36113
+// source-hash: sha256:714ecc1cfff89ec0936b95cbb302c1762b7febeb18077aeafe3a5e6824b8dd1c
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4136d9a3e0b99ff2676db1016f63fdc8b9772b60f85a3ff3b3002bf1eb2eb48b
+// source-hash: sha256:931d8d15b39af935aa12e6a463da4b9dec3cffc5d7fda0e54f74d06b0e8e9a03
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:508f49ead98bee3cadd0646065002eaea939fa79ae8ec60a52da4f1be475efd9
+// source-hash: sha256:49a7043840fb91bc27f7bf22fad61ec162875b6ac07708f19ad6f5674d653101
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

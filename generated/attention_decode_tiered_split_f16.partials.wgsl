@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:16ebaa056885be4bdba8fb5d01e55ca2f031474dd84909e2fcc9504515b3bed2
+// source-hash: sha256:3dcf324fa3603e708bc8baaedca49d4a236b63082118009e85cd75fc55a9c223
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:93a269041df937ddd0192e4e82a5e2ff29219f48313708ee78672fd58ada3b0e
+// source-hash: sha256:56484dc8791250d71e8d5896f6cc45f669a10798f601c30acca9ccbf26f4792a
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:077680cb00826419a386daba1f0fa38272febf64bb965f02e0e17b233ebd6bed
+// source-hash: sha256:a36162b0496d61622f2eed7444c3b7e4d1bb0242e4bf56a3031c69e4a88193d1
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

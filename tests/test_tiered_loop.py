@@ -85,7 +85,7 @@ def test_prefetch_passes_the_matrix_and_a_long_cold_tier(
 
 PREFETCH_BUGS = [
     # every step fetches its own rows again instead of the next step's
-    ("    {{ fetch }}_fetch(first + {{ n }}u * num_groups);", "    {{ fetch }}_fetch(first);"),
+    ("    {{ name }}_fetch(first + {{ n }}u * num_groups);", "    {{ name }}_fetch(first);"),
     # the loop's first rows are never requested (its priming fetch reads the tier's end)
     (
         "{{ indent }}    {{ tier }}_step{{ suffix }}_fetch({{ span[0] }});",

@@ -150,18 +150,17 @@ def test_the_split_pass_passes_the_mask_and_softcap_cases(device: Device) -> Non
 PLANTED = [
     # the softcap loops score without the softcap
     (
-        "attention_decode_tiered.wgsl.j2",
-        'score_fn="finish_score" ~ capped',
-        'score_fn="finish_score"',
+        "lib/tiered_decode.wgsl.j2",
+        "finish_score{{ capped }}(dots",
+        "finish_score(dots",
         {"softcap", LONG_CAPPED.name},
     ),
-    # the capped cold steps keep registers of their own, which the loop's priming fetch (the
-    # plain twin's) never fills
+    # the capped loops walk the hot tier with the plain step functions (no softcap there)
     (
-        "attention_decode_tiered.wgsl.j2",
-        'fetch="cold_step",',
-        'fetch="",',
-        {"softcap", LONG_CAPPED.name},
+        "lib/tiered_decode.wgsl.j2",
+        "{{ tier }}_step{{ suffix }}{{ capped }}(first, shuffle_width);",
+        '{{ tier }}_step{{ suffix }}{{ capped if tier == "cold" }}(first, shuffle_width);',
+        {"softcap"},
     ),
     # the causal bound excludes the query's own key
     ("lib/tiered_decode.wgsl.j2", "abs{{ s }} <= open_last", "abs{{ s }} < open_last", None),
@@ -178,7 +177,7 @@ PLANTED = [
 @pytest.mark.parametrize(
     ("path", "old", "new", "must_fail"),
     PLANTED,
-    ids=["uncapped-scores", "unprimed-capped-fetch", "own-key-masked", "window-late"],
+    ids=["uncapped-scores", "hot-tier-uncapped", "own-key-masked", "window-late"],
 )
 def test_planted_mask_and_softcap_bugs_fail(
     device: Device, project_copy: Path, path: str, old: str, new: str, must_fail: set | None
