@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from doppler_gen.backends import get_backend
 from doppler_gen.cli import cli
 from doppler_gen.config import load_project
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer
+from doppler_gen.validate import open_run_device
 
 pytest_plugins = ["claims"]  # --claim DIR: slices that take tests one at a time (.ci/test)
 
@@ -179,6 +182,18 @@ def render_variant(root: Path, name: str, params: dict | None = None) -> tuple[A
         variant = replace(variant, params={**variant.params, **params})
     kernel = Renderer(project).render(variant)
     return kernel, variant_entry(kernel, parse_kernel(kernel))
+
+
+def subgroup_device(names: Iterable[str]) -> Iterator[Any]:
+    """The body of a module-scoped ``device`` fixture: a run device on the default adapter for
+    the shipped variants ``names``; skips the module when the adapter offers no subgroups."""
+    kernels = [render_variant(REPO_ROOT, name)[0] for name in names]
+    dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
+    if "subgroups" not in dev.features:
+        dev.close()
+        pytest.skip("the adapter offers no subgroups")
+    yield dev
+    dev.close()
 
 
 def subgroup_lanes(device: Any) -> int:

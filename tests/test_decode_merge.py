@@ -14,13 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, edit, render_variant
+from conftest import REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
-from doppler_gen.backends import Device, get_backend
+from doppler_gen.backends import Device
 from doppler_gen.render import TemplateError
 from doppler_gen.runtime.verify import validate_variant
-from doppler_gen.validate import open_run_device
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,13 +37,7 @@ ONE_DISPATCH = ("attention_decode_sg_d64_f16", {"WORKGROUP_SIZE": 40})
 
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernels = [render_variant(REPO_ROOT, name)[0] for name, _ in (SPLIT, ONE_DISPATCH)]
-    dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
-    if "subgroups" not in dev.features:
-        dev.close()
-        pytest.skip("the adapter offers no subgroups")
-    yield dev
-    dev.close()
+    yield from subgroup_device(name for name, _ in (SPLIT, ONE_DISPATCH))
 
 
 def _quick(device: Device, root: Path, name: str, constants: dict, scan: str) -> str:

@@ -17,17 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit, render_variant
+from conftest import REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
-from doppler_gen.backends import Device, get_backend
+from doppler_gen.backends import Device
 from doppler_gen.config import load_project
 from doppler_gen.families.tiled import CaseSpec
 from doppler_gen.render import Renderer, TemplateError
 from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.runtime.session import subgroup_width
 from doppler_gen.runtime.verify import validate_variant
-from doppler_gen.validate import open_run_device
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,13 +38,7 @@ VARIANTS = ("attention_decode_split_d128", "attention_decode_split_d64_f16")
 
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernels = [render_variant(REPO_ROOT, name)[0] for name in VARIANTS]
-    dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
-    if "subgroups" not in dev.features:
-        dev.close()
-        pytest.skip("the adapter offers no subgroups")
-    yield dev
-    dev.close()
+    yield from subgroup_device(VARIANTS)
 
 
 @pytest.mark.parametrize("splits", [8, 40])

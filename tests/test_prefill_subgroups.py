@@ -13,16 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit, render_variant, subgroup_lanes
+from conftest import REPO_ROOT, edit, render_variant, subgroup_device, subgroup_lanes
 from gpu_support import adapter_problem
 
-from doppler_gen.backends import Device, get_backend
+from doppler_gen.backends import Device
 from doppler_gen.config import load_project
 from doppler_gen.families.tiled import CaseSpec
 from doppler_gen.manifest import parse_kernel
 from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.runtime.verify import validate_variant
-from doppler_gen.validate import open_run_device
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,13 +40,7 @@ def _cols(width: int) -> dict:
 
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernel = render_variant(REPO_ROOT, SMALL)[0]
-    dev = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
-    if "subgroups" not in dev.features:
-        dev.close()
-        pytest.skip("the adapter offers no subgroups")
-    yield dev
-    dev.close()
+    yield from subgroup_device([SMALL])
 
 
 def test_shipped_variants_record_their_key_columns_as_min_subgroup_size() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit, render_variant, subgroup_lanes
+from conftest import REPO_ROOT, edit, render_variant, subgroup_device, subgroup_lanes
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device, get_backend, select_adapter
@@ -48,13 +48,7 @@ def split_params(name: str, width: int, lanes: int) -> dict:
 
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernels = [render_variant(REPO_ROOT, name)[0] for name in SHIPPED]
-    dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
-    if "subgroups" not in dev.features:
-        dev.close()
-        pytest.skip("the adapter offers no subgroups")
-    yield dev
-    dev.close()
+    yield from subgroup_device(SHIPPED)
 
 
 def test_on_lavapipe_the_skip_says_a_gpu_is_needed(device: Device) -> None:

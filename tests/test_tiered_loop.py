@@ -13,16 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit, render_variant
+from conftest import REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
-from doppler_gen.backends import Device, get_backend
+from doppler_gen.backends import Device
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.render import TemplateError
 from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.runtime.session import subgroup_width
 from doppler_gen.runtime.verify import validate_variant
-from doppler_gen.validate import open_run_device
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,13 +45,7 @@ LONG = CaseSpec(
 
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernel = render_variant(REPO_ROOT, "attention_decode_tiered_split_int4_f16kv")[0]
-    dev = open_run_device(get_backend("wgpu"), [kernel], None, "adapter")
-    if "subgroups" not in dev.features:
-        dev.close()
-        pytest.skip("the adapter offers no subgroups")
-    yield dev
-    dev.close()
+    yield from subgroup_device(["attention_decode_tiered_split_int4_f16kv"])
 
 
 PREFETCH = [

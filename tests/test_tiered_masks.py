@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit, render_variant
+from conftest import REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
-from doppler_gen.backends import Device, get_backend
+from doppler_gen.backends import Device
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.families.tiered import tiered_specs
 from doppler_gen.runtime.runner import KernelRunner
-from doppler_gen.validate import open_run_device
 
 pytestmark = [
     pytest.mark.gpu,
@@ -84,13 +83,7 @@ def _failures(device: Device, root: Path, name: str, params: dict, constants) ->
 
 @pytest.fixture(scope="module")
 def device() -> Iterator[Device]:
-    kernels = [render_variant(REPO_ROOT, name)[0] for name, _ in [*CONFIGS, SPLIT]]
-    dev = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
-    if "subgroups" not in dev.features:
-        dev.close()
-        pytest.skip("the adapter offers no subgroups")
-    yield dev
-    dev.close()
+    yield from subgroup_device(name for name, _ in [*CONFIGS, SPLIT])
 
 
 def test_every_tiered_kernel_tests_keys_against_bounds_computed_once() -> None:
