@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f4e376371408d18e689a3c0a5847e141c29f5c47a5d95f5479f8d1524cee1893
+// source-hash: sha256:179be26137d2f68fc36aa7848497e33b832e4957b07627ed76a3afe385af9503
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -67,19 +67,6 @@ var<workgroup> subgroup_counter: atomic<u32>;
 // Partial dot products: [invocation][key][head] (used only when subgroups are narrower than a key group)
 var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER * HEADS_PER_GROUP>;
 
-// Check if position should be masked (causal + sliding window attention)
-fn is_masked(query_pos: u32, key_pos: u32) -> bool {
-    let abs_query = query_pos + u.start_pos;
-    let abs_key = u.kv_start + key_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
-    }
-    return false;
-}
-
 // Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
 fn get_kv_pos(key_pos: u32) -> u32 {
     let abs_key = u.kv_start + key_pos;
@@ -103,8 +90,8 @@ fn get_kv_len() -> u32 {
     return kv_len_buffer[0];
 }
 
-// The keys [x, y) query query_pos can attend: causal and sliding-window bounds on
-// kv_start-relative positions (is_masked stays the final word on every key)
+// The keys [x, y) query query_pos can attend: the causal and sliding-window masks as bounds on
+// kv_start-relative positions (the key loops test nothing else, so no key pays for the masks)
 fn key_range(query_pos: u32, kv_len: u32) -> vec2<u32> {
     let abs_query = query_pos + u.start_pos;
     var key_end: u32 = kv_len;
@@ -253,7 +240,7 @@ fn main(
             // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
             // past the end reads the last key's row), so no load waits behind a branch
             let key_0 = base + 0u * streams;
-            let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
+            let valid_0 = group_ok && key_0 < keys.y;
             let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_0 = array<vec4<f32>, VEC_PER_LANE>();
             var v_0 = array<vec4<f32>, VEC_PER_LANE>();
@@ -261,31 +248,31 @@ fn main(
                 let j = 0u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                v_0[j] = V[row_0 + v];
             }
             {
                 let j = 1u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                v_0[j] = V[row_0 + v];
             }
             {
                 let j = 2u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                v_0[j] = V[row_0 + v];
             }
             {
                 let j = 3u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f32>(), V[row_0 + v], valid_0);
+                v_0[j] = V[row_0 + v];
             }
 
             // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
             // past the end reads the last key's row), so no load waits behind a branch
             let key_1 = base + 1u * streams;
-            let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
+            let valid_1 = group_ok && key_1 < keys.y;
             let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
             var k_1 = array<vec4<f32>, VEC_PER_LANE>();
             var v_1 = array<vec4<f32>, VEC_PER_LANE>();
@@ -293,25 +280,25 @@ fn main(
                 let j = 0u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                v_1[j] = V[row_1 + v];
             }
             {
                 let j = 1u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                v_1[j] = V[row_1 + v];
             }
             {
                 let j = 2u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                v_1[j] = V[row_1 + v];
             }
             {
                 let j = 3u;
                 let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                 k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f32>(), V[row_1 + v], valid_1);
+                v_1[j] = V[row_1 + v];
             }
 
             // dot products of key 0 (an invalid key's score is never used)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:536b5341289cd6207955be0d5f799c58dbf6a66be756484cd69602177da8e312
+// source-hash: sha256:8042aff35a1192d005ef5dd647f33059727dd1021c5145c5da2b388d740201c4
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

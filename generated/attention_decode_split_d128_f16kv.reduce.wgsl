@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b2dabc2b5d37dd68971facc8bbbd15f922f6ec77819c5ffe00c6c6ee48f32bd5
+// source-hash: sha256:ce5b9a9e733a603c606c9082e40dfe791c5fb562455fd6331840355184756304
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

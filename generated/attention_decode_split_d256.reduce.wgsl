@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d60ec1f81f8a184bb75a251725bb0a8f5b373fc178d678d3f381720f6b2219cc
+// source-hash: sha256:700b5ff9b30de6a30d01f294f33398aac5159d69c4fd216c7f494a019c3061df
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

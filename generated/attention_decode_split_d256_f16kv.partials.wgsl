@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0fc5c5b193d9e8fc488b19b7125ee7d87c9a7d9a5c6bb8ac99ea3b0c8150480b
+// source-hash: sha256:583f237d2666648a3d7a7abc5f86f5fc932fb17675b658ba3946d8933bde7bb6
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -69,19 +69,6 @@ var<workgroup> subgroup_counter: atomic<u32>;
 // Partial dot products: [invocation][key][head] (used only when subgroups are narrower than a key group)
 var<workgroup> partial_dots: array<f32, MAX_WORKGROUP_SIZE * KEYS_PER_ITER * HEADS_PER_GROUP>;
 
-// Check if position should be masked (causal + sliding window attention)
-fn is_masked(query_pos: u32, key_pos: u32) -> bool {
-    let abs_query = query_pos + u.start_pos;
-    let abs_key = u.kv_start + key_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
-    }
-    return false;
-}
-
 // Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
 fn get_kv_pos(key_pos: u32) -> u32 {
     let abs_key = u.kv_start + key_pos;
@@ -97,6 +84,12 @@ fn get_kv_pos(key_pos: u32) -> u32 {
     return abs_key;
 }
 
+// True when get_kv_pos(key_pos) is kv_start + key_pos for every key: contiguous rows, or a ring
+// without a window (get_kv_pos's first two branches not taken)
+fn kv_rows_linear() -> bool {
+    return !((u.kv_layout == 1u && u.sliding_window > 0u) || u.kv_layout == 2u);
+}
+
 // KV length: the uniform, or the first word of kv_len_buffer when kv_len_source != 0
 fn get_kv_len() -> u32 {
     if (u.kv_len_source == 0u) {
@@ -105,8 +98,8 @@ fn get_kv_len() -> u32 {
     return kv_len_buffer[0];
 }
 
-// The keys [x, y) query query_pos can attend: causal and sliding-window bounds on
-// kv_start-relative positions (is_masked stays the final word on every key)
+// The keys [x, y) query query_pos can attend: the causal and sliding-window masks as bounds on
+// kv_start-relative positions (the key loops test nothing else, so no key pays for the masks)
 fn key_range(query_pos: u32, kv_len: u32) -> vec2<u32> {
     let abs_query = query_pos + u.start_pos;
     var key_end: u32 = kv_len;
@@ -287,359 +280,1391 @@ fn main(
         var m_h1: f32 = NEG_BIG;
         var l_h1: f32 = 0.0;
 
-        let span = keys.y - min(keys.x, keys.y);
-        let per_iter = streams * KEYS_PER_ITER;
-        let iterations = (span + per_iter - 1u) / per_iter;
-        for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-            let base = keys.x + it * per_iter + stream;
-            // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_0 = base + 0u * streams;
-            let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
-            let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_0 = array<vec4<f16>, VEC_PER_LANE>();
-            var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-            {
-                let j = 0u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 1u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 2u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 3u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 4u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 5u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 6u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
-            {
-                let j = 7u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_0[j] = K[row_0 + v];
-                v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
-            }
+        // The key loops for linear K/V rows (no per-key layout branch), and for any layout through
+        // get_kv_pos (layout_loops)
+        if (kv_rows_linear()) {
+            // The key loop twice, with and without the softcap, so that neither copy branches on it
+            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
+            if (u.attn_softcap > 0.0) {
+                let span = keys.y - min(keys.x, keys.y);
+                let per_iter = streams * KEYS_PER_ITER;
+                let iterations = (span + per_iter - 1u) / per_iter;
+                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                    let base = keys.x + it * per_iter + stream;
+                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_0 = base + 0u * streams;
+                    let valid_0 = group_ok && key_0 < keys.y;
+                    let row_0 = ((u.kv_start + min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
 
-            // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
-            // past the end reads the last key's row), so no load waits behind a branch
-            let key_1 = base + 1u * streams;
-            let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
-            let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-            var k_1 = array<vec4<f16>, VEC_PER_LANE>();
-            var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-            {
-                let j = 0u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 1u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 2u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 3u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 4u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 5u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 6u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
-            {
-                let j = 7u;
-                let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                k_1[j] = K[row_1 + v];
-                v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
-            }
+                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_1 = base + 1u * streams;
+                    let valid_1 = group_ok && key_1 < keys.y;
+                    let row_1 = ((u.kv_start + min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
 
-            // dot products of key 0 (an invalid key's score is never used)
-            var dot_0_h0: f32 = 0.0;
-            var dot_0_h1: f32 = 0.0;
-            {
-                let j = 0u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 1u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 2u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 3u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 4u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 5u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 6u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 7u;
-                let kf = vec4<f32>(k_0[j]);
-                dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-            }
-            // dot products of key 1 (an invalid key's score is never used)
-            var dot_1_h0: f32 = 0.0;
-            var dot_1_h1: f32 = 0.0;
-            {
-                let j = 0u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 1u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 2u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 3u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 4u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 5u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 6u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            {
-                let j = 7u;
-                let kf = vec4<f32>(k_1[j]);
-                dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-            }
-            // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-            if (subgroup_ok) {
-                dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
-                dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
-                dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
-                dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
-                dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
-                dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
-                dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
-                dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
-                dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
-                dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
-                dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
-                dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                    // dot products of key 0 (an invalid key's score is never used)
+                    var dot_0_h0: f32 = 0.0;
+                    var dot_0_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    // dot products of key 1 (an invalid key's score is never used)
+                    var dot_1_h0: f32 = 0.0;
+                    var dot_1_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                    if (subgroup_ok) {
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                    } else {
+                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                        let parity = 0u;
+                        workgroupBarrier();  // the previous iteration's reads are done
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
+                        workgroupBarrier();
+                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
+                        dot_0_h0 = 0.0;
+                        dot_0_h1 = 0.0;
+                        dot_1_h0 = 0.0;
+                        dot_1_h1 = 0.0;
+                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
+                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
+                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
+                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
+                        }
+                    }
+                    // Scores and the online softmax update of this key group for head 0 of its 2
+                    var block_max_h0: f32 = NEG_BIG;
+                    let score_0_h0 = tanh(dot_0_h0 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_0) {
+                        block_max_h0 = max(block_max_h0, score_0_h0);
+                    }
+                    let score_1_h0 = tanh(dot_1_h0 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_1) {
+                        block_max_h0 = max(block_max_h0, score_1_h0);
+                    }
+                    let m_new_h0 = max(m_h0, block_max_h0);
+                    let correction_h0 = exp(m_h0 - m_new_h0);
+                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
+                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
+                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
+                    m_h0 = m_new_h0;
+                    // Scores and the online softmax update of this key group for head 1 of its 2
+                    var block_max_h1: f32 = NEG_BIG;
+                    let score_0_h1 = tanh(dot_0_h1 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_0) {
+                        block_max_h1 = max(block_max_h1, score_0_h1);
+                    }
+                    let score_1_h1 = tanh(dot_1_h1 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_1) {
+                        block_max_h1 = max(block_max_h1, score_1_h1);
+                    }
+                    let m_new_h1 = max(m_h1, block_max_h1);
+                    let correction_h1 = exp(m_h1 - m_new_h1);
+                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
+                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
+                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
+                    m_h1 = m_new_h1;
+                    {
+                        let j = 0u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 1u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 2u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 3u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 4u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 5u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 6u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 7u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                }
             } else {
-                // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                let parity = 0u;
-                workgroupBarrier();  // the previous iteration's reads are done
-                partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
-                partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
-                partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
-                partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
-                workgroupBarrier();
-                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
-                dot_0_h0 = 0.0;
-                dot_0_h1 = 0.0;
-                dot_1_h0 = 0.0;
-                dot_1_h1 = 0.0;
-                for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                    dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
-                    dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
-                    dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
-                    dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
+                let span = keys.y - min(keys.x, keys.y);
+                let per_iter = streams * KEYS_PER_ITER;
+                let iterations = (span + per_iter - 1u) / per_iter;
+                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                    let base = keys.x + it * per_iter + stream;
+                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_0 = base + 0u * streams;
+                    let valid_0 = group_ok && key_0 < keys.y;
+                    let row_0 = ((u.kv_start + min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+
+                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_1 = base + 1u * streams;
+                    let valid_1 = group_ok && key_1 < keys.y;
+                    let row_1 = ((u.kv_start + min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+
+                    // dot products of key 0 (an invalid key's score is never used)
+                    var dot_0_h0: f32 = 0.0;
+                    var dot_0_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    // dot products of key 1 (an invalid key's score is never used)
+                    var dot_1_h0: f32 = 0.0;
+                    var dot_1_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                    if (subgroup_ok) {
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                    } else {
+                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                        let parity = 0u;
+                        workgroupBarrier();  // the previous iteration's reads are done
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
+                        workgroupBarrier();
+                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
+                        dot_0_h0 = 0.0;
+                        dot_0_h1 = 0.0;
+                        dot_1_h0 = 0.0;
+                        dot_1_h1 = 0.0;
+                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
+                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
+                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
+                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
+                        }
+                    }
+                    // Scores and the online softmax update of this key group for head 0 of its 2
+                    var block_max_h0: f32 = NEG_BIG;
+                    let score_0_h0 = dot_0_h0 * scale;
+                    if (valid_0) {
+                        block_max_h0 = max(block_max_h0, score_0_h0);
+                    }
+                    let score_1_h0 = dot_1_h0 * scale;
+                    if (valid_1) {
+                        block_max_h0 = max(block_max_h0, score_1_h0);
+                    }
+                    let m_new_h0 = max(m_h0, block_max_h0);
+                    let correction_h0 = exp(m_h0 - m_new_h0);
+                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
+                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
+                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
+                    m_h0 = m_new_h0;
+                    // Scores and the online softmax update of this key group for head 1 of its 2
+                    var block_max_h1: f32 = NEG_BIG;
+                    let score_0_h1 = dot_0_h1 * scale;
+                    if (valid_0) {
+                        block_max_h1 = max(block_max_h1, score_0_h1);
+                    }
+                    let score_1_h1 = dot_1_h1 * scale;
+                    if (valid_1) {
+                        block_max_h1 = max(block_max_h1, score_1_h1);
+                    }
+                    let m_new_h1 = max(m_h1, block_max_h1);
+                    let correction_h1 = exp(m_h1 - m_new_h1);
+                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
+                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
+                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
+                    m_h1 = m_new_h1;
+                    {
+                        let j = 0u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 1u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 2u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 3u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 4u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 5u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 6u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 7u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
                 }
             }
-            // Scores and the online softmax update of this key group for head 0 of its 2
-            var block_max_h0: f32 = NEG_BIG;
-            var score_0_h0: f32 = dot_0_h0 * scale;
+        } else {
+            // The key loop twice, with and without the softcap, so that neither copy branches on it
+            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
             if (u.attn_softcap > 0.0) {
-                score_0_h0 = tanh(score_0_h0 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_0) {
-                block_max_h0 = max(block_max_h0, score_0_h0);
-            }
-            var score_1_h0: f32 = dot_1_h0 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_1_h0 = tanh(score_1_h0 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_1) {
-                block_max_h0 = max(block_max_h0, score_1_h0);
-            }
-            let m_new_h0 = max(m_h0, block_max_h0);
-            let correction_h0 = exp(m_h0 - m_new_h0);
-            let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
-            let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
-            l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
-            m_h0 = m_new_h0;
-            // Scores and the online softmax update of this key group for head 1 of its 2
-            var block_max_h1: f32 = NEG_BIG;
-            var score_0_h1: f32 = dot_0_h1 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_0_h1 = tanh(score_0_h1 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_0) {
-                block_max_h1 = max(block_max_h1, score_0_h1);
-            }
-            var score_1_h1: f32 = dot_1_h1 * scale;
-            if (u.attn_softcap > 0.0) {
-                score_1_h1 = tanh(score_1_h1 / u.attn_softcap) * u.attn_softcap;
-            }
-            if (valid_1) {
-                block_max_h1 = max(block_max_h1, score_1_h1);
-            }
-            let m_new_h1 = max(m_h1, block_max_h1);
-            let correction_h1 = exp(m_h1 - m_new_h1);
-            let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
-            let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
-            l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
-            m_h1 = m_new_h1;
-            {
-                let j = 0u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-            }
-            {
-                let j = 1u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-            }
-            {
-                let j = 2u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-            }
-            {
-                let j = 3u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-            }
-            {
-                let j = 4u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-            }
-            {
-                let j = 5u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-            }
-            {
-                let j = 6u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-            }
-            {
-                let j = 7u;
-                let vf_0 = vec4<f32>(v_0[j]);
-                let vf_1 = vec4<f32>(v_1[j]);
-                acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                let span = keys.y - min(keys.x, keys.y);
+                let per_iter = streams * KEYS_PER_ITER;
+                let iterations = (span + per_iter - 1u) / per_iter;
+                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                    let base = keys.x + it * per_iter + stream;
+                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_0 = base + 0u * streams;
+                    let valid_0 = group_ok && key_0 < keys.y;
+                    let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+
+                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_1 = base + 1u * streams;
+                    let valid_1 = group_ok && key_1 < keys.y;
+                    let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+
+                    // dot products of key 0 (an invalid key's score is never used)
+                    var dot_0_h0: f32 = 0.0;
+                    var dot_0_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    // dot products of key 1 (an invalid key's score is never used)
+                    var dot_1_h0: f32 = 0.0;
+                    var dot_1_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                    if (subgroup_ok) {
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                    } else {
+                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                        let parity = 0u;
+                        workgroupBarrier();  // the previous iteration's reads are done
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
+                        workgroupBarrier();
+                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
+                        dot_0_h0 = 0.0;
+                        dot_0_h1 = 0.0;
+                        dot_1_h0 = 0.0;
+                        dot_1_h1 = 0.0;
+                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
+                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
+                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
+                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
+                        }
+                    }
+                    // Scores and the online softmax update of this key group for head 0 of its 2
+                    var block_max_h0: f32 = NEG_BIG;
+                    let score_0_h0 = tanh(dot_0_h0 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_0) {
+                        block_max_h0 = max(block_max_h0, score_0_h0);
+                    }
+                    let score_1_h0 = tanh(dot_1_h0 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_1) {
+                        block_max_h0 = max(block_max_h0, score_1_h0);
+                    }
+                    let m_new_h0 = max(m_h0, block_max_h0);
+                    let correction_h0 = exp(m_h0 - m_new_h0);
+                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
+                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
+                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
+                    m_h0 = m_new_h0;
+                    // Scores and the online softmax update of this key group for head 1 of its 2
+                    var block_max_h1: f32 = NEG_BIG;
+                    let score_0_h1 = tanh(dot_0_h1 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_0) {
+                        block_max_h1 = max(block_max_h1, score_0_h1);
+                    }
+                    let score_1_h1 = tanh(dot_1_h1 * scale / u.attn_softcap) * u.attn_softcap;
+                    if (valid_1) {
+                        block_max_h1 = max(block_max_h1, score_1_h1);
+                    }
+                    let m_new_h1 = max(m_h1, block_max_h1);
+                    let correction_h1 = exp(m_h1 - m_new_h1);
+                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
+                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
+                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
+                    m_h1 = m_new_h1;
+                    {
+                        let j = 0u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 1u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 2u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 3u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 4u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 5u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 6u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 7u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                }
+            } else {
+                let span = keys.y - min(keys.x, keys.y);
+                let per_iter = streams * KEYS_PER_ITER;
+                let iterations = (span + per_iter - 1u) / per_iter;
+                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                    let base = keys.x + it * per_iter + stream;
+                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_0 = base + 0u * streams;
+                    let valid_0 = group_ok && key_0 < keys.y;
+                    let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_0[j] = K[row_0 + v];
+                        v_0[j] = V[row_0 + v];
+                    }
+
+                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                    // past the end reads the last key's row), so no load waits behind a branch
+                    let key_1 = base + 1u * streams;
+                    let valid_1 = group_ok && key_1 < keys.y;
+                    let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                    {
+                        let j = 0u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 1u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 2u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 3u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 4u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 5u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 6u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+                    {
+                        let j = 7u;
+                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                        k_1[j] = K[row_1 + v];
+                        v_1[j] = V[row_1 + v];
+                    }
+
+                    // dot products of key 0 (an invalid key's score is never used)
+                    var dot_0_h0: f32 = 0.0;
+                    var dot_0_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_0[j]);
+                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                    }
+                    // dot products of key 1 (an invalid key's score is never used)
+                    var dot_1_h0: f32 = 0.0;
+                    var dot_1_h1: f32 = 0.0;
+                    {
+                        let j = 0u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 1u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 2u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 3u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 4u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 5u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 6u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    {
+                        let j = 7u;
+                        let kf = vec4<f32>(k_1[j]);
+                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                    }
+                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                    if (subgroup_ok) {
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                    } else {
+                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                        let parity = 0u;
+                        workgroupBarrier();  // the previous iteration's reads are done
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
+                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
+                        workgroupBarrier();
+                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
+                        dot_0_h0 = 0.0;
+                        dot_0_h1 = 0.0;
+                        dot_1_h0 = 0.0;
+                        dot_1_h1 = 0.0;
+                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
+                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
+                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
+                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
+                        }
+                    }
+                    // Scores and the online softmax update of this key group for head 0 of its 2
+                    var block_max_h0: f32 = NEG_BIG;
+                    let score_0_h0 = dot_0_h0 * scale;
+                    if (valid_0) {
+                        block_max_h0 = max(block_max_h0, score_0_h0);
+                    }
+                    let score_1_h0 = dot_1_h0 * scale;
+                    if (valid_1) {
+                        block_max_h0 = max(block_max_h0, score_1_h0);
+                    }
+                    let m_new_h0 = max(m_h0, block_max_h0);
+                    let correction_h0 = exp(m_h0 - m_new_h0);
+                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
+                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
+                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
+                    m_h0 = m_new_h0;
+                    // Scores and the online softmax update of this key group for head 1 of its 2
+                    var block_max_h1: f32 = NEG_BIG;
+                    let score_0_h1 = dot_0_h1 * scale;
+                    if (valid_0) {
+                        block_max_h1 = max(block_max_h1, score_0_h1);
+                    }
+                    let score_1_h1 = dot_1_h1 * scale;
+                    if (valid_1) {
+                        block_max_h1 = max(block_max_h1, score_1_h1);
+                    }
+                    let m_new_h1 = max(m_h1, block_max_h1);
+                    let correction_h1 = exp(m_h1 - m_new_h1);
+                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
+                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
+                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
+                    m_h1 = m_new_h1;
+                    {
+                        let j = 0u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 1u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 2u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 3u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 4u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 5u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 6u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                    {
+                        let j = 7u;
+                        let vf_0 = vec4<f32>(v_0[j]);
+                        let vf_1 = vec4<f32>(v_1[j]);
+                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                    }
+                }
             }
         }
 

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:372250a65c1b5123fb4a1c460dd1c7a8698ed88d48575d572534fb56ad5eff98
+// source-hash: sha256:072560958d66550dd03fc5941349785b149a567e91c516fec2c69cf9e3935d02
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

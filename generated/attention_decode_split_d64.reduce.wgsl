@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e4fb1b404641a057e17c44351971cdc94529b70ab01686daede83d7e161600ad
+// source-hash: sha256:8e6fbb9e991a282ed7080b34f4b9b86f8c1cbb006131221043e97598eec33c9e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cf1234fbc0cd80f7a325f2be0fa0369bb7af3ef771f540ec3522abe6ee910584
+// source-hash: sha256:0cf1232f2183effa20ad8a30b75429fe810462cd461ea78740ded767146865e3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

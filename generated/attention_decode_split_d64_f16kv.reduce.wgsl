@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3ce1a55e5b33545a361cb81c89ad1092991eb226785ec80d0c822f91d91e4e87
+// source-hash: sha256:7ef368f9388cd7f3cc34ec0f7a7fcde9282888a81fa49c58530eb0d300543919
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5139a542b8fce7255211af5b104d32c2abf8acb99ed1e089fba9f6220e8cc823
+// source-hash: sha256:8b1f41ae06d3a7d010e180e206ee3291f071d721d2c352a9e47ad9b9e58a4331
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -67,19 +67,6 @@ var<workgroup> merge_acc: array<vec4<f32>, MERGE_VECS>;
 // Hands out subgroup indices (the subgroup layout of a workgroup is not specified)
 var<workgroup> subgroup_counter: atomic<u32>;
 
-// Check if position should be masked (causal + sliding window attention)
-fn is_masked(query_pos: u32, key_pos: u32) -> bool {
-    let abs_query = query_pos + u.start_pos;
-    let abs_key = u.kv_start + key_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
-    }
-    return false;
-}
-
 // Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
 fn get_kv_pos(key_pos: u32) -> u32 {
     let abs_key = u.kv_start + key_pos;
@@ -103,8 +90,8 @@ fn get_kv_len() -> u32 {
     return kv_len_buffer[0];
 }
 
-// The keys [x, y) query query_pos can attend: causal and sliding-window bounds on
-// kv_start-relative positions (is_masked stays the final word on every key)
+// The keys [x, y) query query_pos can attend: the causal and sliding-window masks as bounds on
+// kv_start-relative positions (the key loops test nothing else, so no key pays for the masks)
 fn key_range(query_pos: u32, kv_len: u32) -> vec2<u32> {
     let abs_query = query_pos + u.start_pos;
     var key_end: u32 = kv_len;
@@ -255,7 +242,7 @@ fn main(
                 // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_0 = base + 0u * streams;
-                let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
+                let valid_0 = group_ok && key_0 < keys.y;
                 let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_0 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_0 = array<vec4<f16>, VEC_PER_LANE>();
@@ -263,19 +250,19 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_0[j] = K[row_0 + v];
-                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                    v_0[j] = V[row_0 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_0[j] = K[row_0 + v];
-                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                    v_0[j] = V[row_0 + v];
                 }
 
                 // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_1 = base + 1u * streams;
-                let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
+                let valid_1 = group_ok && key_1 < keys.y;
                 let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_1 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_1 = array<vec4<f16>, VEC_PER_LANE>();
@@ -283,19 +270,19 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_1[j] = K[row_1 + v];
-                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                    v_1[j] = V[row_1 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_1[j] = K[row_1 + v];
-                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                    v_1[j] = V[row_1 + v];
                 }
 
                 // key 2 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_2 = base + 2u * streams;
-                let valid_2 = group_ok && key_2 < keys.y && !is_masked(query_pos, key_2);
+                let valid_2 = group_ok && key_2 < keys.y;
                 let row_2 = (get_kv_pos(min(key_2, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_2 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_2 = array<vec4<f16>, VEC_PER_LANE>();
@@ -303,19 +290,19 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_2[j] = K[row_2 + v];
-                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                    v_2[j] = V[row_2 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_2[j] = K[row_2 + v];
-                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                    v_2[j] = V[row_2 + v];
                 }
 
                 // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_3 = base + 3u * streams;
-                let valid_3 = group_ok && key_3 < keys.y && !is_masked(query_pos, key_3);
+                let valid_3 = group_ok && key_3 < keys.y;
                 let row_3 = (get_kv_pos(min(key_3, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_3 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_3 = array<vec4<f16>, VEC_PER_LANE>();
@@ -323,13 +310,13 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_3[j] = K[row_3 + v];
-                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                    v_3[j] = V[row_3 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_3[j] = K[row_3 + v];
-                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                    v_3[j] = V[row_3 + v];
                 }
 
                 // dot products of key 0 (an invalid key's score is never used)
@@ -617,7 +604,7 @@ fn main(
                 // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_0 = base + 0u * streams;
-                let valid_0 = group_ok && key_0 < keys.y && !is_masked(query_pos, key_0);
+                let valid_0 = group_ok && key_0 < keys.y;
                 let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_0 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_0 = array<vec4<f16>, VEC_PER_LANE>();
@@ -625,19 +612,19 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_0[j] = K[row_0 + v];
-                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                    v_0[j] = V[row_0 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_0[j] = K[row_0 + v];
-                    v_0[j] = select(vec4<f16>(), V[row_0 + v], valid_0);
+                    v_0[j] = V[row_0 + v];
                 }
 
                 // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_1 = base + 1u * streams;
-                let valid_1 = group_ok && key_1 < keys.y && !is_masked(query_pos, key_1);
+                let valid_1 = group_ok && key_1 < keys.y;
                 let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_1 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_1 = array<vec4<f16>, VEC_PER_LANE>();
@@ -645,19 +632,19 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_1[j] = K[row_1 + v];
-                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                    v_1[j] = V[row_1 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_1[j] = K[row_1 + v];
-                    v_1[j] = select(vec4<f16>(), V[row_1 + v], valid_1);
+                    v_1[j] = V[row_1 + v];
                 }
 
                 // key 2 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_2 = base + 2u * streams;
-                let valid_2 = group_ok && key_2 < keys.y && !is_masked(query_pos, key_2);
+                let valid_2 = group_ok && key_2 < keys.y;
                 let row_2 = (get_kv_pos(min(key_2, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_2 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_2 = array<vec4<f16>, VEC_PER_LANE>();
@@ -665,19 +652,19 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_2[j] = K[row_2 + v];
-                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                    v_2[j] = V[row_2 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_2[j] = K[row_2 + v];
-                    v_2[j] = select(vec4<f16>(), V[row_2 + v], valid_2);
+                    v_2[j] = V[row_2 + v];
                 }
 
                 // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                 // past the end reads the last key's row), so no load waits behind a branch
                 let key_3 = base + 3u * streams;
-                let valid_3 = group_ok && key_3 < keys.y && !is_masked(query_pos, key_3);
+                let valid_3 = group_ok && key_3 < keys.y;
                 let row_3 = (get_kv_pos(min(key_3, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 var k_3 = array<vec4<f16>, VEC_PER_LANE>();
                 var v_3 = array<vec4<f16>, VEC_PER_LANE>();
@@ -685,13 +672,13 @@ fn main(
                     let j = 0u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_3[j] = K[row_3 + v];
-                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                    v_3[j] = V[row_3 + v];
                 }
                 {
                     let j = 1u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     k_3[j] = K[row_3 + v];
-                    v_3[j] = select(vec4<f16>(), V[row_3 + v], valid_3);
+                    v_3[j] = V[row_3 + v];
                 }
 
                 // dot products of key 0 (an invalid key's score is never used)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ddc293a29ee8f50ab45dd70ef17b9d081fdfa1e55b5caa7dc66223d270c651a5
+// source-hash: sha256:f85543ff355cb7522f888bf937809733e49c90dac6946eb7509c945f347c9451
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:289fe72d2b2a3dff2c65d22088d67a44de863ec57ad45decb44ef1b9b186a33b
+// source-hash: sha256:6ddf05f085812c8e500d356726c4e59ec67df4d8d7ecb0c436625fdbccd961aa
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

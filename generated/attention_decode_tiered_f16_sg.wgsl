@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3f761753d7e0d22e1f9a6d807495d3f4fd67c3a9981dd7a67f171282e7ceea1e
+// source-hash: sha256:2e399da207584bd2041aca1f1261c2dc4fd36118a76538ba52a9a152558967ad
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

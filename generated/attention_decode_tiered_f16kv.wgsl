@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:714ecc1cfff89ec0936b95cbb302c1762b7febeb18077aeafe3a5e6824b8dd1c
+// source-hash: sha256:0ec87fe46fcc7d3b9a51645689cd7cf862710eb8f9bf76852d03ad7dd513e95a
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

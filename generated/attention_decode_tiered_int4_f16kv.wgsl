@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:809c315582fd6dc6df776c1c1b32d77472f0a3b6de3e5e1dd74a70cc0aeaf924
+// source-hash: sha256:c1e78776b634ee92e7d1597b217356a39712a624aeb4f1b8c051311b2623e861
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:931d8d15b39af935aa12e6a463da4b9dec3cffc5d7fda0e54f74d06b0e8e9a03
+// source-hash: sha256:7f4d976cfeaecaf4176392402df5d6a6fbf73b536be3e7e0483dd442d19aba37
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

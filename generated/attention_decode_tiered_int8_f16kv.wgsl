@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:49a7043840fb91bc27f7bf22fad61ec162875b6ac07708f19ad6f5674d653101
+// source-hash: sha256:a52b382d20101dde1f67d79e75325a1275a5283d43959ab55d00ddb2b82d7276
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

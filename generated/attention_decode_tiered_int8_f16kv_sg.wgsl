@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c02dfd17a26b17efd9de3c34d3db51bafeae0f282c549a07437055fcc751719c
+// source-hash: sha256:e794fcb07c08cc414d46c923781a060b2d513841fe9fdb01e85ac48450014f0b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

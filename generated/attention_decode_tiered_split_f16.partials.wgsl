@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3dcf324fa3603e708bc8baaedca49d4a236b63082118009e85cd75fc55a9c223
+// source-hash: sha256:41da161854d5c91ce661911e184c1b87a2cfd0b7239fc87fe027876dd631f9a4
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7a31ee8044d5738c4571992a9932def7e210840bf253c3a824cd5817eeb48e50
+// source-hash: sha256:ba6a777f85a702ea74cac236d7914c7447332ecaaa5d5e840771a88e57cdff20
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

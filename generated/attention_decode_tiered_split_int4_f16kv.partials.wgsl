@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:56484dc8791250d71e8d5896f6cc45f669a10798f601c30acca9ccbf26f4792a
+// source-hash: sha256:7b4d108ea2164562d92389a59016e55d4c19db53db86d063a6a1edcfdf236c44
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

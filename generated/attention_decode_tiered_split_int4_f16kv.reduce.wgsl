@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9d6739f72006700a7b5a65f0657c2f68e7ee150a889c2ce5076967a6f03984ff
+// source-hash: sha256:3cc913b0dc9e53c6d4d79aba2926940a1dea9255bcc2f3bff1e9a1648c44173f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

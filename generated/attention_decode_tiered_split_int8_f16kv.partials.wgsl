@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a36162b0496d61622f2eed7444c3b7e4d1bb0242e4bf56a3031c69e4a88193d1
+// source-hash: sha256:873d6e57827b1c01de463a98174a58e6dda40e63b5ac93093e85204174b90ff3
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:67011b921274d98cde1e6652c83837b03c70cc3467fc140bb6a16475bf976f02
+// source-hash: sha256:21ef121f5ba4dfc32ab583b1b3d266506f0ea75f79650feb5bd084b2117492ad
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

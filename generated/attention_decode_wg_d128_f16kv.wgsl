@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5eb53b7323b7686fad6eb561a09d582ee8e8f6fc8c1cb490e7cb9ad818740999
+// source-hash: sha256:5fe8065e7a5aa3d457c3de577aa14be741578ce9374d93d43b4dcfa192cba2d0
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -64,19 +64,6 @@ fn get_kv_head_idx(query_head_idx: u32) -> u32 {
     return query_head_idx / heads_per_kv;
 }
 
-// Check if position should be masked (causal + sliding window attention)
-fn is_masked(query_pos: u32, key_pos: u32) -> bool {
-    let abs_query = query_pos + u.start_pos;
-    let abs_key = u.kv_start + key_pos;
-    // Causal mask
-    if (u.is_causal != 0u && abs_key > abs_query) { return true; }
-    // Sliding window mask
-    if (u.sliding_window > 0u && abs_query >= u.sliding_window) {
-        if (abs_key < abs_query - u.sliding_window + 1u) { return true; }
-    }
-    return false;
-}
-
 // Physical KV row of logical key position key_pos: contiguous, ring (sliding window) or paged
 fn get_kv_pos(key_pos: u32) -> u32 {
     let abs_key = u.kv_start + key_pos;
@@ -100,8 +87,8 @@ fn get_kv_len() -> u32 {
     return kv_len_buffer[0];
 }
 
-// The keys [x, y) query query_pos can attend: causal and sliding-window bounds on
-// kv_start-relative positions (is_masked stays the final word on every key)
+// The keys [x, y) query query_pos can attend: the causal and sliding-window masks as bounds on
+// kv_start-relative positions (the key loops test nothing else, so no key pays for the masks)
 fn key_range(query_pos: u32, kv_len: u32) -> vec2<u32> {
     let abs_query = query_pos + u.start_pos;
     var key_end: u32 = kv_len;
@@ -326,81 +313,17 @@ fn main(
         for (var it: u32 = 0u; it < iterations; it = it + 1u) {
             let base = keys.x + it * per_iter + kg;
             // key 0 of this iteration: its K and V rows came with the previous iteration's
-            // (a key past the end read the last key's row; its V is zeroed here)
+            // (a key past the end read the last key's row, and its weight is 0)
             let key_0 = base + 0u * nkg;
-            let valid_0 = key_0 < keys.y && !is_masked(query_pos, key_0);
+            let valid_0 = key_0 < keys.y;
             let k_0 = next_k_0;
-            var v_0 = next_v_0;
-            {
-                let j = 0u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
-            {
-                let j = 1u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
-            {
-                let j = 2u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
-            {
-                let j = 3u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
-            {
-                let j = 4u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
-            {
-                let j = 5u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
-            {
-                let j = 6u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
-            {
-                let j = 7u;
-                v_0[j] = select(vec4<f16>(), v_0[j], valid_0);
-            }
+            let v_0 = next_v_0;
             // key 1 of this iteration: its K and V rows came with the previous iteration's
-            // (a key past the end read the last key's row; its V is zeroed here)
+            // (a key past the end read the last key's row, and its weight is 0)
             let key_1 = base + 1u * nkg;
-            let valid_1 = key_1 < keys.y && !is_masked(query_pos, key_1);
+            let valid_1 = key_1 < keys.y;
             let k_1 = next_k_1;
-            var v_1 = next_v_1;
-            {
-                let j = 0u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
-            {
-                let j = 1u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
-            {
-                let j = 2u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
-            {
-                let j = 3u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
-            {
-                let j = 4u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
-            {
-                let j = 5u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
-            {
-                let j = 6u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
-            {
-                let j = 7u;
-                v_1[j] = select(vec4<f16>(), v_1[j], valid_1);
-            }
+            let v_1 = next_v_1;
             // The next iteration's rows, in flight while this one is scored (the last
             // iteration re-reads the last key's)
             let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;

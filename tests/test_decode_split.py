@@ -199,7 +199,7 @@ def test_tiered_heads_per_workgroup_outside_one_two_four_is_refused_at_render() 
         ("attention_decode_split_d128_f16", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}, {}),
         ("attention_decode_sg_d64_f16", None, {}),
         ("attention_decode_wg_d128", None, {}),
-        # prefetched rows: the next iteration's V is zeroed when it is used, not when loaded
+        # prefetched rows: a key past the end re-reads the last attended key's row
         ("attention_decode_wg_d128_f16", None, {"prefetch": True}),
         (
             "attention_decode_split_d64_f16",
@@ -217,8 +217,9 @@ def test_rows_outside_the_window_may_hold_nan(
 ) -> None:
     """K/V rows a query may not attend (here: before its sliding window) can hold anything, NaN
     included, and must not reach the output. The decode kernels load every key of an iteration
-    unconditionally (clamped to the last attended key, so no load waits behind a branch) and
-    keep the keys that do not count out by select. The reference gets the finite rows."""
+    unconditionally, clamped to the attended range (so no load waits behind a branch): a key
+    past it re-reads the last attended row and gets weight 0. The reference gets the finite
+    rows."""
     kernel, entry = render_variant(REPO_ROOT, name, params)
     result = _run_over_nan_rows(KernelRunner(device, kernel, entry, constants), monkeypatch)
     assert result.passed, (result.verdict, result.refused)
@@ -263,7 +264,8 @@ def test_softcap_loops_renders_two_key_loops_and_passes(
     """softcap_loops (a tunable) emits the key loop twice, with the softcap and without, chosen
     by one branch outside the loop; both copies must pass the full matrix, softcap cases
     included."""
-    kernel, entry = render_variant(REPO_ROOT, name, {"softcap_loops": True})
+    # one layout loop (layout_loops, on in both shipped variants, doubles the loops again)
+    kernel, entry = render_variant(REPO_ROOT, name, {"softcap_loops": True, "layout_loops": False})
     text = kernel.passes[0].text
     assert text.count("for (var it: u32 = 0u; it < iterations;") == 2
     assert "tanh(dot_0" in text and "if (u.attn_softcap > 0.0) {\n            let span" in text
@@ -395,8 +397,8 @@ def test_prefetch_without_v_with_k_is_refused_at_render() -> None:
 
 PREFETCH_BUGS = [
     # the rows of this iteration loaded again instead of the next one's
-    ('{{ prefetch_rows("base + per_iter", nstreams, "            ") }}',
-     '{{ prefetch_rows("base", nstreams, "            ") }}'),
+    ('{{ prefetch_rows("base + per_iter", nstreams, rows, "            ") }}',
+     '{{ prefetch_rows("base", nstreams, rows, "            ") }}'),
     # the first iteration's rows never loaded (it scores zeros)
     ("        if (iterations > 0u) {\n{{ prefetch_rows(", "        if (false) {\n{{ prefetch_rows("),
 ]  # fmt: skip
