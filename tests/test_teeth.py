@@ -190,8 +190,8 @@ MUTATIONS = [
     (
         "hot-start-ignored",
         TIERED,
-        "let abs_key = u.hot_start + hot_pos;",
-        "let abs_key = hot_pos;",
+        'return {{ common.ring_row("u.hot_start", "u.hot_window") }};',
+        "return 0u;",
         ["attention_decode_tiered_f16kv"],
     ),
     (
