@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d421870630dbbb1ce3518e3446a6db474dc51add0f35cfda6392d74c34846a15
+// source-hash: sha256:bf497eed27b7b7e47d95087e61c8b1f3f812ad4936b967f67e6f94e30800aee6
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7b5c18c8e6960cd44470226346251aac601f7e8fcc5643471f95c2703dfb7191
+// source-hash: sha256:bd82b20a89751c6bf2748609cf85c7467706cda9f74f510fb4c87a015068885f
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:68fd02c7db749ca6f208cbe55886a94bc8ccea35a2b881daacf7b5199248ff48
+// source-hash: sha256:09e7b2f1fd65b76b138aa9f6a4bf8b1e556015cd4e59603b947df4240c216fa3
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

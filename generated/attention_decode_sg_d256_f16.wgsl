@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9c0d7b2a7527a4144a7338f66bcfad15809de5926594a5638081eeb2405fc33a
+// source-hash: sha256:5dc6aecd4d133d1da1a1adca3e9b6145afc50296c5f3cf74b482c8cb9fc1950c
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

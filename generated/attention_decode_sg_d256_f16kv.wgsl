@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fcdea10a8a1fe21dc44a06f6b316079a3aaf7cd99a9964663df67bdb1b32377f
+// source-hash: sha256:1773c7b060010c9470570e66a3cc751f65efc891f300d422995729d4d5542e47
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6ebde32b1c8d9d295c80493de5d246c75d8d77ed68b5342a0a3e18ee5d55bb64
+// source-hash: sha256:ab552277f8bf51ed39483d30b6b47fa3134dbb32837938280c86cd2b02592739
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

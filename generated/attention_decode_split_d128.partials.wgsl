@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:179be26137d2f68fc36aa7848497e33b832e4957b07627ed76a3afe385af9503
+// source-hash: sha256:fe0728ba7f643d15879e71b32108e8327775e96e90de7ac4f2ffb407dda5cfc3
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

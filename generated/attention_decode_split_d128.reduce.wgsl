@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8042aff35a1192d005ef5dd647f33059727dd1021c5145c5da2b388d740201c4
+// source-hash: sha256:cabec2704a3e3fbffe41072d3308114c16e1da390fc71f29df7ee82731e191f2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

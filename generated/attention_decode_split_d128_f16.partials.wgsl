@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:15fde0898ebcd16da0d0f8c1c096a0f5eb9c07424f356fccaf172910bdd78d5c
+// source-hash: sha256:247add6fc65f7f38cea01ec78d14e9bb45842ee316876bb18dd822ecaceca4b5
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

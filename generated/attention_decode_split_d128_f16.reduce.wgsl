@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c19da07d4b4793e4324a096dea5111c9bc5fe6bc4006ff5a7d213f12fcc0a84c
+// source-hash: sha256:e44a932b20516a537de0dcbaccdb3e6ba7efcc21631468cef63ce5e12c01eee4
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:92cc9ecdc6a37b9e4159fd80c61db781adcc692b9a37fcc27d338ca4be917f7c
+// source-hash: sha256:6885c65c8c9ceb0a32f7718d036d2f0a54f891befcf86e6d6abab74b8ff530a7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ce5b9a9e733a603c606c9082e40dfe791c5fb562455fd6331840355184756304
+// source-hash: sha256:876d7cab7a9d702313b6cc461bb857a47388d3ab45ccb8dd0582fceed0f397d3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

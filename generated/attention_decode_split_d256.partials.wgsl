@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cd26d95f6a8f576d31a41227d8e866f2d6829a0a393302f92c91b2a9e1c33a0a
+// source-hash: sha256:f4eefc4ba2ae4ffcb2e67c4956f34f50901fffafaa12403dafb1cc331685b935
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:700b5ff9b30de6a30d01f294f33398aac5159d69c4fd216c7f494a019c3061df
+// source-hash: sha256:a1dd01b3c4d0363b176d80713f0a0e11644e230db9c6173a7eabbe244072053e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

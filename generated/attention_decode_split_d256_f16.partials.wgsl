@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2ab1544d10fcb17d166d11656d89c78b956558421effb94ee85fbcb0f563e2d7
+// source-hash: sha256:dc32747eac2005b6c27207d338957d1aea4b79bf33e5fe4af45bf6a945998511
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f6200826aefce96f2af4ad6ccc92d6c8399c29ba67ddb96547bebb3b67abb16c
+// source-hash: sha256:69a2c11473a57b6b902120e9d8d478b25ba605f09cac4cca2a62f2a9cf1a6524
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

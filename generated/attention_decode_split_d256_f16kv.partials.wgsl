@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:583f237d2666648a3d7a7abc5f86f5fc932fb17675b658ba3946d8933bde7bb6
+// source-hash: sha256:098f11b1f9705013705691aeb4b2d8d742d03839004de4f95bb1e36634dda73e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:072560958d66550dd03fc5941349785b149a567e91c516fec2c69cf9e3935d02
+// source-hash: sha256:c2a921a5318e9ee167750dbb0c0fee99d071d67ede50d267570207ad6a51ce9c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0cf1232f2183effa20ad8a30b75429fe810462cd461ea78740ded767146865e3
+// source-hash: sha256:8ad47db1f1c9edb64c0eb53bd024985f6ea952e5e7adc45dfc67fbe5e4526b4c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

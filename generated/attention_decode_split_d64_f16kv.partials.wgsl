@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bdf80700a0ee3901d531c2f3bfabca70878e91887d42518aa936a1d2642a7c75
+// source-hash: sha256:600debbcf1958679ae0e13938b2ea9e2b93994f135287331bc4df737f3b4ef54
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

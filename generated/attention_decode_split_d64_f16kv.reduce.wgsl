@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ef368f9388cd7f3cc34ec0f7a7fcde9282888a81fa49c58530eb0d300543919
+// source-hash: sha256:734f9010e44f5fcaf7f4376840c017e859ff743dc489fd9dd1d6282fea02736a
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f85543ff355cb7522f888bf937809733e49c90dac6946eb7509c945f347c9451
+// source-hash: sha256:9c7d91b69c4de766638ec2b15c265c00b1751986ed3c7ac2e2aed06df18f07a0
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

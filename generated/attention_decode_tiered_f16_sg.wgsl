@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f6787294e9d7210a59dd7ee2df51c3025780be853b4e336b3096c7692a6ae144
+// source-hash: sha256:280e0d2b5360111ccb72d517f2ae537c97ab582fe5c056153080a4ca546ccccf
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //
@@ -123,8 +123,8 @@ fn hot_ring_base() -> u32 {
 
 // Physical row of hot key hot_pos: a ring of hot_window rows starting at hot_start, so row
 // (hot_start + hot_pos) % hot_window. A ring holds hot_window keys: with hot_len <= hot_window,
-// hot_base + hot_pos is below 2 * hot_window and one subtraction replaces the division (on the
-// H200 the division per key cost the long split kernel 7 %)
+// hot_base + hot_pos is below 2 * hot_window and one subtraction replaces the division (4 % of
+// the long split kernel's time on the H200)
 fn get_hot_pos(hot_pos: u32) -> u32 {
     if (u.hot_layout == 1u && u.hot_window > 0u) {
         let p = hot_base + hot_pos;

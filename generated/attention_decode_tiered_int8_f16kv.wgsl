@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fff90e52d4c65030dea5dec555d5a688926d8e32fc4e9eb8fd1731280b262541
+// source-hash: sha256:c974aee1150eb9598273b6798521183f9ed30dbd882f264bd77baf5757a49d63
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -122,8 +122,8 @@ fn hot_ring_base() -> u32 {
 
 // Physical row of hot key hot_pos: a ring of hot_window rows starting at hot_start, so row
 // (hot_start + hot_pos) % hot_window. A ring holds hot_window keys: with hot_len <= hot_window,
-// hot_base + hot_pos is below 2 * hot_window and one subtraction replaces the division (on the
-// H200 the division per key cost the long split kernel 7 %)
+// hot_base + hot_pos is below 2 * hot_window and one subtraction replaces the division (4 % of
+// the long split kernel's time on the H200)
 fn get_hot_pos(hot_pos: u32) -> u32 {
     if (u.hot_window > 0u) {
         let p = hot_base + hot_pos;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ba6a777f85a702ea74cac236d7914c7447332ecaaa5d5e840771a88e57cdff20
+// source-hash: sha256:09986a07dd19ad0d9acc369dc5de153ee963beff9c5ea5cebaa1bb1e519994e9
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:25c2decd893975ab7d424c615c3f8ff191dcf5bd002f2ddf23ad10ffca646d38
+// source-hash: sha256:4812abf74c9dee0f8bf5f671341bde568d7d2c8e32206cb880be66302f0f6c1a
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

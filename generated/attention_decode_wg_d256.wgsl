@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4df3f34c9b0d06bc23ec9cdbb34e082e4169ce584d1e8e73d2218a3368f74f52
+// source-hash: sha256:d5457d0d1067656fd33c80f9020da026fe25e5d38be69d15171896ffa44ecbdb
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

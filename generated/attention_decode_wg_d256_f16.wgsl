@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5a30becf5d733fe602bd9235ec0bc87aaf77a01a9eecf92087bb3bbc3a9639a4
+// source-hash: sha256:d83e2da36788ca2dd0d48e884d6cc409c10f9e7e78cbd4fd74c67a9302c2ce75
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

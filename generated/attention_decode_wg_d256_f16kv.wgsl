@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7486a568c7fe50d916ddc07c0828cd994d915f9cb617419657d073de99ca7cab
+// source-hash: sha256:621c325c862c2f6bb4f2f8424873a76c587e16a078fb77ce09a227d2e4120f51
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3cf8163bc02934a15fccba567f50b832c2e95333d8c31e9352d275e997970d7c
+// source-hash: sha256:9867019d6b81a9b828108cbca8321f6b1b318108bdf7f75ce336eef0a61c09c1
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cfebd7e40363b6b08eb70a835a1861a6658b16217c1c8657b41d12a12016d4c3
+// source-hash: sha256:c29cfbbe50f8e56f3bfa4cfe5d4dff5e033f08fe7120d6f37338d4eeba584376
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

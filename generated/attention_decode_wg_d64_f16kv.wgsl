@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:20b7b5b03c3d8ff1c46a428fcfbfaa353e58bb9d8bc076018688dad118ccb778
+// source-hash: sha256:2e0a98b6a0658f99aeb3695950c2f0c8e3835e5d8e20e0c62c98612f0291f94b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
