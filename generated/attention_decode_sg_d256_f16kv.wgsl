@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1773c7b060010c9470570e66a3cc751f65efc891f300d422995729d4d5542e47
+// source-hash: sha256:ddd2384ca90d420e27a98d63b57bafaf7c75ee0e68671b33fe1c53316c13e9d9
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -83,12 +83,6 @@ fn get_kv_pos(key_pos: u32) -> u32 {
         return phys_page * u.page_size + in_page;
     }
     return abs_key;
-}
-
-// True when get_kv_pos(key_pos) is kv_start + key_pos for every key: contiguous rows, or a ring
-// without a window (get_kv_pos's first two branches not taken)
-fn kv_rows_linear() -> bool {
-    return !((u.kv_layout == 1u && u.sliding_window > 0u) || u.kv_layout == 2u);
 }
 
 // KV length: the uniform, or the first word of kv_len_buffer when kv_len_source != 0
@@ -228,2702 +222,1350 @@ fn main(
         // Keys [key_begin, key_end) of this query: key group kg takes keys key_begin + kg,
         // + nkg, + 2 nkg, ... (KEYS_PER_ITER of them per iteration)
         let keys = key_range(query_pos, kv_len);
-        // The key loops for linear K/V rows (no per-key layout branch), and for any layout through
-        // get_kv_pos (layout_loops)
-        if (kv_rows_linear()) {
-            // The key loop twice, with and without the softcap, so that neither copy branches on it
-            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
-            if (u.attn_softcap > 0.0) {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_3 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_3 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = ((u.kv_start + min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
+        // The key loop twice, with and without the softcap, so that neither copy branches on it
+        // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
+        if (u.attn_softcap > 0.0) {
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = nkg * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
+            var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_2 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_2 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_3 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_3 = array<vec4<f16>, VEC_PER_LANE>();
+            if (iterations > 0u) {
+                let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
 
-                    let next_row_1 = ((u.kv_start + min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+                let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
 
-                    let next_row_2 = ((u.kv_start + min(keys.x + kg + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
+                let next_row_2 = (get_kv_pos(min(keys.x + kg + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
 
-                    let next_row_3 = ((u.kv_start + min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
+                let next_row_3 = (get_kv_pos(min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+            }
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + kg;
+                // key 0 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_0 = base + 0u * nkg;
+                let valid_0 = key_0 < keys.y;
+                let k_0 = next_k_0;
+                let v_0 = next_v_0;
+                // key 1 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_1 = base + 1u * nkg;
+                let valid_1 = key_1 < keys.y;
+                let k_1 = next_k_1;
+                let v_1 = next_v_1;
+                // key 2 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_2 = base + 2u * nkg;
+                let valid_2 = key_2 < keys.y;
+                let k_2 = next_k_2;
+                let v_2 = next_v_2;
+                // key 3 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_3 = base + 3u * nkg;
+                let valid_3 = key_3 < keys.y;
+                let k_3 = next_k_3;
+                let v_3 = next_v_3;
+                // The next iteration's rows, in flight while this one is scored (the last
+                // iteration re-reads the last key's)
+                let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+
+                let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+
+                let next_row_2 = (get_kv_pos(min(base + per_iter + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+
+                let next_row_3 = (get_kv_pos(min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                // dot products of key 2 (an invalid key's score is never used)
+                var dot_2: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                // dot products of key 3 (an invalid key's score is never used)
+                var dot_3: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                if (subgroup_ok) {
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                } else {
+                    // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                    let parity = 0u;
+                    workgroupBarrier();  // the previous iteration's reads are done
+                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
+                    workgroupBarrier();
+                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                    dot_0 = 0.0;
+                    dot_1 = 0.0;
+                    dot_2 = 0.0;
+                    dot_3 = 0.0;
+                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                        dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
+                        dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
                     }
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // key 2 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_2 = base + 2u * nkg;
-                    let valid_2 = key_2 < keys.y;
-                    let k_2 = next_k_2;
-                    let v_2 = next_v_2;
-                    // key 3 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_3 = base + 3u * nkg;
-                    let valid_3 = key_3 < keys.y;
-                    let k_3 = next_k_3;
-                    let v_3 = next_v_3;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = ((u.kv_start + min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = ((u.kv_start + min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    let next_row_2 = ((u.kv_start + min(base + per_iter + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-
-                    let next_row_3 = ((u.kv_start + min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // dot products of key 2 (an invalid key's score is never used)
-                    var dot_2: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    // dot products of key 3 (an invalid key's score is never used)
-                    var dot_3: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                        dot_0 = 0.0;
-                        dot_1 = 0.0;
-                        dot_2 = 0.0;
-                        dot_3 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                            dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                            dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
-                            dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = tanh(dot_0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = tanh(dot_1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let score_2 = tanh(dot_2 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_2) {
-                        block_max = max(block_max, score_2);
-                    }
-                    let score_3 = tanh(dot_3 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_3) {
-                        block_max = max(block_max, score_3);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
-                    let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
-                    l = l * correction + p_0 + p_1 + p_2 + p_3;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 4u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 5u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 6u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 7u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
+                // Scores and the online softmax update of this key group
+                var block_max: f32 = NEG_BIG;
+                let score_0 = tanh(dot_0 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_0) {
+                    block_max = max(block_max, score_0);
                 }
-            } else {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_3 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_3 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = ((u.kv_start + min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = ((u.kv_start + min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    let next_row_2 = ((u.kv_start + min(keys.x + kg + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-
-                    let next_row_3 = ((u.kv_start + min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
+                let score_1 = tanh(dot_1 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_1) {
+                    block_max = max(block_max, score_1);
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // key 2 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_2 = base + 2u * nkg;
-                    let valid_2 = key_2 < keys.y;
-                    let k_2 = next_k_2;
-                    let v_2 = next_v_2;
-                    // key 3 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_3 = base + 3u * nkg;
-                    let valid_3 = key_3 < keys.y;
-                    let k_3 = next_k_3;
-                    let v_3 = next_v_3;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = ((u.kv_start + min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = ((u.kv_start + min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    let next_row_2 = ((u.kv_start + min(base + per_iter + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-
-                    let next_row_3 = ((u.kv_start + min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // dot products of key 2 (an invalid key's score is never used)
-                    var dot_2: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    // dot products of key 3 (an invalid key's score is never used)
-                    var dot_3: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                        dot_0 = 0.0;
-                        dot_1 = 0.0;
-                        dot_2 = 0.0;
-                        dot_3 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                            dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                            dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
-                            dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = dot_0 * scale;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = dot_1 * scale;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let score_2 = dot_2 * scale;
-                    if (valid_2) {
-                        block_max = max(block_max, score_2);
-                    }
-                    let score_3 = dot_3 * scale;
-                    if (valid_3) {
-                        block_max = max(block_max, score_3);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
-                    let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
-                    l = l * correction + p_0 + p_1 + p_2 + p_3;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 4u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 5u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 6u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 7u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
+                let score_2 = tanh(dot_2 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_2) {
+                    block_max = max(block_max, score_2);
+                }
+                let score_3 = tanh(dot_3 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_3) {
+                    block_max = max(block_max, score_3);
+                }
+                let m_new = max(m, block_max);
+                let correction = exp(m - m_new);
+                let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+                let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+                let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
+                let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
+                l = l * correction + p_0 + p_1 + p_2 + p_3;
+                m = m_new;
+                {
+                    let j = 0u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 1u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 2u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 3u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 4u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 5u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 6u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 7u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                 }
             }
         } else {
-            // The key loop twice, with and without the softcap, so that neither copy branches on it
-            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
-            if (u.attn_softcap > 0.0) {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_3 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_3 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = nkg * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
+            var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_2 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_2 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_3 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_3 = array<vec4<f16>, VEC_PER_LANE>();
+            if (iterations > 0u) {
+                let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
 
-                    let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+                let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
 
-                    let next_row_2 = (get_kv_pos(min(keys.x + kg + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
+                let next_row_2 = (get_kv_pos(min(keys.x + kg + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
 
-                    let next_row_3 = (get_kv_pos(min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
+                let next_row_3 = (get_kv_pos(min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+            }
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + kg;
+                // key 0 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_0 = base + 0u * nkg;
+                let valid_0 = key_0 < keys.y;
+                let k_0 = next_k_0;
+                let v_0 = next_v_0;
+                // key 1 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_1 = base + 1u * nkg;
+                let valid_1 = key_1 < keys.y;
+                let k_1 = next_k_1;
+                let v_1 = next_v_1;
+                // key 2 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_2 = base + 2u * nkg;
+                let valid_2 = key_2 < keys.y;
+                let k_2 = next_k_2;
+                let v_2 = next_v_2;
+                // key 3 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_3 = base + 3u * nkg;
+                let valid_3 = key_3 < keys.y;
+                let k_3 = next_k_3;
+                let v_3 = next_v_3;
+                // The next iteration's rows, in flight while this one is scored (the last
+                // iteration re-reads the last key's)
+                let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+
+                let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+
+                let next_row_2 = (get_kv_pos(min(base + per_iter + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_2[j] = K[next_row_2 + v];
+                    next_v_2[j] = V[next_row_2 + v];
+                }
+
+                let next_row_3 = (get_kv_pos(min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_3[j] = K[next_row_3 + v];
+                    next_v_3[j] = V[next_row_3 + v];
+                }
+
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                // dot products of key 2 (an invalid key's score is never used)
+                var dot_2: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
+                }
+                // dot products of key 3 (an invalid key's score is never used)
+                var dot_3: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 4u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 5u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 6u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                {
+                    let j = 7u;
+                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                if (subgroup_ok) {
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                } else {
+                    // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                    let parity = 0u;
+                    workgroupBarrier();  // the previous iteration's reads are done
+                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
+                    partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
+                    workgroupBarrier();
+                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                    dot_0 = 0.0;
+                    dot_1 = 0.0;
+                    dot_2 = 0.0;
+                    dot_3 = 0.0;
+                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                        dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
+                        dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
                     }
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // key 2 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_2 = base + 2u * nkg;
-                    let valid_2 = key_2 < keys.y;
-                    let k_2 = next_k_2;
-                    let v_2 = next_v_2;
-                    // key 3 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_3 = base + 3u * nkg;
-                    let valid_3 = key_3 < keys.y;
-                    let k_3 = next_k_3;
-                    let v_3 = next_v_3;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    let next_row_2 = (get_kv_pos(min(base + per_iter + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-
-                    let next_row_3 = (get_kv_pos(min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // dot products of key 2 (an invalid key's score is never used)
-                    var dot_2: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    // dot products of key 3 (an invalid key's score is never used)
-                    var dot_3: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                        dot_0 = 0.0;
-                        dot_1 = 0.0;
-                        dot_2 = 0.0;
-                        dot_3 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                            dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                            dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
-                            dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = tanh(dot_0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = tanh(dot_1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let score_2 = tanh(dot_2 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_2) {
-                        block_max = max(block_max, score_2);
-                    }
-                    let score_3 = tanh(dot_3 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_3) {
-                        block_max = max(block_max, score_3);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
-                    let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
-                    l = l * correction + p_0 + p_1 + p_2 + p_3;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 4u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 5u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 6u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 7u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
+                // Scores and the online softmax update of this key group
+                var block_max: f32 = NEG_BIG;
+                let score_0 = dot_0 * scale;
+                if (valid_0) {
+                    block_max = max(block_max, score_0);
                 }
-            } else {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_2 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_3 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_3 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    let next_row_2 = (get_kv_pos(min(keys.x + kg + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-
-                    let next_row_3 = (get_kv_pos(min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
+                let score_1 = dot_1 * scale;
+                if (valid_1) {
+                    block_max = max(block_max, score_1);
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // key 2 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_2 = base + 2u * nkg;
-                    let valid_2 = key_2 < keys.y;
-                    let k_2 = next_k_2;
-                    let v_2 = next_v_2;
-                    // key 3 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_3 = base + 3u * nkg;
-                    let valid_3 = key_3 < keys.y;
-                    let k_3 = next_k_3;
-                    let v_3 = next_v_3;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    let next_row_2 = (get_kv_pos(min(base + per_iter + 2u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_2[j] = K[next_row_2 + v];
-                        next_v_2[j] = V[next_row_2 + v];
-                    }
-
-                    let next_row_3 = (get_kv_pos(min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_3[j] = K[next_row_3 + v];
-                        next_v_3[j] = V[next_row_3 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // dot products of key 2 (an invalid key's score is never used)
-                    var dot_2: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    // dot products of key 3 (an invalid key's score is never used)
-                    var dot_3: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 4u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 5u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 6u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 7u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
-                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
-                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
-                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
-                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 2u] = dot_2;
-                        partial_dots[parity + lid * KEYS_PER_ITER + 3u] = dot_3;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                        dot_0 = 0.0;
-                        dot_1 = 0.0;
-                        dot_2 = 0.0;
-                        dot_3 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                            dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                            dot_2 = dot_2 + partial_dots[group_first + i * KEYS_PER_ITER + 2u];
-                            dot_3 = dot_3 + partial_dots[group_first + i * KEYS_PER_ITER + 3u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = dot_0 * scale;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = dot_1 * scale;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let score_2 = dot_2 * scale;
-                    if (valid_2) {
-                        block_max = max(block_max, score_2);
-                    }
-                    let score_3 = dot_3 * scale;
-                    if (valid_3) {
-                        block_max = max(block_max, score_3);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
-                    let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
-                    l = l * correction + p_0 + p_1 + p_2 + p_3;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 4u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 5u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 6u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 7u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
+                let score_2 = dot_2 * scale;
+                if (valid_2) {
+                    block_max = max(block_max, score_2);
+                }
+                let score_3 = dot_3 * scale;
+                if (valid_3) {
+                    block_max = max(block_max, score_3);
+                }
+                let m_new = max(m, block_max);
+                let correction = exp(m - m_new);
+                let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+                let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+                let p_2 = select(0.0, exp(score_2 - m_new), valid_2);
+                let p_3 = select(0.0, exp(score_3 - m_new), valid_3);
+                l = l * correction + p_0 + p_1 + p_2 + p_3;
+                m = m_new;
+                {
+                    let j = 0u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 1u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 2u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 3u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 4u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 5u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 6u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
+                }
+                {
+                    let j = 7u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                 }
             }
         }

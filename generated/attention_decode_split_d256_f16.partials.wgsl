@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dc32747eac2005b6c27207d338957d1aea4b79bf33e5fe4af45bf6a945998511
+// source-hash: sha256:bf0d7f72328c8439b79f3d95a597ade6798ff899c32b5d6ca33347f3b4489a2b
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -82,12 +82,6 @@ fn get_kv_pos(key_pos: u32) -> u32 {
         return phys_page * u.page_size + in_page;
     }
     return abs_key;
-}
-
-// True when get_kv_pos(key_pos) is kv_start + key_pos for every key: contiguous rows, or a ring
-// without a window (get_kv_pos's first two branches not taken)
-fn kv_rows_linear() -> bool {
-    return !((u.kv_layout == 1u && u.sliding_window > 0u) || u.kv_layout == 2u);
 }
 
 // KV length: the uniform, or the first word of kv_len_buffer when kv_len_source != 0
@@ -280,1390 +274,694 @@ fn main(
         var m_h1: f32 = NEG_BIG;
         var l_h1: f32 = 0.0;
 
-        // The key loops for linear K/V rows (no per-key layout branch), and for any layout through
-        // get_kv_pos (layout_loops)
-        if (kv_rows_linear()) {
-            // The key loop twice, with and without the softcap, so that neither copy branches on it
-            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
-            if (u.attn_softcap > 0.0) {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = streams * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + stream;
-                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_0 = base + 0u * streams;
-                    let valid_0 = group_ok && key_0 < keys.y;
-                    let row_0 = ((u.kv_start + min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
+        // The key loop twice, with and without the softcap, so that neither copy branches on it
+        // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
+        if (u.attn_softcap > 0.0) {
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = streams * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + stream;
+                // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_0 = base + 0u * streams;
+                let valid_0 = group_ok && key_0 < keys.y;
+                let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
 
-                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_1 = base + 1u * streams;
-                    let valid_1 = group_ok && key_1 < keys.y;
-                    let row_1 = ((u.kv_start + min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
+                // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_1 = base + 1u * streams;
+                let valid_1 = group_ok && key_1 < keys.y;
+                let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
 
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0_h0: f32 = 0.0;
-                    var dot_0_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1_h0: f32 = 0.0;
-                    var dot_1_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
-                        dot_0_h0 = 0.0;
-                        dot_0_h1 = 0.0;
-                        dot_1_h0 = 0.0;
-                        dot_1_h1 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
-                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
-                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
-                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group for head 0 of its 2
-                    var block_max_h0: f32 = NEG_BIG;
-                    let score_0_h0 = tanh(dot_0_h0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max_h0 = max(block_max_h0, score_0_h0);
-                    }
-                    let score_1_h0 = tanh(dot_1_h0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max_h0 = max(block_max_h0, score_1_h0);
-                    }
-                    let m_new_h0 = max(m_h0, block_max_h0);
-                    let correction_h0 = exp(m_h0 - m_new_h0);
-                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
-                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
-                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
-                    m_h0 = m_new_h0;
-                    // Scores and the online softmax update of this key group for head 1 of its 2
-                    var block_max_h1: f32 = NEG_BIG;
-                    let score_0_h1 = tanh(dot_0_h1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max_h1 = max(block_max_h1, score_0_h1);
-                    }
-                    let score_1_h1 = tanh(dot_1_h1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max_h1 = max(block_max_h1, score_1_h1);
-                    }
-                    let m_new_h1 = max(m_h1, block_max_h1);
-                    let correction_h1 = exp(m_h1 - m_new_h1);
-                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
-                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
-                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
-                    m_h1 = m_new_h1;
-                    {
-                        let j = 0u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 1u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 4u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 5u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 6u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 7u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0_h0: f32 = 0.0;
+                var dot_0_h1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 1u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 2u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 3u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 4u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 5u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 6u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 7u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1_h0: f32 = 0.0;
+                var dot_1_h1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 1u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 2u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 3u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 4u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 5u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 6u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 7u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                if (subgroup_ok) {
+                    dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
+                    dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
+                    dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                    dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
+                    dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
+                    dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                    dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
+                    dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
+                    dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                    dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
+                    dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
+                    dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                } else {
+                    // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                    let parity = 0u;
+                    workgroupBarrier();  // the previous iteration's reads are done
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
+                    workgroupBarrier();
+                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
+                    dot_0_h0 = 0.0;
+                    dot_0_h1 = 0.0;
+                    dot_1_h0 = 0.0;
+                    dot_1_h1 = 0.0;
+                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                        dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
+                        dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
+                        dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
+                        dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
                     }
                 }
-            } else {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = streams * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + stream;
-                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_0 = base + 0u * streams;
-                    let valid_0 = group_ok && key_0 < keys.y;
-                    let row_0 = ((u.kv_start + min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-
-                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_1 = base + 1u * streams;
-                    let valid_1 = group_ok && key_1 < keys.y;
-                    let row_1 = ((u.kv_start + min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0_h0: f32 = 0.0;
-                    var dot_0_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1_h0: f32 = 0.0;
-                    var dot_1_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
-                        dot_0_h0 = 0.0;
-                        dot_0_h1 = 0.0;
-                        dot_1_h0 = 0.0;
-                        dot_1_h1 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
-                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
-                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
-                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group for head 0 of its 2
-                    var block_max_h0: f32 = NEG_BIG;
-                    let score_0_h0 = dot_0_h0 * scale;
-                    if (valid_0) {
-                        block_max_h0 = max(block_max_h0, score_0_h0);
-                    }
-                    let score_1_h0 = dot_1_h0 * scale;
-                    if (valid_1) {
-                        block_max_h0 = max(block_max_h0, score_1_h0);
-                    }
-                    let m_new_h0 = max(m_h0, block_max_h0);
-                    let correction_h0 = exp(m_h0 - m_new_h0);
-                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
-                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
-                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
-                    m_h0 = m_new_h0;
-                    // Scores and the online softmax update of this key group for head 1 of its 2
-                    var block_max_h1: f32 = NEG_BIG;
-                    let score_0_h1 = dot_0_h1 * scale;
-                    if (valid_0) {
-                        block_max_h1 = max(block_max_h1, score_0_h1);
-                    }
-                    let score_1_h1 = dot_1_h1 * scale;
-                    if (valid_1) {
-                        block_max_h1 = max(block_max_h1, score_1_h1);
-                    }
-                    let m_new_h1 = max(m_h1, block_max_h1);
-                    let correction_h1 = exp(m_h1 - m_new_h1);
-                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
-                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
-                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
-                    m_h1 = m_new_h1;
-                    {
-                        let j = 0u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 1u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 4u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 5u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 6u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 7u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
+                // Scores and the online softmax update of this key group for head 0 of its 2
+                var block_max_h0: f32 = NEG_BIG;
+                let score_0_h0 = tanh(dot_0_h0 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_0) {
+                    block_max_h0 = max(block_max_h0, score_0_h0);
+                }
+                let score_1_h0 = tanh(dot_1_h0 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_1) {
+                    block_max_h0 = max(block_max_h0, score_1_h0);
+                }
+                let m_new_h0 = max(m_h0, block_max_h0);
+                let correction_h0 = exp(m_h0 - m_new_h0);
+                let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
+                let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
+                l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
+                m_h0 = m_new_h0;
+                // Scores and the online softmax update of this key group for head 1 of its 2
+                var block_max_h1: f32 = NEG_BIG;
+                let score_0_h1 = tanh(dot_0_h1 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_0) {
+                    block_max_h1 = max(block_max_h1, score_0_h1);
+                }
+                let score_1_h1 = tanh(dot_1_h1 * scale / u.attn_softcap) * u.attn_softcap;
+                if (valid_1) {
+                    block_max_h1 = max(block_max_h1, score_1_h1);
+                }
+                let m_new_h1 = max(m_h1, block_max_h1);
+                let correction_h1 = exp(m_h1 - m_new_h1);
+                let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
+                let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
+                l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
+                m_h1 = m_new_h1;
+                {
+                    let j = 0u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 1u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 2u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 3u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 4u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 5u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 6u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 7u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
                 }
             }
         } else {
-            // The key loop twice, with and without the softcap, so that neither copy branches on it
-            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
-            if (u.attn_softcap > 0.0) {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = streams * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + stream;
-                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_0 = base + 0u * streams;
-                    let valid_0 = group_ok && key_0 < keys.y;
-                    let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = streams * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + stream;
+                // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_0 = base + 0u * streams;
+                let valid_0 = group_ok && key_0 < keys.y;
+                let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_0 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_0 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_0[j] = K[row_0 + v];
+                    v_0[j] = V[row_0 + v];
+                }
 
-                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_1 = base + 1u * streams;
-                    let valid_1 = group_ok && key_1 < keys.y;
-                    let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
+                // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
+                // past the end reads the last key's row), so no load waits behind a branch
+                let key_1 = base + 1u * streams;
+                let valid_1 = group_ok && key_1 < keys.y;
+                let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                var k_1 = array<vec4<f16>, VEC_PER_LANE>();
+                var v_1 = array<vec4<f16>, VEC_PER_LANE>();
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 4u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 5u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 6u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
+                {
+                    let j = 7u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    k_1[j] = K[row_1 + v];
+                    v_1[j] = V[row_1 + v];
+                }
 
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0_h0: f32 = 0.0;
-                    var dot_0_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1_h0: f32 = 0.0;
-                    var dot_1_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
-                        dot_0_h0 = 0.0;
-                        dot_0_h1 = 0.0;
-                        dot_1_h0 = 0.0;
-                        dot_1_h1 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
-                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
-                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
-                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group for head 0 of its 2
-                    var block_max_h0: f32 = NEG_BIG;
-                    let score_0_h0 = tanh(dot_0_h0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max_h0 = max(block_max_h0, score_0_h0);
-                    }
-                    let score_1_h0 = tanh(dot_1_h0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max_h0 = max(block_max_h0, score_1_h0);
-                    }
-                    let m_new_h0 = max(m_h0, block_max_h0);
-                    let correction_h0 = exp(m_h0 - m_new_h0);
-                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
-                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
-                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
-                    m_h0 = m_new_h0;
-                    // Scores and the online softmax update of this key group for head 1 of its 2
-                    var block_max_h1: f32 = NEG_BIG;
-                    let score_0_h1 = tanh(dot_0_h1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max_h1 = max(block_max_h1, score_0_h1);
-                    }
-                    let score_1_h1 = tanh(dot_1_h1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max_h1 = max(block_max_h1, score_1_h1);
-                    }
-                    let m_new_h1 = max(m_h1, block_max_h1);
-                    let correction_h1 = exp(m_h1 - m_new_h1);
-                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
-                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
-                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
-                    m_h1 = m_new_h1;
-                    {
-                        let j = 0u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 1u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 4u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 5u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 6u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 7u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0_h0: f32 = 0.0;
+                var dot_0_h1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 1u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 2u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 3u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 4u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 5u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 6u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 7u;
+                    let kf = vec4<f32>(k_0[j]);
+                    dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
+                    dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1_h0: f32 = 0.0;
+                var dot_1_h1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 1u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 2u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 3u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 4u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 5u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 6u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                {
+                    let j = 7u;
+                    let kf = vec4<f32>(k_1[j]);
+                    dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
+                    dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                if (subgroup_ok) {
+                    dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
+                    dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
+                    dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                    dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
+                    dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
+                    dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                    dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
+                    dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
+                    dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                    dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
+                    dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
+                    dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                } else {
+                    // subgroups narrower than a key group: through workgroup memory (uniform branch)
+                    let parity = 0u;
+                    workgroupBarrier();  // the previous iteration's reads are done
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
+                    partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
+                    workgroupBarrier();
+                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
+                    dot_0_h0 = 0.0;
+                    dot_0_h1 = 0.0;
+                    dot_1_h0 = 0.0;
+                    dot_1_h1 = 0.0;
+                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                        dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
+                        dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
+                        dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
+                        dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
                     }
                 }
-            } else {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = streams * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + stream;
-                    // key 0 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_0 = base + 0u * streams;
-                    let valid_0 = group_ok && key_0 < keys.y;
-                    let row_0 = (get_kv_pos(min(key_0, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-
-                    // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
-                    // past the end reads the last key's row), so no load waits behind a branch
-                    let key_1 = base + 1u * streams;
-                    let valid_1 = group_ok && key_1 < keys.y;
-                    let row_1 = (get_kv_pos(min(key_1, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    var k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    var v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 4u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 5u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 6u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 7u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0_h0: f32 = 0.0;
-                    var dot_0_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1_h0: f32 = 0.0;
-                    var dot_1_h1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 1u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 4u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 5u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 6u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 7u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    if (subgroup_ok) {
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
-                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
-                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
-                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
-                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
-                    } else {
-                        // subgroups narrower than a key group: through workgroup memory (uniform branch)
-                        let parity = 0u;
-                        workgroupBarrier();  // the previous iteration's reads are done
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 0u] = dot_0_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 0u) * 2u + 1u] = dot_0_h1;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 0u] = dot_1_h0;
-                        partial_dots[parity + (lid * KEYS_PER_ITER + 1u) * 2u + 1u] = dot_1_h1;
-                        workgroupBarrier();
-                        let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER * 2u;
-                        dot_0_h0 = 0.0;
-                        dot_0_h1 = 0.0;
-                        dot_1_h0 = 0.0;
-                        dot_1_h1 = 0.0;
-                        for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                            dot_0_h0 = dot_0_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 0u];
-                            dot_0_h1 = dot_0_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 0u) * 2u + 1u];
-                            dot_1_h0 = dot_1_h0 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 0u];
-                            dot_1_h1 = dot_1_h1 + partial_dots[group_first + (i * KEYS_PER_ITER + 1u) * 2u + 1u];
-                        }
-                    }
-                    // Scores and the online softmax update of this key group for head 0 of its 2
-                    var block_max_h0: f32 = NEG_BIG;
-                    let score_0_h0 = dot_0_h0 * scale;
-                    if (valid_0) {
-                        block_max_h0 = max(block_max_h0, score_0_h0);
-                    }
-                    let score_1_h0 = dot_1_h0 * scale;
-                    if (valid_1) {
-                        block_max_h0 = max(block_max_h0, score_1_h0);
-                    }
-                    let m_new_h0 = max(m_h0, block_max_h0);
-                    let correction_h0 = exp(m_h0 - m_new_h0);
-                    let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
-                    let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
-                    l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
-                    m_h0 = m_new_h0;
-                    // Scores and the online softmax update of this key group for head 1 of its 2
-                    var block_max_h1: f32 = NEG_BIG;
-                    let score_0_h1 = dot_0_h1 * scale;
-                    if (valid_0) {
-                        block_max_h1 = max(block_max_h1, score_0_h1);
-                    }
-                    let score_1_h1 = dot_1_h1 * scale;
-                    if (valid_1) {
-                        block_max_h1 = max(block_max_h1, score_1_h1);
-                    }
-                    let m_new_h1 = max(m_h1, block_max_h1);
-                    let correction_h1 = exp(m_h1 - m_new_h1);
-                    let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
-                    let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
-                    l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
-                    m_h1 = m_new_h1;
-                    {
-                        let j = 0u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 1u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 4u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 5u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 6u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 7u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
+                // Scores and the online softmax update of this key group for head 0 of its 2
+                var block_max_h0: f32 = NEG_BIG;
+                let score_0_h0 = dot_0_h0 * scale;
+                if (valid_0) {
+                    block_max_h0 = max(block_max_h0, score_0_h0);
+                }
+                let score_1_h0 = dot_1_h0 * scale;
+                if (valid_1) {
+                    block_max_h0 = max(block_max_h0, score_1_h0);
+                }
+                let m_new_h0 = max(m_h0, block_max_h0);
+                let correction_h0 = exp(m_h0 - m_new_h0);
+                let p_0_h0 = select(0.0, exp(score_0_h0 - m_new_h0), valid_0);
+                let p_1_h0 = select(0.0, exp(score_1_h0 - m_new_h0), valid_1);
+                l_h0 = l_h0 * correction_h0 + p_0_h0 + p_1_h0;
+                m_h0 = m_new_h0;
+                // Scores and the online softmax update of this key group for head 1 of its 2
+                var block_max_h1: f32 = NEG_BIG;
+                let score_0_h1 = dot_0_h1 * scale;
+                if (valid_0) {
+                    block_max_h1 = max(block_max_h1, score_0_h1);
+                }
+                let score_1_h1 = dot_1_h1 * scale;
+                if (valid_1) {
+                    block_max_h1 = max(block_max_h1, score_1_h1);
+                }
+                let m_new_h1 = max(m_h1, block_max_h1);
+                let correction_h1 = exp(m_h1 - m_new_h1);
+                let p_0_h1 = select(0.0, exp(score_0_h1 - m_new_h1), valid_0);
+                let p_1_h1 = select(0.0, exp(score_1_h1 - m_new_h1), valid_1);
+                l_h1 = l_h1 * correction_h1 + p_0_h1 + p_1_h1;
+                m_h1 = m_new_h1;
+                {
+                    let j = 0u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 1u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 2u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 3u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 4u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 5u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 6u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
+                }
+                {
+                    let j = 7u;
+                    let vf_0 = vec4<f32>(v_0[j]);
+                    let vf_1 = vec4<f32>(v_1[j]);
+                    acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
+                    acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
                 }
             }
         }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:69a2c11473a57b6b902120e9d8d478b25ba605f09cac4cca2a62f2a9cf1a6524
+// source-hash: sha256:dd85496bd6193a7a0c2082198049e2f2ade3175c62cf0e9ed3b362007d76441e
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2e0a98b6a0658f99aeb3695950c2f0c8e3835e5d8e20e0c62c98612f0291f94b
+// source-hash: sha256:456f31dbe317dbc5a1864d632311cd2ea287d72699fae2a387620b611822b0b2
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //
@@ -178,855 +178,437 @@ fn main(
         // The key loops for linear K/V rows (no per-key layout branch), and for any layout through
         // get_kv_pos (layout_loops)
         if (kv_rows_linear()) {
-            // The key loop twice, with and without the softcap, so that neither copy branches on it
-            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
-            if (u.attn_softcap > 0.0) {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = ((u.kv_start + min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = ((u.kv_start + min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = nkg * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
+            var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
+            if (iterations > 0u) {
+                let next_row_0 = ((u.kv_start + min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = ((u.kv_start + min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = ((u.kv_start + min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    let parity = (it % 2u) * MAX_WORKGROUP_SIZE * KEYS_PER_ITER;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                    workgroupBarrier();
-                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                    dot_0 = 0.0;
-                    dot_1 = 0.0;
-                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = tanh(dot_0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = tanh(dot_1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    l = l * correction + p_0 + p_1;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
                 }
-            } else {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = ((u.kv_start + min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = ((u.kv_start + min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = ((u.kv_start + min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
 
-                    let next_row_1 = ((u.kv_start + min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+                let next_row_1 = ((u.kv_start + min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+            }
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + kg;
+                // key 0 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_0 = base + 0u * nkg;
+                let valid_0 = key_0 < keys.y;
+                let k_0 = next_k_0;
+                let v_0 = next_v_0;
+                // key 1 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_1 = base + 1u * nkg;
+                let valid_1 = key_1 < keys.y;
+                let k_1 = next_k_1;
+                let v_1 = next_v_1;
+                // The next iteration's rows, in flight while this one is scored (the last
+                // iteration re-reads the last key's)
+                let next_row_0 = ((u.kv_start + min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
 
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    let parity = (it % 2u) * MAX_WORKGROUP_SIZE * KEYS_PER_ITER;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                    workgroupBarrier();
-                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                    dot_0 = 0.0;
-                    dot_1 = 0.0;
-                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = dot_0 * scale;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = dot_1 * scale;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    l = l * correction + p_0 + p_1;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
+                let next_row_1 = ((u.kv_start + min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                let parity = (it % 2u) * MAX_WORKGROUP_SIZE * KEYS_PER_ITER;
+                partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                workgroupBarrier();
+                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                dot_0 = 0.0;
+                dot_1 = 0.0;
+                for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                    dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                    dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                }
+                // Scores and the online softmax update of this key group
+                var block_max: f32 = NEG_BIG;
+                var score_0: f32 = dot_0 * scale;
+                if (u.attn_softcap > 0.0) {
+                    score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+                }
+                if (valid_0) {
+                    block_max = max(block_max, score_0);
+                }
+                var score_1: f32 = dot_1 * scale;
+                if (u.attn_softcap > 0.0) {
+                    score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+                }
+                if (valid_1) {
+                    block_max = max(block_max, score_1);
+                }
+                let m_new = max(m, block_max);
+                let correction = exp(m - m_new);
+                let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+                let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+                l = l * correction + p_0 + p_1;
+                m = m_new;
+                {
+                    let j = 0u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                }
+                {
+                    let j = 1u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                }
+                {
+                    let j = 2u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                }
+                {
+                    let j = 3u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
                 }
             }
         } else {
-            // The key loop twice, with and without the softcap, so that neither copy branches on it
-            // per key (softcap_loops; on the H200 the branch cost the split kernel 10 %)
-            if (u.attn_softcap > 0.0) {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+            let span = keys.y - min(keys.x, keys.y);
+            let per_iter = nkg * KEYS_PER_ITER;
+            let iterations = (span + per_iter - 1u) / per_iter;
+            // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
+            var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
+            var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
+            if (iterations > 0u) {
+                let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    let parity = (it % 2u) * MAX_WORKGROUP_SIZE * KEYS_PER_ITER;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                    workgroupBarrier();
-                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                    dot_0 = 0.0;
-                    dot_1 = 0.0;
-                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = tanh(dot_0 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = tanh(dot_1 * scale / u.attn_softcap) * u.attn_softcap;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    l = l * correction + p_0 + p_1;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
                 }
-            } else {
-                let span = keys.y - min(keys.x, keys.y);
-                let per_iter = nkg * KEYS_PER_ITER;
-                let iterations = (span + per_iter - 1u) / per_iter;
-                // The first iteration's K/V rows (each later iteration's are loaded one iteration ahead)
-                var next_k_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_0 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_k_1 = array<vec4<f16>, VEC_PER_LANE>();
-                var next_v_1 = array<vec4<f16>, VEC_PER_LANE>();
-                if (iterations > 0u) {
-                    let next_row_0 = (get_kv_pos(min(keys.x + kg + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-
-                    let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
                 }
-                for (var it: u32 = 0u; it < iterations; it = it + 1u) {
-                    let base = keys.x + it * per_iter + kg;
-                    // key 0 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_0 = base + 0u * nkg;
-                    let valid_0 = key_0 < keys.y;
-                    let k_0 = next_k_0;
-                    let v_0 = next_v_0;
-                    // key 1 of this iteration: its K and V rows came with the previous iteration's
-                    // (a key past the end read the last key's row, and its weight is 0)
-                    let key_1 = base + 1u * nkg;
-                    let valid_1 = key_1 < keys.y;
-                    let k_1 = next_k_1;
-                    let v_1 = next_v_1;
-                    // The next iteration's rows, in flight while this one is scored (the last
-                    // iteration re-reads the last key's)
-                    let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_0[j] = K[next_row_0 + v];
-                        next_v_0[j] = V[next_row_0 + v];
-                    }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
 
-                    let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
-                    {
-                        let j = 0u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        next_k_1[j] = K[next_row_1 + v];
-                        next_v_1[j] = V[next_row_1 + v];
-                    }
+                let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+            }
+            for (var it: u32 = 0u; it < iterations; it = it + 1u) {
+                let base = keys.x + it * per_iter + kg;
+                // key 0 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_0 = base + 0u * nkg;
+                let valid_0 = key_0 < keys.y;
+                let k_0 = next_k_0;
+                let v_0 = next_v_0;
+                // key 1 of this iteration: its K and V rows came with the previous iteration's
+                // (a key past the end read the last key's row, and its weight is 0)
+                let key_1 = base + 1u * nkg;
+                let valid_1 = key_1 < keys.y;
+                let k_1 = next_k_1;
+                let v_1 = next_v_1;
+                // The next iteration's rows, in flight while this one is scored (the last
+                // iteration re-reads the last key's)
+                let next_row_0 = (get_kv_pos(min(base + per_iter + 0u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_0[j] = K[next_row_0 + v];
+                    next_v_0[j] = V[next_row_0 + v];
+                }
 
-                    // dot products of key 0 (an invalid key's score is never used)
-                    var dot_0: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    // dot products of key 1 (an invalid key's score is never used)
-                    var dot_1: f32 = 0.0;
-                    {
-                        let j = 0u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 1u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
-                    let parity = (it % 2u) * MAX_WORKGROUP_SIZE * KEYS_PER_ITER;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
-                    partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
-                    workgroupBarrier();
-                    let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
-                    dot_0 = 0.0;
-                    dot_1 = 0.0;
-                    for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
-                        dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
-                        dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
-                    }
-                    // Scores and the online softmax update of this key group
-                    var block_max: f32 = NEG_BIG;
-                    let score_0 = dot_0 * scale;
-                    if (valid_0) {
-                        block_max = max(block_max, score_0);
-                    }
-                    let score_1 = dot_1 * scale;
-                    if (valid_1) {
-                        block_max = max(block_max, score_1);
-                    }
-                    let m_new = max(m, block_max);
-                    let correction = exp(m - m_new);
-                    let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
-                    let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
-                    l = l * correction + p_0 + p_1;
-                    m = m_new;
-                    {
-                        let j = 0u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                    }
+                let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
+                {
+                    let j = 0u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 1u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 2u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+                {
+                    let j = 3u;
+                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
+                    next_k_1[j] = K[next_row_1 + v];
+                    next_v_1[j] = V[next_row_1 + v];
+                }
+
+                // dot products of key 0 (an invalid key's score is never used)
+                var dot_0: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
+                }
+                // dot products of key 1 (an invalid key's score is never used)
+                var dot_1: f32 = 0.0;
+                {
+                    let j = 0u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 1u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 2u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                {
+                    let j = 3u;
+                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
+                }
+                // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
+                let parity = (it % 2u) * MAX_WORKGROUP_SIZE * KEYS_PER_ITER;
+                partial_dots[parity + lid * KEYS_PER_ITER + 0u] = dot_0;
+                partial_dots[parity + lid * KEYS_PER_ITER + 1u] = dot_1;
+                workgroupBarrier();
+                let group_first = parity + (kg * LANES_PER_KEY) * KEYS_PER_ITER;
+                dot_0 = 0.0;
+                dot_1 = 0.0;
+                for (var i: u32 = 0u; i < LANES_PER_KEY; i = i + 1u) {
+                    dot_0 = dot_0 + partial_dots[group_first + i * KEYS_PER_ITER + 0u];
+                    dot_1 = dot_1 + partial_dots[group_first + i * KEYS_PER_ITER + 1u];
+                }
+                // Scores and the online softmax update of this key group
+                var block_max: f32 = NEG_BIG;
+                var score_0: f32 = dot_0 * scale;
+                if (u.attn_softcap > 0.0) {
+                    score_0 = tanh(score_0 / u.attn_softcap) * u.attn_softcap;
+                }
+                if (valid_0) {
+                    block_max = max(block_max, score_0);
+                }
+                var score_1: f32 = dot_1 * scale;
+                if (u.attn_softcap > 0.0) {
+                    score_1 = tanh(score_1 / u.attn_softcap) * u.attn_softcap;
+                }
+                if (valid_1) {
+                    block_max = max(block_max, score_1);
+                }
+                let m_new = max(m, block_max);
+                let correction = exp(m - m_new);
+                let p_0 = select(0.0, exp(score_0 - m_new), valid_0);
+                let p_1 = select(0.0, exp(score_1 - m_new), valid_1);
+                l = l * correction + p_0 + p_1;
+                m = m_new;
+                {
+                    let j = 0u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                }
+                {
+                    let j = 1u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                }
+                {
+                    let j = 2u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
+                }
+                {
+                    let j = 3u;
+                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
                 }
             }
         }
