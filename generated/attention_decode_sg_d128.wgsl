@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bf497eed27b7b7e47d95087e61c8b1f3f812ad4936b967f67e6f94e30800aee6
+// source-hash: sha256:b80397d8f2e79ca2bd5826f57bf4c994114b1e74895d82b35a2383f29ce4699a
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

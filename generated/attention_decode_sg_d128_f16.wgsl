@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bd82b20a89751c6bf2748609cf85c7467706cda9f74f510fb4c87a015068885f
+// source-hash: sha256:92f0e26106f5ba2bfa6850a65aca57aebdaf13263767655a44ca8fb5ec588b60
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

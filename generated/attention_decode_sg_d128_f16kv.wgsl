@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4a89ab913d963d1a59c78c0b2fc5569252b38c178b759876d4d41b64052d088b
+// source-hash: sha256:a504b10c248be8b48a741139283ef2db9dcf52ad14c67b5806fe277cf3efc988
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:09e7b2f1fd65b76b138aa9f6a4bf8b1e556015cd4e59603b947df4240c216fa3
+// source-hash: sha256:7a8d497007e50b3c6e9f968c8a0916f2b4ff899c216d7e6329326354d91955a0
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:988718f8af0d1086a3d03e7f3e947e68135495d9f22720b567e7c7296e32ea20
+// source-hash: sha256:aa0647ab27e43a92baeee19d57557c5a1ef8f68e65fbe0e6a5434ccc89aa90f2
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

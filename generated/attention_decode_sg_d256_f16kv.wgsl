@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ddd2384ca90d420e27a98d63b57bafaf7c75ee0e68671b33fe1c53316c13e9d9
+// source-hash: sha256:2b1cf9d416911a918b5f0b251f7fe8cc74b71796d6eb580638ced8aac1e95fc0
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

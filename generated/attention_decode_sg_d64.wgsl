@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:eb064f2c9511c323c22e9d276637af287f02acf4a74965453f7eb21176f434b1
+// source-hash: sha256:86fbb91e928a1b1f1ae515d843e32401832b07ec19170943ff529233af13c626
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ab552277f8bf51ed39483d30b6b47fa3134dbb32837938280c86cd2b02592739
+// source-hash: sha256:a2c48347c7e253c5a08c297fdaeca04638ba7e1dffb50ceba5d0acd8548484b9
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

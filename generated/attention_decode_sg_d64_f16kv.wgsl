@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:91c3925f721d550f27baa21827b040eca2d2ad6e9b580e5f8b0a0523e55a2baa
+// source-hash: sha256:84da31914e532997d5554a84a48406b0bb57b0b2c47c2e31adeccbd5ac694687
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

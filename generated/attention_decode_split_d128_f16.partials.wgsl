@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:247add6fc65f7f38cea01ec78d14e9bb45842ee316876bb18dd822ecaceca4b5
+// source-hash: sha256:37c5cff9feb4e9d58c5fd0b46f2be1b5a377c344d691226b156adda4504c5fba
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

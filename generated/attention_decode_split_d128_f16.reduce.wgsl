@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e44a932b20516a537de0dcbaccdb3e6ba7efcc21631468cef63ce5e12c01eee4
+// source-hash: sha256:7be1d35dbd8e9a340a5645e07c803cd46dc0ba85b95757db49312bbffc5317d7
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

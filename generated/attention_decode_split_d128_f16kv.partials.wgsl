@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6885c65c8c9ceb0a32f7718d036d2f0a54f891befcf86e6d6abab74b8ff530a7
+// source-hash: sha256:d47ad9d7bdfecaed7550e75ca4ab200b04943e87f10d5db02d8f0c6a24ed8e2a
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f4eefc4ba2ae4ffcb2e67c4956f34f50901fffafaa12403dafb1cc331685b935
+// source-hash: sha256:a5007f7f4a8bcd7cf5dde352f60270b722ad6b99bee0ba56835487fdfad7fe6e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a1dd01b3c4d0363b176d80713f0a0e11644e230db9c6173a7eabbe244072053e
+// source-hash: sha256:12ccc3a3e1992d0e7b4213ec57a8ee7521d5bdf4ad4727b7518db96301951e17
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

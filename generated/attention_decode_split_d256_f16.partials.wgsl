@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bf0d7f72328c8439b79f3d95a597ade6798ff899c32b5d6ca33347f3b4489a2b
+// source-hash: sha256:0397a2e6ba0502af642017c172702a4f62fe0ef37a5b723058f6872e79293fbf
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

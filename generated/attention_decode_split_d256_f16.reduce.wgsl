@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dd85496bd6193a7a0c2082198049e2f2ade3175c62cf0e9ed3b362007d76441e
+// source-hash: sha256:0271e69a8cf74769d2dda32cde0acb34e5d74f4f9db193d79eb37c43b3d61b49
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c2a921a5318e9ee167750dbb0c0fee99d071d67ede50d267570207ad6a51ce9c
+// source-hash: sha256:bea1bf86b41a05a620bd7ca3ee677a2434c7718bff2a3c8eaba7d8af301ed7fa
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

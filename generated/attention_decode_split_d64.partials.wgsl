@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2b2824afe148eba8943a03d5bc2925ceec80179e22afe0549c5f77af272f233e
+// source-hash: sha256:f2505e54d82bf938ad614cda6172c0fa8f8ce51bfb85f9d66214a3411f20961e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

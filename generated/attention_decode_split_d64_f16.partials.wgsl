@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d0baf2fe12effb3a9d4317fba013d37ca80f2e0652ab8b3cc3bf3a8647b9e6d8
+// source-hash: sha256:f42691b8d741016760817053d6357ff143cae1ae46028681e54d06a3d45e9750
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8ad47db1f1c9edb64c0eb53bd024985f6ea952e5e7adc45dfc67fbe5e4526b4c
+// source-hash: sha256:253e410041703b585fd09dce24033c90fc2b7cabae3cbfd172b86def79827e07
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

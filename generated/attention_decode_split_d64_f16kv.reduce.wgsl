@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:734f9010e44f5fcaf7f4376840c017e859ff743dc489fd9dd1d6282fea02736a
+// source-hash: sha256:505a68005c8a06692f39d08b2235837b61375ae8455ee64dc0637001fe077441
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

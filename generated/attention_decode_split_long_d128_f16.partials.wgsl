@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:485321ab2d385773b8a87544b9c0a3230ba0fc1fa5981523d1fbe2d635338d2c
+// source-hash: sha256:a7f1f2c5189c4f88ac5bc0dd5032a46754e879fdfef616d6d429897fdbbe526d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9c7d91b69c4de766638ec2b15c265c00b1751986ed3c7ac2e2aed06df18f07a0
+// source-hash: sha256:9078aaab295f9aa4787726bb32f48423aaeedc39c397aeb7912722bf4b3b5d90
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

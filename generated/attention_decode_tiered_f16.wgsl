@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:358db4be955844a47392b98930f3354723c33055395ba767ab76f8491a704c2f
+// source-hash: sha256:4145c05891ae3e68dd18390ff6245e4d6b874dd415dd5139e46f488f2a8dc29e
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0e23e105e8e9c3c8394f99ac09666d9157743a888ee965de15040f18b84f6140
+// source-hash: sha256:93dd1056358e18fc465ba161919e4314390d1991886ef931e7b739b280da8469
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5c9a34940ef0f4b8ee08b28516be46ae7fdf37ccaea2a96a6258236d36d264df
+// source-hash: sha256:05b5a3d44fcd56ee6560662f362a9d5ad7973b9a6d6030799e77687c908395b5
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

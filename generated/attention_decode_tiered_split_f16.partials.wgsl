@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0c930fae053adacfcb290af677b18a2460d65883be0d63a80f51a908cc540e20
+// source-hash: sha256:9b1844454272de9dd1514933ebf9c896c1b59006737f2de54a45b3c7e61910af
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

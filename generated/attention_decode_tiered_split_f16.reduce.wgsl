@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:09986a07dd19ad0d9acc369dc5de153ee963beff9c5ea5cebaa1bb1e519994e9
+// source-hash: sha256:d8cb1ebc5c04368bbe43d032980c863075d318bbdc8fe66a69ce987bc889f6eb
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

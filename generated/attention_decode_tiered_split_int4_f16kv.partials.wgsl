@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e6c937cba52f670890616457293f4510b7efdb1385638207336482d6e9f53aeb
+// source-hash: sha256:98ee572a815179b42c363822451f9823916c990a0634046ae4aacf08039bcaf2
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7888e955bd524ade12faf0530826393c7dd23426e324eacbc87e928151b3a03d
+// source-hash: sha256:bd92c0ab5ca54a230430250d36efe8b86bfe9ee9a75b296def9cbc409995f459
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3869079c180080531f13f766be691d37b45a39dda6375e06ec5245f8da4bdc04
+// source-hash: sha256:efa3b47dc83f6e102679371e7ce7fd2165c7fc9beec1ea0de141294302851966
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

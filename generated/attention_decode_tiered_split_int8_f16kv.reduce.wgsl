@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f25d0c36956e61ed29ab4a1fdda41107813a56fb55af614a24dff9c40ac9de97
+// source-hash: sha256:3c81aefa04a9db573fbea0f29d29dc22a818ad285d78f6b335af3f14dcaeac14
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:092c5e55b22f32260767e6aa69e4afff14a226056675c8d482d22008a9c06a80
+// source-hash: sha256:5d2d8c173b97851d884bcd9821510b3e95e8fed699a3b18db334ae302f88bf0d
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ddf8a1c6201f391a66a785d067f23f655203e3430a4c8e11227c4879a5d44f9b
+// source-hash: sha256:7516612765251d92c8bffe8f5dc08799c74d18f6cea7d8f7cf8a56523a29b4b5
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d865722725c77ea33c14ff6daa72325f1b07cda09d5e846cfb130da1b2794c22
+// source-hash: sha256:752d4aded7f81986a6264b9dfbc07e280bd334bbb25964f0bcdf2ca135970611
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

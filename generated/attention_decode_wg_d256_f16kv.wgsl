@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:70741c0545b1ca13a2d74a31e7ae324a4b87d31eae08a732208cb5d5bcd0510d
+// source-hash: sha256:d87d9d6aa643df713298ade6ecb812646d9e1bc26abd93f52cf6303382afa5e7
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

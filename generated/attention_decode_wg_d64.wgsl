@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9867019d6b81a9b828108cbca8321f6b1b318108bdf7f75ce336eef0a61c09c1
+// source-hash: sha256:c78c2fa62267785cdd93ebb98b1bcdc3712b3ea9243abed3c82874e061e5c86d
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

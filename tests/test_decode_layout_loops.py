@@ -76,7 +76,7 @@ def test_the_default_tier_runs_both_copies() -> None:
 
 PLANTED = [
     # every layout taken for linear: ring and paged rows read as contiguous ones
-    ("    return !((u.kv_layout == 1u && u.sliding_window > 0u) || u.kv_layout == 2u);",
+    ("    return !(({{ ring_rows }}) || {{ paged_rows }});",
      "    return true;"),
     # the linear rows forget kv_start
     ("((u.kv_start + min({{ key }}, keys.y - 1u)) * u.num_kv_heads",
