@@ -33,6 +33,7 @@ from doppler_gen.tune import (
     contract_changes,
     enumerate_candidates,
     evaluate,
+    format_report,
     override_sweep,
     param_grid,
     write_winner,
@@ -318,6 +319,16 @@ needs_cpu_adapter = pytest.mark.skipif(
     _cpu_adapter_problem() is not None, reason=str(_cpu_adapter_problem())
 )
 TINY_TIERED = "tiered:cold=24,hot=8,h=4,kvh=2,d=16"
+# tune of a small tiered variant on lavapipe at a tiny shape
+TINY_TUNE = (
+    "tune",
+    "attention_decode_tiered_f16",
+    "--adapter",
+    "cpu",
+    "--allow-cpu",
+    "--shape",
+    TINY_TIERED,
+)
 
 
 @needs_cpu_adapter
@@ -365,13 +376,7 @@ def test_tune_json_on_lavapipe(tmp_path: Path) -> None:
     output = tmp_path / "tune.json"
     result = run_cli(
         REPO_ROOT,
-        "tune",
-        "attention_decode_tiered_f16",
-        "--adapter",
-        "cpu",
-        "--allow-cpu",
-        "--shape",
-        TINY_TIERED,
+        *TINY_TUNE,
         "--space",
         "max_head_dim=256,64",
         "--space",
@@ -412,6 +417,78 @@ def test_tune_json_on_lavapipe(tmp_path: Path) -> None:
 
 
 @needs_cpu_adapter
+def test_time_limit_stops_starting_candidates_and_still_reports(fresh_project: Path) -> None:
+    """A limit already spent when the first candidate ends: only the current configuration
+    runs, and the table, the winner and --write still come (a GPU sweep cut by the clock
+    keeps its results instead of dying mid-table)."""
+    before = (fresh_project / "variants.toml").read_text()
+    result = run_cli(
+        fresh_project,
+        *TINY_TUNE,
+        "--space",
+        "dims_per_lane=8,16",
+        "--space",
+        "keys_per_step=1,2",
+        "--max-candidates",
+        "3",
+        "--time-limit",
+        "0.001",
+        "--repeats",
+        "20",
+        "--warmup",
+        "0",
+        "--write",
+        "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["time_cut"] is True and document["time_limit_s"] == 0.001
+    assert document["candidates_run"] == 1 and document["capped"] is True
+    assert [c["candidate"] for c in document["candidates"]] == ["current"]
+    assert document["winner"]["candidate"] == "current"
+    assert document["written"]["changed"] is False
+    assert (fresh_project / "variants.toml").read_text() == before
+    started = [line for line in result.stderr.splitlines() if re.match(r"tune: \[\d/3\] ", line)]
+    assert started and all(line.startswith("tune: [1/3] current") for line in started)
+    text = run_cli(
+        fresh_project,
+        *TINY_TUNE,
+        "--space",
+        "dims_per_lane=8,16",
+        "--time-limit",
+        "600",
+        "--repeats",
+        "20",
+        "--warmup",
+        "0",
+    )
+    assert text.exit_code == 0, text.stderr
+    assert "time limit:" not in text.stdout  # both candidates ran inside the limit
+    assert text.stdout.count("PASS") >= 2
+
+
+def test_time_limit_report_line_names_what_ran(fresh_project: Path) -> None:
+    project = load_project(fresh_project)
+    candidates = _small_candidates(project)
+    results = [_timed(candidates[0], "current", 300.0), _timed(candidates[1], "b", 200.0)]
+    run = TuneRun(
+        "attention_small_f16kv", "prefill", "synthetic", False, Settings(), results, 42, 12
+    )
+    assert not run.time_cut and "time limit" not in format_report(run)  # no limit given
+    run.time_limit, run.elapsed = 150.0, 151.4
+    report = format_report(run)
+    assert "capped: kept 12 of 42 candidates (raise --max-candidates)" in report
+    assert "time limit: ran 2 of 12 candidates in 151 s (--time-limit 150)" in report
+    assert run.winner is results[1]  # the winner is chosen among the candidates that ran
+
+
+def test_time_limit_must_be_positive() -> None:
+    result = run_cli(REPO_ROOT, "tune", "attention_decode_tiered_f16", "--time-limit", "0")
+    assert result.exit_code == 2
+    assert "--time-limit" in result.stderr
+
+
+@needs_cpu_adapter
 def test_tune_write_records_the_winner_and_check_stays_clean(
     fresh_project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -431,13 +508,7 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
     monkeypatch.setattr(tune_module, "measure_on_fresh_device", measure)
     before = (fresh_project / "variants.toml").read_text()
     args = [
-        "tune",
-        "attention_decode_tiered_f16",
-        "--adapter",
-        "cpu",
-        "--allow-cpu",
-        "--shape",
-        TINY_TIERED,
+        *TINY_TUNE,
         "--space",
         "max_head_dim=64,128",
         "--max-candidates",
@@ -468,13 +539,7 @@ def test_tune_write_records_the_winner_and_check_stays_clean(
     assert check.exit_code == 0, check.output
     again = run_cli(
         fresh_project,
-        "tune",
-        "attention_decode_tiered_f16",
-        "--adapter",
-        "cpu",
-        "--allow-cpu",
-        "--shape",
-        TINY_TIERED,
+        *TINY_TUNE,
         "--max-candidates",
         "1",
         "--repeats",
@@ -518,6 +583,17 @@ def test_tune_shape_of_the_wrong_family_is_one_line() -> None:
     assert "is for tiered kernels; attention_f16 is tiled" in assert_one_line_error(result.stderr)
 
 
+def _small_candidates(project: Any) -> list[Candidate]:
+    """attention_small_f16kv's candidates over its whole tunable grid (no device needed)."""
+    variant = project.variant("attention_small_f16kv")
+    return enumerate_candidates(
+        variant.params,
+        variant.overrides,
+        variant.template.tunable,
+        CandidateRenderer(project, variant).entry,
+    )
+
+
 def _timed(candidate: Candidate, label: str, us: float) -> CandidateResult:
     row = BenchRow("attention_small_f16kv", "prefill", "ok", timing=Timing(tuple([us * 1e3] * 20)))
     return CandidateResult(candidate, label, "PASS", row=row)
@@ -525,13 +601,7 @@ def _timed(candidate: Candidate, label: str, us: float) -> CandidateResult:
 
 def test_write_winner_records_params_and_overrides_without_a_gpu(fresh_project: Path) -> None:
     project = load_project(fresh_project)
-    variant = project.variant("attention_small_f16kv")
-    candidates = enumerate_candidates(
-        variant.params,
-        variant.overrides,
-        variant.template.tunable,
-        CandidateRenderer(project, variant).entry,
-    )
+    candidates = _small_candidates(project)
     current = candidates[0]
     winner = next(c for c in candidates if c.label(current) == "block_size=32 HEAD_TILE=32")
     run = TuneRun(
@@ -578,13 +648,7 @@ def test_write_winner_records_params_and_overrides_without_a_gpu(fresh_project: 
 
 def test_a_winner_inside_the_current_spread_is_not_a_winner(fresh_project: Path) -> None:
     project = load_project(fresh_project)
-    variant = project.variant("attention_small_f16kv")
-    candidates = enumerate_candidates(
-        variant.params,
-        variant.overrides,
-        variant.template.tunable,
-        CandidateRenderer(project, variant).entry,
-    )
+    candidates = _small_candidates(project)
     current_timing = Timing(tuple(us * 1e3 for us in [290.0] * 2 + [300.0] * 16 + [310.0] * 2))
     current = CandidateResult(
         candidates[0],
@@ -604,13 +668,7 @@ def test_a_winner_inside_the_current_spread_is_not_a_winner(fresh_project: Path)
 
 def test_write_refuses_when_variants_toml_changed_during_the_run(fresh_project: Path) -> None:
     project = load_project(fresh_project)
-    variant = project.variant("attention_small_f16kv")
-    candidates = enumerate_candidates(
-        variant.params,
-        variant.overrides,
-        variant.template.tunable,
-        CandidateRenderer(project, variant).entry,
-    )
+    candidates = _small_candidates(project)
     run = TuneRun(
         "attention_small_f16kv",
         "prefill",
@@ -631,13 +689,7 @@ def test_write_refuses_when_variants_toml_changed_during_the_run(fresh_project: 
 
 def test_among_candidates_within_the_fastest_spread_the_simplest_wins(fresh_project: Path) -> None:
     project = load_project(fresh_project)
-    variant = project.variant("attention_small_f16kv")
-    candidates = enumerate_candidates(
-        variant.params,
-        variant.overrides,
-        variant.template.tunable,
-        CandidateRenderer(project, variant).entry,
-    )
+    candidates = _small_candidates(project)
     spread = Timing(tuple(us * 1e3 for us in [198.0] * 2 + [200.0] * 14 + [202.0] * 4))
     simple = CandidateResult(
         candidates[1],

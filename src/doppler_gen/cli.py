@@ -900,6 +900,14 @@ def bench(
     help="Run at most this many candidates, nearest to the current configuration first.",
 )
 @click.option(
+    "--time-limit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Start no candidate after SECONDS (the current configuration always runs); the report, "
+    "the winner and --write then cover the candidates that ran.",
+)
+@click.option(
     "--write",
     is_flag=True,
     help="Record the winner in variants.toml (params / overrides) and regenerate generated/. "
@@ -928,6 +936,7 @@ def tune(
     name: str,
     shape_text: str | None,
     max_candidates: int,
+    time_limit: float | None,
     space: tuple[str, ...],
     write: bool,
     accept_contract_change: bool,
@@ -965,6 +974,7 @@ def tune(
         limits=limits,
         allow_cpu=allow_cpu,
         max_candidates=max_candidates,
+        time_limit=time_limit,
         settings=Settings(repeats, warmup, seed, storage_overrun, warmup_ms),
         space=space,
         from_templates=from_templates,

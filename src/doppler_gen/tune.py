@@ -10,7 +10,10 @@ are not guessed: every other combination is enumerated, and one that fails quick
 reported "invalid" with the reason instead of being timed. Candidates are
 ordered by how far they are from the current configuration (template parameters before
 override constants, as the template's author declared those tunable), so that ``--max-candidates``
-cuts the most exotic ones first, and the report says when it cut.
+cuts the most exotic ones first, and the report says when it cut. ``--time-limit`` cuts the same
+way by the clock: no candidate starts once the limit has passed (the current configuration always
+runs), so a sweep packed into a bounded GPU session still ends with its table, its winner among
+the candidates it ran and, with ``--write``, their winner recorded.
 
 ``--write`` records the winner in variants.toml by editing the text of the variant's entry (its
 ``params = { ... }`` and ``overrides = { ... }`` inline tables), so comments and layout survive;
@@ -24,6 +27,7 @@ import hashlib
 import itertools
 import os
 import stat
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -302,10 +306,22 @@ class TuneRun:
     max_candidates: int
     written: dict[str, Any] | None = None
     winner_full_validation: str = ""  # PASS, or why the winner failed the full matrix
+    time_limit: float | None = None  # --time-limit, seconds
+    elapsed: float = 0.0  # seconds from the first candidate's start to the last one's end
+
+    @property
+    def planned(self) -> int:
+        """Candidates kept after --max-candidates: what the run meant to measure."""
+        return min(self.total, self.max_candidates)
 
     @property
     def capped(self) -> bool:
-        return self.total > len(self.results)
+        return self.total > self.max_candidates
+
+    @property
+    def time_cut(self) -> bool:
+        """True when --time-limit stopped the run before every kept candidate ran."""
+        return self.time_limit is not None and len(self.results) < self.planned
 
     @property
     def current(self) -> CandidateResult:
@@ -360,6 +376,9 @@ class TuneRun:
             "candidates_run": len(self.results),
             "capped": self.capped,
             "max_candidates": self.max_candidates,
+            "time_limit_s": self.time_limit,
+            "time_cut": self.time_cut,
+            "elapsed_s": round(self.elapsed, 1),
             "candidates": [r.as_dict(current_ns) for r in self.results],
             "winner": winner.as_dict(current_ns) if winner else None,
             "winner_full_validation": self.winner_full_validation or None,
@@ -378,6 +397,7 @@ class TuneRequest:
     limits: str = "adapter"
     allow_cpu: bool = False
     max_candidates: int = 32
+    time_limit: float | None = None  # seconds after which no further candidate starts
     settings: Settings = field(default_factory=Settings)
     space: tuple[str, ...] = ()  # --space NAME=V1,V2,...: sweep only these knobs
     from_templates: bool = False  # the current configuration from a fresh render, not generated/
@@ -503,8 +523,11 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             backend, adapter, current_kernel.variant.requires, request.limits, timing=True
         )
 
+    started = time.monotonic()
     try:
         for index, candidate in enumerate(kept, start=1):
+            if index > 1 and _out_of_time(started, request.time_limit):
+                break
             label = candidate.label(kept[0])
             if progress:
                 progress(f"[{index}/{len(kept)}] {label}", 0)
@@ -523,11 +546,18 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             results,
             len(candidates),
             request.max_candidates,
+            time_limit=request.time_limit,
+            elapsed=time.monotonic() - started,
         )
         run.winner_full_validation = _full_validation(device, renderer, run, request.settings)
     finally:
         device.close()
     return run
+
+
+def _out_of_time(started: float, limit: float | None) -> bool:
+    """Whether ``limit`` seconds have passed since ``started`` (never, without a limit)."""
+    return limit is not None and time.monotonic() - started >= limit
 
 
 def _full_validation(
@@ -628,7 +658,12 @@ def format_report(run: TuneRun) -> str:
     lines.append(format_table(headers, rows))
     if run.capped:
         lines.append(
-            f"\ncapped: ran {len(run.results)} of {run.total} candidates (raise --max-candidates)"
+            f"\ncapped: kept {run.planned} of {run.total} candidates (raise --max-candidates)"
+        )
+    if run.time_cut:
+        lines.append(
+            f"\ntime limit: ran {len(run.results)} of {run.planned} candidates in "
+            f"{run.elapsed:.0f} s (--time-limit {run.time_limit:g}); the winner is among those run"
         )
     lines.append("\n" + winner_line(run))
     if run.written is not None:
