@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:98ee572a815179b42c363822451f9823916c990a0634046ae4aacf08039bcaf2
+// source-hash: sha256:d6a8195610736ef83d153d3f52718f725aad9841b2414673284543c1d2ea0299
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -14,7 +14,7 @@
 //
 // One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
 // invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
-// group scores 1 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
 // q, K, V and the output. The q.k dot is reduced across the group
 // by subgroup shuffles (through workgroup memory where a group is wider than the subgroup),
 // and every group keeps its own online-softmax state (running max, running sum, accumulator
@@ -30,12 +30,12 @@ enable subgroups;
 const MAX_KV_LEN: u32 = 131072u;
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
-const DIMS_PER_LANE: u32 = 16u;
+const DIMS_PER_LANE: u32 = 8u;
 const PACK_FACTOR: u32 = 8u;
 const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
-const HEADS_PER_WORKGROUP: u32 = 2u;  // query heads each workgroup serves
+const HEADS_PER_WORKGROUP: u32 = 4u;  // query heads each workgroup serves
 override KV_SPLITS: u32 = 16u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
 
@@ -102,22 +102,26 @@ var<private> run_max_h0: f32;
 var<private> run_sum_h0: f32;
 var<private> q_0_h0: vec4<f32>;
 var<private> q_1_h0: vec4<f32>;
-var<private> q_2_h0: vec4<f32>;
-var<private> q_3_h0: vec4<f32>;
 var<private> acc_0_h0: vec4<f32>;
 var<private> acc_1_h0: vec4<f32>;
-var<private> acc_2_h0: vec4<f32>;
-var<private> acc_3_h0: vec4<f32>;
 var<private> run_max_h1: f32;
 var<private> run_sum_h1: f32;
 var<private> q_0_h1: vec4<f32>;
 var<private> q_1_h1: vec4<f32>;
-var<private> q_2_h1: vec4<f32>;
-var<private> q_3_h1: vec4<f32>;
 var<private> acc_0_h1: vec4<f32>;
 var<private> acc_1_h1: vec4<f32>;
-var<private> acc_2_h1: vec4<f32>;
-var<private> acc_3_h1: vec4<f32>;
+var<private> run_max_h2: f32;
+var<private> run_sum_h2: f32;
+var<private> q_0_h2: vec4<f32>;
+var<private> q_1_h2: vec4<f32>;
+var<private> acc_0_h2: vec4<f32>;
+var<private> acc_1_h2: vec4<f32>;
+var<private> run_max_h3: f32;
+var<private> run_sum_h3: f32;
+var<private> q_0_h3: vec4<f32>;
+var<private> q_1_h3: vec4<f32>;
+var<private> acc_0_h3: vec4<f32>;
+var<private> acc_1_h3: vec4<f32>;
 
 // The split's ends (tier indices) for the step functions' key checks; main's loops use its own
 // `let` copies, which stay workgroup-uniform (barriers run inside the steps)
@@ -210,9 +214,11 @@ fn finish_score_capped(dot: f32, open: bool) -> f32 {
 fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
     if (width > 0u) {
         var total = partial;
-        for (var mask: u32 = width / 2u; mask > 0u; mask = mask / 2u) {
-            total += subgroupShuffleXor(total, mask);
-        }
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 16u), 16u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 8u), 8u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 4u), 4u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 2u), 2u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 1u), 1u < width);
         return total;
     }
     let pick = 2u * exchange_half;
@@ -235,420 +241,696 @@ var<private> cold_step_ks0: f32;
 var<private> cold_step_vs0: f32;
 var<private> cold_step_kw0_0: u32;
 var<private> cold_step_vw0_0: u32;
-var<private> cold_step_kw0_1: u32;
-var<private> cold_step_vw0_1: u32;
+var<private> cold_step_ks1: f32;
+var<private> cold_step_vs1: f32;
+var<private> cold_step_kw1_0: u32;
+var<private> cold_step_vw1_0: u32;
 
 // Load the rows of the step starting at `first` into cold_step's private registers
 fn cold_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let at0 = min(key0, cold_end - 1u);
+    let key1 = first + 1u * num_groups + key_group;
+    let at1 = min(key1, cold_end - 1u);
     let scale_idx0 = at0 * u.num_kv_heads + kv_head;
     let base0 = scale_idx0 * u.packed_stride;
     let word0_0 = base0 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
-    let word0_1 = base0 + min(dim0 / PACK_FACTOR + 1u, u.packed_stride - 1u);
+    let scale_idx1 = at1 * u.num_kv_heads + kv_head;
+    let base1 = scale_idx1 * u.packed_stride;
+    let word1_0 = base1 + min(dim0 / PACK_FACTOR + 0u, u.packed_stride - 1u);
 
     cold_step_ks0 = f32(scales_k[scale_idx0]);
     cold_step_vs0 = f32(scales_v[scale_idx0]);
     cold_step_kw0_0 = K_cold[word0_0];
     cold_step_vw0_0 = V_cold[word0_0];
-    cold_step_kw0_1 = K_cold[word0_1];
-    cold_step_vw0_1 = V_cold[word0_1];
+    cold_step_ks1 = f32(scales_k[scale_idx1]);
+    cold_step_vs1 = f32(scales_v[scale_idx1]);
+    cold_step_kw1_0 = K_cold[word1_0];
+    cold_step_vw1_0 = V_cold[word1_0];
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 1
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn cold_step(first: u32, width: u32) {
     // This step's rows were loaded by the previous step (or before the loop); the next step's
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
 
     let ks0 = cold_step_ks0;
     let vs0 = select(0.0, cold_step_vs0, live0);
     let kw0_0 = cold_step_kw0_0;
     let vw0_0 = cold_step_vw0_0;
-    let kw0_1 = cold_step_kw0_1;
-    let vw0_1 = cold_step_vw0_1;
-    cold_step_fetch(first + 1u * num_groups);
-    // Each slice converted (unpacked, V scaled) once, for all 2 heads
+    let ks1 = cold_step_ks1;
+    let vs1 = select(0.0, cold_step_vs1, live1);
+    let kw1_0 = cold_step_kw1_0;
+    let vw1_0 = cold_step_vw1_0;
+    cold_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked, V scaled) once, for all 4 heads
     let kf0_0 = unpack_quant_0(kw0_0);
     let kf0_1 = unpack_quant_4(kw0_0);
-    let kf0_2 = unpack_quant_0(kw0_1);
-    let kf0_3 = unpack_quant_4(kw0_1);
     let vf0_0 = unpack_quant_0(vw0_0) * vs0;
     let vf0_1 = unpack_quant_4(vw0_0) * vs0;
-    let vf0_2 = unpack_quant_0(vw0_1) * vs0;
-    let vf0_3 = unpack_quant_4(vw0_1) * vs0;
-    let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3)) * ks0;
-    let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3)) * ks0;
+    let kf1_0 = unpack_quant_0(kw1_0);
+    let kf1_1 = unpack_quant_4(kw1_0);
+    let vf1_0 = unpack_quant_0(vw1_0) * vs1;
+    let vf1_1 = unpack_quant_4(vw1_0) * vs1;
+    let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1)) * ks0;
+    let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1)) * ks0;
+    let part0_h2 = (dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1)) * ks0;
+    let part0_h3 = (dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1)) * ks0;
+    let part1_h0 = (dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1)) * ks1;
+    let part1_h1 = (dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1)) * ks1;
+    let part1_h2 = (dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1)) * ks1;
+    let part1_h3 = (dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1)) * ks1;
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
     let abs0 = key0;
     let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
     let score0_h0 = finish_score(dots0[0], open0);
     let score0_h1 = finish_score(dots0[1], open0);
+    let score0_h2 = finish_score(dots2[0], open0);
+    let score0_h3 = finish_score(dots2[1], open0);
+    let score1_h0 = finish_score(dots4[0], open1);
+    let score1_h1 = finish_score(dots4[1], open1);
+    let score1_h2 = finish_score(dots6[0], open1);
+    let score1_h3 = finish_score(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
-    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
-    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
-    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
-    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
 }
 
 // hot_step's rows for the next step, loaded by hot_step_fetch one step ahead
 var<private> hot_step_kh0_0: vec4<f16>;
 var<private> hot_step_kh0_1: vec4<f16>;
-var<private> hot_step_kh0_2: vec4<f16>;
-var<private> hot_step_kh0_3: vec4<f16>;
 var<private> hot_step_vh0_0: vec4<f16>;
 var<private> hot_step_vh0_1: vec4<f16>;
-var<private> hot_step_vh0_2: vec4<f16>;
-var<private> hot_step_vh0_3: vec4<f16>;
+var<private> hot_step_kh1_0: vec4<f16>;
+var<private> hot_step_kh1_1: vec4<f16>;
+var<private> hot_step_vh1_0: vec4<f16>;
+var<private> hot_step_vh1_1: vec4<f16>;
 
 // Load the rows of the step starting at `first` into hot_step's private registers
 fn hot_step_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let at0 = min(key0, hot_end - 1u);
+    let key1 = first + 1u * num_groups + key_group;
+    let at1 = min(key1, hot_end - 1u);
     let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * u.head_dim;
+    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * u.head_dim;
 
     hot_step_kh0_0 = vec4<f16>(K_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
     hot_step_kh0_1 = vec4<f16>(K_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
-    hot_step_kh0_2 = vec4<f16>(K_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]);
-    hot_step_kh0_3 = vec4<f16>(K_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], K_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]);
     hot_step_vh0_0 = vec4<f16>(V_hot[row0 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 3u, u.head_dim - 1u)]);
     hot_step_vh0_1 = vec4<f16>(V_hot[row0 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 7u, u.head_dim - 1u)]);
-    hot_step_vh0_2 = vec4<f16>(V_hot[row0 + min(dim0 + 8u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 9u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 10u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 11u, u.head_dim - 1u)]);
-    hot_step_vh0_3 = vec4<f16>(V_hot[row0 + min(dim0 + 12u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 13u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 14u, u.head_dim - 1u)], V_hot[row0 + min(dim0 + 15u, u.head_dim - 1u)]);
+    hot_step_kh1_0 = vec4<f16>(K_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_kh1_1 = vec4<f16>(K_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], K_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
+    hot_step_vh1_0 = vec4<f16>(V_hot[row1 + min(dim0 + 0u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 1u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 2u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 3u, u.head_dim - 1u)]);
+    hot_step_vh1_1 = vec4<f16>(V_hot[row1 + min(dim0 + 4u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 5u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 6u, u.head_dim - 1u)], V_hot[row1 + min(dim0 + 7u, u.head_dim - 1u)]);
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 1
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step(first: u32, width: u32) {
     // This step's rows were loaded by the previous step (or before the loop); the next step's
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
 
     let kh0_0 = hot_step_kh0_0;
     let kh0_1 = hot_step_kh0_1;
-    let kh0_2 = hot_step_kh0_2;
-    let kh0_3 = hot_step_kh0_3;
     let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
     let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
-    let vh0_2 = select(vec4<f16>(), hot_step_vh0_2, live0);
-    let vh0_3 = select(vec4<f16>(), hot_step_vh0_3, live0);
-    hot_step_fetch(first + 1u * num_groups);
-    // Each slice converted (unpacked) once, for all 2 heads
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
-    let kf0_2 = vec4<f32>(kh0_2);
-    let kf0_3 = vec4<f32>(kh0_3);
     let vf0_0 = vec4<f32>(vh0_0);
     let vf0_1 = vec4<f32>(vh0_1);
-    let vf0_2 = vec4<f32>(vh0_2);
-    let vf0_3 = vec4<f32>(vh0_3);
-    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
-    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
     let abs0 = u.hot_start + key0;
     let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
     let score0_h0 = finish_score(dots0[0], open0);
     let score0_h1 = finish_score(dots0[1], open0);
+    let score0_h2 = finish_score(dots2[0], open0);
+    let score0_h3 = finish_score(dots2[1], open0);
+    let score1_h0 = finish_score(dots4[0], open1);
+    let score1_h1 = finish_score(dots4[1], open1);
+    let score1_h2 = finish_score(dots6[0], open1);
+    let score1_h3 = finish_score(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
-    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
-    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
-    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
-    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
 }
 
 // hot_step_aligned's rows for the next step, loaded by hot_step_aligned_fetch one step ahead
 var<private> hot_step_aligned_kh0_0: vec4<f16>;
 var<private> hot_step_aligned_kh0_1: vec4<f16>;
-var<private> hot_step_aligned_kh0_2: vec4<f16>;
-var<private> hot_step_aligned_kh0_3: vec4<f16>;
 var<private> hot_step_aligned_vh0_0: vec4<f16>;
 var<private> hot_step_aligned_vh0_1: vec4<f16>;
-var<private> hot_step_aligned_vh0_2: vec4<f16>;
-var<private> hot_step_aligned_vh0_3: vec4<f16>;
+var<private> hot_step_aligned_kh1_0: vec4<f16>;
+var<private> hot_step_aligned_kh1_1: vec4<f16>;
+var<private> hot_step_aligned_vh1_0: vec4<f16>;
+var<private> hot_step_aligned_vh1_1: vec4<f16>;
 
 // Load the rows of the step starting at `first` into hot_step_aligned's private registers
 fn hot_step_aligned_fetch(first: u32) {
     let key0 = first + 0u * num_groups + key_group;
     let at0 = min(key0, hot_end - 1u);
+    let key1 = first + 1u * num_groups + key_group;
+    let at1 = min(key1, hot_end - 1u);
     let row0 = ((get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
+    let row1 = ((get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / DIMS_PER_LANE) + min(group_lane, u.head_dim / DIMS_PER_LANE - 1u)) * DIMS_PER_LANE;
 
     hot_step_aligned_kh0_0 = vec4<f16>(K_hot[row0 + 0u], K_hot[row0 + 1u], K_hot[row0 + 2u], K_hot[row0 + 3u]);
     hot_step_aligned_kh0_1 = vec4<f16>(K_hot[row0 + 4u], K_hot[row0 + 5u], K_hot[row0 + 6u], K_hot[row0 + 7u]);
-    hot_step_aligned_kh0_2 = vec4<f16>(K_hot[row0 + 8u], K_hot[row0 + 9u], K_hot[row0 + 10u], K_hot[row0 + 11u]);
-    hot_step_aligned_kh0_3 = vec4<f16>(K_hot[row0 + 12u], K_hot[row0 + 13u], K_hot[row0 + 14u], K_hot[row0 + 15u]);
     hot_step_aligned_vh0_0 = vec4<f16>(V_hot[row0 + 0u], V_hot[row0 + 1u], V_hot[row0 + 2u], V_hot[row0 + 3u]);
     hot_step_aligned_vh0_1 = vec4<f16>(V_hot[row0 + 4u], V_hot[row0 + 5u], V_hot[row0 + 6u], V_hot[row0 + 7u]);
-    hot_step_aligned_vh0_2 = vec4<f16>(V_hot[row0 + 8u], V_hot[row0 + 9u], V_hot[row0 + 10u], V_hot[row0 + 11u]);
-    hot_step_aligned_vh0_3 = vec4<f16>(V_hot[row0 + 12u], V_hot[row0 + 13u], V_hot[row0 + 14u], V_hot[row0 + 15u]);
+    hot_step_aligned_kh1_0 = vec4<f16>(K_hot[row1 + 0u], K_hot[row1 + 1u], K_hot[row1 + 2u], K_hot[row1 + 3u]);
+    hot_step_aligned_kh1_1 = vec4<f16>(K_hot[row1 + 4u], K_hot[row1 + 5u], K_hot[row1 + 6u], K_hot[row1 + 7u]);
+    hot_step_aligned_vh1_0 = vec4<f16>(V_hot[row1 + 0u], V_hot[row1 + 1u], V_hot[row1 + 2u], V_hot[row1 + 3u]);
+    hot_step_aligned_vh1_1 = vec4<f16>(V_hot[row1 + 4u], V_hot[row1 + 5u], V_hot[row1 + 6u], V_hot[row1 + 7u]);
 }
 
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 1
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step_aligned(first: u32, width: u32) {
     // This step's rows were loaded by the previous step (or before the loop); the next step's
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
 
     let kh0_0 = hot_step_aligned_kh0_0;
     let kh0_1 = hot_step_aligned_kh0_1;
-    let kh0_2 = hot_step_aligned_kh0_2;
-    let kh0_3 = hot_step_aligned_kh0_3;
     let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);
     let vh0_1 = select(vec4<f16>(), hot_step_aligned_vh0_1, live0);
-    let vh0_2 = select(vec4<f16>(), hot_step_aligned_vh0_2, live0);
-    let vh0_3 = select(vec4<f16>(), hot_step_aligned_vh0_3, live0);
-    hot_step_aligned_fetch(first + 1u * num_groups);
-    // Each slice converted (unpacked) once, for all 2 heads
+    let kh1_0 = hot_step_aligned_kh1_0;
+    let kh1_1 = hot_step_aligned_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_aligned_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_aligned_vh1_1, live1);
+    hot_step_aligned_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
-    let kf0_2 = vec4<f32>(kh0_2);
-    let kf0_3 = vec4<f32>(kh0_3);
     let vf0_0 = vec4<f32>(vh0_0);
     let vf0_1 = vec4<f32>(vh0_1);
-    let vf0_2 = vec4<f32>(vh0_2);
-    let vf0_3 = vec4<f32>(vh0_3);
-    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
-    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
     let abs0 = u.hot_start + key0;
     let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
     let score0_h0 = finish_score(dots0[0], open0);
     let score0_h1 = finish_score(dots0[1], open0);
+    let score0_h2 = finish_score(dots2[0], open0);
+    let score0_h3 = finish_score(dots2[1], open0);
+    let score1_h0 = finish_score(dots4[0], open1);
+    let score1_h1 = finish_score(dots4[1], open1);
+    let score1_h2 = finish_score(dots6[0], open1);
+    let score1_h3 = finish_score(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
-    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
-    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
-    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
-    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
 }
 
-// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 1
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn cold_step_capped(first: u32, width: u32) {
     // This step's rows were loaded by the previous step (or before the loop); the next step's
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
 
     let ks0 = cold_step_ks0;
     let vs0 = select(0.0, cold_step_vs0, live0);
     let kw0_0 = cold_step_kw0_0;
     let vw0_0 = cold_step_vw0_0;
-    let kw0_1 = cold_step_kw0_1;
-    let vw0_1 = cold_step_vw0_1;
-    cold_step_fetch(first + 1u * num_groups);
-    // Each slice converted (unpacked, V scaled) once, for all 2 heads
+    let ks1 = cold_step_ks1;
+    let vs1 = select(0.0, cold_step_vs1, live1);
+    let kw1_0 = cold_step_kw1_0;
+    let vw1_0 = cold_step_vw1_0;
+    cold_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked, V scaled) once, for all 4 heads
     let kf0_0 = unpack_quant_0(kw0_0);
     let kf0_1 = unpack_quant_4(kw0_0);
-    let kf0_2 = unpack_quant_0(kw0_1);
-    let kf0_3 = unpack_quant_4(kw0_1);
     let vf0_0 = unpack_quant_0(vw0_0) * vs0;
     let vf0_1 = unpack_quant_4(vw0_0) * vs0;
-    let vf0_2 = unpack_quant_0(vw0_1) * vs0;
-    let vf0_3 = unpack_quant_4(vw0_1) * vs0;
-    let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3)) * ks0;
-    let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3)) * ks0;
+    let kf1_0 = unpack_quant_0(kw1_0);
+    let kf1_1 = unpack_quant_4(kw1_0);
+    let vf1_0 = unpack_quant_0(vw1_0) * vs1;
+    let vf1_1 = unpack_quant_4(vw1_0) * vs1;
+    let part0_h0 = (dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1)) * ks0;
+    let part0_h1 = (dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1)) * ks0;
+    let part0_h2 = (dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1)) * ks0;
+    let part0_h3 = (dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1)) * ks0;
+    let part1_h0 = (dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1)) * ks1;
+    let part1_h1 = (dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1)) * ks1;
+    let part1_h2 = (dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1)) * ks1;
+    let part1_h3 = (dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1)) * ks1;
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
     let abs0 = key0;
     let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
     let score0_h0 = finish_score_capped(dots0[0], open0);
     let score0_h1 = finish_score_capped(dots0[1], open0);
+    let score0_h2 = finish_score_capped(dots2[0], open0);
+    let score0_h3 = finish_score_capped(dots2[1], open0);
+    let score1_h0 = finish_score_capped(dots4[0], open1);
+    let score1_h1 = finish_score_capped(dots4[1], open1);
+    let score1_h2 = finish_score_capped(dots6[0], open1);
+    let score1_h3 = finish_score_capped(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
-    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
-    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
-    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
-    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
 }
 
-// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 1
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step_capped(first: u32, width: u32) {
     // This step's rows were loaded by the previous step (or before the loop); the next step's
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
 
     let kh0_0 = hot_step_kh0_0;
     let kh0_1 = hot_step_kh0_1;
-    let kh0_2 = hot_step_kh0_2;
-    let kh0_3 = hot_step_kh0_3;
     let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
     let vh0_1 = select(vec4<f16>(), hot_step_vh0_1, live0);
-    let vh0_2 = select(vec4<f16>(), hot_step_vh0_2, live0);
-    let vh0_3 = select(vec4<f16>(), hot_step_vh0_3, live0);
-    hot_step_fetch(first + 1u * num_groups);
-    // Each slice converted (unpacked) once, for all 2 heads
+    let kh1_0 = hot_step_kh1_0;
+    let kh1_1 = hot_step_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_vh1_1, live1);
+    hot_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
-    let kf0_2 = vec4<f32>(kh0_2);
-    let kf0_3 = vec4<f32>(kh0_3);
     let vf0_0 = vec4<f32>(vh0_0);
     let vf0_1 = vec4<f32>(vh0_1);
-    let vf0_2 = vec4<f32>(vh0_2);
-    let vf0_3 = vec4<f32>(vh0_3);
-    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
-    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
     let abs0 = u.hot_start + key0;
     let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
     let score0_h0 = finish_score_capped(dots0[0], open0);
     let score0_h1 = finish_score_capped(dots0[1], open0);
+    let score0_h2 = finish_score_capped(dots2[0], open0);
+    let score0_h3 = finish_score_capped(dots2[1], open0);
+    let score1_h0 = finish_score_capped(dots4[0], open1);
+    let score1_h1 = finish_score_capped(dots4[1], open1);
+    let score1_h2 = finish_score_capped(dots6[0], open1);
+    let score1_h3 = finish_score_capped(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
-    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
-    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
-    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
-    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
 }
 
-// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 1
+// One step over the hot tier (head_dim a multiple of DIMS_PER_LANE): slot s scores key first + s * num_groups + key_group, s < 2
 fn hot_step_aligned_capped(first: u32, width: u32) {
     // This step's rows were loaded by the previous step (or before the loop); the next step's
     // are requested now, so that their loads are in flight while this step computes
     let key0 = first + 0u * num_groups + key_group;
     let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
 
     let kh0_0 = hot_step_aligned_kh0_0;
     let kh0_1 = hot_step_aligned_kh0_1;
-    let kh0_2 = hot_step_aligned_kh0_2;
-    let kh0_3 = hot_step_aligned_kh0_3;
     let vh0_0 = select(vec4<f16>(), hot_step_aligned_vh0_0, live0);
     let vh0_1 = select(vec4<f16>(), hot_step_aligned_vh0_1, live0);
-    let vh0_2 = select(vec4<f16>(), hot_step_aligned_vh0_2, live0);
-    let vh0_3 = select(vec4<f16>(), hot_step_aligned_vh0_3, live0);
-    hot_step_aligned_fetch(first + 1u * num_groups);
-    // Each slice converted (unpacked) once, for all 2 heads
+    let kh1_0 = hot_step_aligned_kh1_0;
+    let kh1_1 = hot_step_aligned_kh1_1;
+    let vh1_0 = select(vec4<f16>(), hot_step_aligned_vh1_0, live1);
+    let vh1_1 = select(vec4<f16>(), hot_step_aligned_vh1_1, live1);
+    hot_step_aligned_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 4 heads
     let kf0_0 = vec4<f32>(kh0_0);
     let kf0_1 = vec4<f32>(kh0_1);
-    let kf0_2 = vec4<f32>(kh0_2);
-    let kf0_3 = vec4<f32>(kh0_3);
     let vf0_0 = vec4<f32>(vh0_0);
     let vf0_1 = vec4<f32>(vh0_1);
-    let vf0_2 = vec4<f32>(vh0_2);
-    let vf0_3 = vec4<f32>(vh0_3);
-    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1) + dot(q_2_h0, kf0_2) + dot(q_3_h0, kf0_3);
-    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1) + dot(q_2_h1, kf0_2) + dot(q_3_h1, kf0_3);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let kf1_1 = vec4<f32>(kh1_1);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let vf1_1 = vec4<f32>(vh1_1);
+    let part0_h0 = dot(q_0_h0, kf0_0) + dot(q_1_h0, kf0_1);
+    let part0_h1 = dot(q_0_h1, kf0_0) + dot(q_1_h1, kf0_1);
+    let part0_h2 = dot(q_0_h2, kf0_0) + dot(q_1_h2, kf0_1);
+    let part0_h3 = dot(q_0_h3, kf0_0) + dot(q_1_h3, kf0_1);
+    let part1_h0 = dot(q_0_h0, kf1_0) + dot(q_1_h0, kf1_1);
+    let part1_h1 = dot(q_0_h1, kf1_0) + dot(q_1_h1, kf1_1);
+    let part1_h2 = dot(q_0_h2, kf1_0) + dot(q_1_h2, kf1_1);
+    let part1_h3 = dot(q_0_h3, kf1_0) + dot(q_1_h3, kf1_1);
     let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part0_h2, part0_h3), width);
+    let dots4 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let dots6 = group_reduce(vec2<f32>(part1_h2, part1_h3), width);
     let abs0 = u.hot_start + key0;
     let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
     let score0_h0 = finish_score_capped(dots0[0], open0);
     let score0_h1 = finish_score_capped(dots0[1], open0);
+    let score0_h2 = finish_score_capped(dots2[0], open0);
+    let score0_h3 = finish_score_capped(dots2[1], open0);
+    let score1_h0 = finish_score_capped(dots4[0], open1);
+    let score1_h1 = finish_score_capped(dots4[1], open1);
+    let score1_h2 = finish_score_capped(dots6[0], open1);
+    let score1_h3 = finish_score_capped(dots6[1], open1);
 
     // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
     var m_h0 = run_max_h0;
     if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
     let correction_h0 = exp(run_max_h0 - m_h0);
     let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
-    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0;
-    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0;
-    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1;
-    acc_2_h0 = acc_2_h0 * correction_h0 + w0_h0 * vf0_2;
-    acc_3_h0 = acc_3_h0 * correction_h0 + w0_h0 * vf0_3;
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    acc_1_h0 = acc_1_h0 * correction_h0 + w0_h0 * vf0_1 + w1_h0 * vf1_1;
     run_max_h0 = m_h0;
 
     // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
     var m_h1 = run_max_h1;
     if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
     let correction_h1 = exp(run_max_h1 - m_h1);
     let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
-    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1;
-    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0;
-    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1;
-    acc_2_h1 = acc_2_h1 * correction_h1 + w0_h1 * vf0_2;
-    acc_3_h1 = acc_3_h1 * correction_h1 + w0_h1 * vf0_3;
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    acc_1_h1 = acc_1_h1 * correction_h1 + w0_h1 * vf0_1 + w1_h1 * vf1_1;
     run_max_h1 = m_h1;
+
+    // Online softmax of head 2: fold the step's keys into the group's running max, sum and accumulator
+    var m_h2 = run_max_h2;
+    if (live0) { m_h2 = max(m_h2, score0_h2); }
+    if (live1) { m_h2 = max(m_h2, score1_h2); }
+    let correction_h2 = exp(run_max_h2 - m_h2);
+    let w0_h2 = select(0.0, exp(score0_h2 - m_h2), live0);
+    let w1_h2 = select(0.0, exp(score1_h2 - m_h2), live1);
+    run_sum_h2 = run_sum_h2 * correction_h2 + w0_h2 + w1_h2;
+    acc_0_h2 = acc_0_h2 * correction_h2 + w0_h2 * vf0_0 + w1_h2 * vf1_0;
+    acc_1_h2 = acc_1_h2 * correction_h2 + w0_h2 * vf0_1 + w1_h2 * vf1_1;
+    run_max_h2 = m_h2;
+
+    // Online softmax of head 3: fold the step's keys into the group's running max, sum and accumulator
+    var m_h3 = run_max_h3;
+    if (live0) { m_h3 = max(m_h3, score0_h3); }
+    if (live1) { m_h3 = max(m_h3, score1_h3); }
+    let correction_h3 = exp(run_max_h3 - m_h3);
+    let w0_h3 = select(0.0, exp(score0_h3 - m_h3), live0);
+    let w1_h3 = select(0.0, exp(score1_h3 - m_h3), live1);
+    run_sum_h3 = run_sum_h3 * correction_h3 + w0_h3 + w1_h3;
+    acc_0_h3 = acc_0_h3 * correction_h3 + w0_h3 * vf0_0 + w1_h3 * vf1_0;
+    acc_1_h3 = acc_1_h3 * correction_h3 + w0_h3 * vf0_1 + w1_h3 * vf1_1;
+    run_max_h3 = m_h3;
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
@@ -669,6 +951,10 @@ fn main(
     let head_idx_h0 = first_head + min(0u, group - 1u - first_in_group);
     let head_live_h1 = first_in_group + 1u < group;
     let head_idx_h1 = first_head + min(1u, group - 1u - first_in_group);
+    let head_live_h2 = first_in_group + 2u < group;
+    let head_idx_h2 = first_head + min(2u, group - 1u - first_in_group);
+    let head_live_h3 = first_in_group + 3u < group;
+    let head_idx_h3 = first_head + min(3u, group - 1u - first_in_group);
     let head_dim = u.head_dim;
     let total_len = u.cold_len + u.hot_len;
     // This split's keys [first_key, last_key) of the cold-then-hot sequence, as tier ranges
@@ -715,10 +1001,6 @@ fn main(
     q_0_h0 = vec4<f32>(0.0);
     acc_1_h0 = vec4<f32>(0.0);
     q_1_h0 = vec4<f32>(0.0);
-    acc_2_h0 = vec4<f32>(0.0);
-    q_2_h0 = vec4<f32>(0.0);
-    acc_3_h0 = vec4<f32>(0.0);
-    q_3_h0 = vec4<f32>(0.0);
     run_max_h1 = MASKED_SCORE;
     run_sum_h1 = 0.0;
     let q_base_h1 = head_idx_h1 * head_dim + dim0;
@@ -726,10 +1008,20 @@ fn main(
     q_0_h1 = vec4<f32>(0.0);
     acc_1_h1 = vec4<f32>(0.0);
     q_1_h1 = vec4<f32>(0.0);
-    acc_2_h1 = vec4<f32>(0.0);
-    q_2_h1 = vec4<f32>(0.0);
-    acc_3_h1 = vec4<f32>(0.0);
-    q_3_h1 = vec4<f32>(0.0);
+    run_max_h2 = MASKED_SCORE;
+    run_sum_h2 = 0.0;
+    let q_base_h2 = head_idx_h2 * head_dim + dim0;
+    acc_0_h2 = vec4<f32>(0.0);
+    q_0_h2 = vec4<f32>(0.0);
+    acc_1_h2 = vec4<f32>(0.0);
+    q_1_h2 = vec4<f32>(0.0);
+    run_max_h3 = MASKED_SCORE;
+    run_sum_h3 = 0.0;
+    let q_base_h3 = head_idx_h3 * head_dim + dim0;
+    acc_0_h3 = vec4<f32>(0.0);
+    q_0_h3 = vec4<f32>(0.0);
+    acc_1_h3 = vec4<f32>(0.0);
+    q_1_h3 = vec4<f32>(0.0);
     if (lane_live) {
         if (dim0 + 0u < head_dim) { q_0_h0[0] = Q[q_base_h0 + 0u]; }
         if (dim0 + 1u < head_dim) { q_0_h0[1] = Q[q_base_h0 + 1u]; }
@@ -739,14 +1031,6 @@ fn main(
         if (dim0 + 5u < head_dim) { q_1_h0[1] = Q[q_base_h0 + 5u]; }
         if (dim0 + 6u < head_dim) { q_1_h0[2] = Q[q_base_h0 + 6u]; }
         if (dim0 + 7u < head_dim) { q_1_h0[3] = Q[q_base_h0 + 7u]; }
-        if (dim0 + 8u < head_dim) { q_2_h0[0] = Q[q_base_h0 + 8u]; }
-        if (dim0 + 9u < head_dim) { q_2_h0[1] = Q[q_base_h0 + 9u]; }
-        if (dim0 + 10u < head_dim) { q_2_h0[2] = Q[q_base_h0 + 10u]; }
-        if (dim0 + 11u < head_dim) { q_2_h0[3] = Q[q_base_h0 + 11u]; }
-        if (dim0 + 12u < head_dim) { q_3_h0[0] = Q[q_base_h0 + 12u]; }
-        if (dim0 + 13u < head_dim) { q_3_h0[1] = Q[q_base_h0 + 13u]; }
-        if (dim0 + 14u < head_dim) { q_3_h0[2] = Q[q_base_h0 + 14u]; }
-        if (dim0 + 15u < head_dim) { q_3_h0[3] = Q[q_base_h0 + 15u]; }
         if (dim0 + 0u < head_dim) { q_0_h1[0] = Q[q_base_h1 + 0u]; }
         if (dim0 + 1u < head_dim) { q_0_h1[1] = Q[q_base_h1 + 1u]; }
         if (dim0 + 2u < head_dim) { q_0_h1[2] = Q[q_base_h1 + 2u]; }
@@ -755,19 +1039,27 @@ fn main(
         if (dim0 + 5u < head_dim) { q_1_h1[1] = Q[q_base_h1 + 5u]; }
         if (dim0 + 6u < head_dim) { q_1_h1[2] = Q[q_base_h1 + 6u]; }
         if (dim0 + 7u < head_dim) { q_1_h1[3] = Q[q_base_h1 + 7u]; }
-        if (dim0 + 8u < head_dim) { q_2_h1[0] = Q[q_base_h1 + 8u]; }
-        if (dim0 + 9u < head_dim) { q_2_h1[1] = Q[q_base_h1 + 9u]; }
-        if (dim0 + 10u < head_dim) { q_2_h1[2] = Q[q_base_h1 + 10u]; }
-        if (dim0 + 11u < head_dim) { q_2_h1[3] = Q[q_base_h1 + 11u]; }
-        if (dim0 + 12u < head_dim) { q_3_h1[0] = Q[q_base_h1 + 12u]; }
-        if (dim0 + 13u < head_dim) { q_3_h1[1] = Q[q_base_h1 + 13u]; }
-        if (dim0 + 14u < head_dim) { q_3_h1[2] = Q[q_base_h1 + 14u]; }
-        if (dim0 + 15u < head_dim) { q_3_h1[3] = Q[q_base_h1 + 15u]; }
+        if (dim0 + 0u < head_dim) { q_0_h2[0] = Q[q_base_h2 + 0u]; }
+        if (dim0 + 1u < head_dim) { q_0_h2[1] = Q[q_base_h2 + 1u]; }
+        if (dim0 + 2u < head_dim) { q_0_h2[2] = Q[q_base_h2 + 2u]; }
+        if (dim0 + 3u < head_dim) { q_0_h2[3] = Q[q_base_h2 + 3u]; }
+        if (dim0 + 4u < head_dim) { q_1_h2[0] = Q[q_base_h2 + 4u]; }
+        if (dim0 + 5u < head_dim) { q_1_h2[1] = Q[q_base_h2 + 5u]; }
+        if (dim0 + 6u < head_dim) { q_1_h2[2] = Q[q_base_h2 + 6u]; }
+        if (dim0 + 7u < head_dim) { q_1_h2[3] = Q[q_base_h2 + 7u]; }
+        if (dim0 + 0u < head_dim) { q_0_h3[0] = Q[q_base_h3 + 0u]; }
+        if (dim0 + 1u < head_dim) { q_0_h3[1] = Q[q_base_h3 + 1u]; }
+        if (dim0 + 2u < head_dim) { q_0_h3[2] = Q[q_base_h3 + 2u]; }
+        if (dim0 + 3u < head_dim) { q_0_h3[3] = Q[q_base_h3 + 3u]; }
+        if (dim0 + 4u < head_dim) { q_1_h3[0] = Q[q_base_h3 + 4u]; }
+        if (dim0 + 5u < head_dim) { q_1_h3[1] = Q[q_base_h3 + 5u]; }
+        if (dim0 + 6u < head_dim) { q_1_h3[2] = Q[q_base_h3 + 6u]; }
+        if (dim0 + 7u < head_dim) { q_1_h3[3] = Q[q_base_h3 + 7u]; }
     }
 
     // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
     let groups = WORKGROUP_SIZE / lanes_per_key;
-    let keys_per_step = groups * 1u;
+    let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
     // The key loops twice, with and without the softcap, so that no score branches on it
@@ -842,8 +1134,6 @@ fn main(
             run_sum_h0 = run_sum_h0 * mine + other_sum * theirs;
             acc_0_h0 = acc_0_h0 * mine + subgroupShuffleXor(acc_0_h0, mask) * theirs;
             acc_1_h0 = acc_1_h0 * mine + subgroupShuffleXor(acc_1_h0, mask) * theirs;
-            acc_2_h0 = acc_2_h0 * mine + subgroupShuffleXor(acc_2_h0, mask) * theirs;
-            acc_3_h0 = acc_3_h0 * mine + subgroupShuffleXor(acc_3_h0, mask) * theirs;
             run_max_h0 = m;
             }
             {  // head 1
@@ -855,9 +1145,29 @@ fn main(
             run_sum_h1 = run_sum_h1 * mine + other_sum * theirs;
             acc_0_h1 = acc_0_h1 * mine + subgroupShuffleXor(acc_0_h1, mask) * theirs;
             acc_1_h1 = acc_1_h1 * mine + subgroupShuffleXor(acc_1_h1, mask) * theirs;
-            acc_2_h1 = acc_2_h1 * mine + subgroupShuffleXor(acc_2_h1, mask) * theirs;
-            acc_3_h1 = acc_3_h1 * mine + subgroupShuffleXor(acc_3_h1, mask) * theirs;
             run_max_h1 = m;
+            }
+            {  // head 2
+            let other_max = subgroupShuffleXor(run_max_h2, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h2, mask);
+            let m = max(run_max_h2, other_max);
+            let mine = exp(run_max_h2 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h2 = run_sum_h2 * mine + other_sum * theirs;
+            acc_0_h2 = acc_0_h2 * mine + subgroupShuffleXor(acc_0_h2, mask) * theirs;
+            acc_1_h2 = acc_1_h2 * mine + subgroupShuffleXor(acc_1_h2, mask) * theirs;
+            run_max_h2 = m;
+            }
+            {  // head 3
+            let other_max = subgroupShuffleXor(run_max_h3, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h3, mask);
+            let m = max(run_max_h3, other_max);
+            let mine = exp(run_max_h3 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h3 = run_sum_h3 * mine + other_sum * theirs;
+            acc_0_h3 = acc_0_h3 * mine + subgroupShuffleXor(acc_0_h3, mask) * theirs;
+            acc_1_h3 = acc_1_h3 * mine + subgroupShuffleXor(acc_1_h3, mask) * theirs;
+            run_max_h3 = m;
             }
         }
     }
@@ -867,7 +1177,7 @@ fn main(
     let rep = tid / block;
     let is_rep = rep < reps && tid - rep * block < lanes_per_key;
     let slot = rep * lanes_per_key + group_lane;
-    {  // head 0 of the workgroup's 2
+    {  // head 0 of the workgroup's 4
         workgroupBarrier();
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h0;
@@ -925,42 +1235,8 @@ fn main(
             if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
             if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
         }
-
-        // Accumulator elements 8..11: the representatives', summed by the first group
-        workgroupBarrier();
-        if (is_rep) {
-            set4(slot, acc_2_h0 * weight);
-        }
-        workgroupBarrier();
-        if (key_group == 0u && lane_live && head_live_h0) {
-            var total = vec4<f32>(0.0);
-            for (var r: u32 = 0u; r < reps; r++) {
-                total += get4(r * lanes_per_key + group_lane);
-            }
-            if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
-            if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
-            if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
-            if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
-        }
-
-        // Accumulator elements 12..15: the representatives', summed by the first group
-        workgroupBarrier();
-        if (is_rep) {
-            set4(slot, acc_3_h0 * weight);
-        }
-        workgroupBarrier();
-        if (key_group == 0u && lane_live && head_live_h0) {
-            var total = vec4<f32>(0.0);
-            for (var r: u32 = 0u; r < reps; r++) {
-                total += get4(r * lanes_per_key + group_lane);
-            }
-            if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
-            if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
-            if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
-            if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
-        }
     }
-    {  // head 1 of the workgroup's 2
+    {  // head 1 of the workgroup's 4
         workgroupBarrier();
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h1;
@@ -1018,39 +1294,123 @@ fn main(
             if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
             if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
         }
-
-        // Accumulator elements 8..11: the representatives', summed by the first group
+    }
+    {  // head 2 of the workgroup's 4
         workgroupBarrier();
-        if (is_rep) {
-            set4(slot, acc_2_h1 * weight);
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h2;
+            exchange[4u * rep + 1u] = run_sum_h2;
         }
         workgroupBarrier();
-        if (key_group == 0u && lane_live && head_live_h1) {
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h2;
+        if (tid == 0u && head_live_h2) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h2 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h2 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h2) {
             var total = vec4<f32>(0.0);
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
-            if (dim0 + 8u < head_dim) { partial_acc[out_base + 8u] = total[0]; }
-            if (dim0 + 9u < head_dim) { partial_acc[out_base + 9u] = total[1]; }
-            if (dim0 + 10u < head_dim) { partial_acc[out_base + 10u] = total[2]; }
-            if (dim0 + 11u < head_dim) { partial_acc[out_base + 11u] = total[3]; }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
         }
 
-        // Accumulator elements 12..15: the representatives', summed by the first group
+        // Accumulator elements 4..7: the representatives', summed by the first group
         workgroupBarrier();
         if (is_rep) {
-            set4(slot, acc_3_h1 * weight);
+            set4(slot, acc_1_h2 * weight);
         }
         workgroupBarrier();
-        if (key_group == 0u && lane_live && head_live_h1) {
+        if (key_group == 0u && lane_live && head_live_h2) {
             var total = vec4<f32>(0.0);
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
-            if (dim0 + 12u < head_dim) { partial_acc[out_base + 12u] = total[0]; }
-            if (dim0 + 13u < head_dim) { partial_acc[out_base + 13u] = total[1]; }
-            if (dim0 + 14u < head_dim) { partial_acc[out_base + 14u] = total[2]; }
-            if (dim0 + 15u < head_dim) { partial_acc[out_base + 15u] = total[3]; }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
+        }
+    }
+    {  // head 3 of the workgroup's 4
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h3;
+            exchange[4u * rep + 1u] = run_sum_h3;
+        }
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h3;
+        if (tid == 0u && head_live_h3) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h3 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h3 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h3) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+
+        // Accumulator elements 4..7: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_1_h3 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h3) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
+            if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
+            if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
+            if (dim0 + 7u < head_dim) { partial_acc[out_base + 7u] = total[3]; }
         }
     }
 }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bd92c0ab5ca54a230430250d36efe8b86bfe9ee9a75b296def9cbc409995f459
+// source-hash: sha256:4c6307f089c0483ad7c10c1294487844d8a27c5b8344cc63a030c36badaa621c
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
