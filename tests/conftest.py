@@ -28,6 +28,9 @@ from doppler_gen.validate import open_run_device
 pytest_plugins = ["claims"]  # --claim DIR: slices that take tests one at a time (.ci/test)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Split-KV overrides that deal a small case's keys to up to 8 splits of one key or more, so that
+# the quick matrix exercises the partials' combine and the reduce pass (read-only: shared)
+MANY_SPLITS = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
 SHARED = REPO_ROOT.parent / "shared"
 SEEDS = SHARED / "seeds" / "extracted"
 SEEDS_MISSING = f"seed kernels not available ({SEEDS} is absent; it lives in ../shared)"

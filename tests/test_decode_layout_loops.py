@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, edit, render_variant, subgroup_device
+from conftest import MANY_SPLITS, REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device
@@ -31,7 +31,7 @@ LOOP = "for (var it: u32 = 0u; it < iterations;"
 # softcap_loops (four loops) over many splits; the workgroup-memory kernel
 CONFIGS = [
     ("attention_decode_sg_d64_f16", None),
-    ("attention_decode_split_d64_f16kv", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),
+    ("attention_decode_split_d64_f16kv", MANY_SPLITS),
     ("attention_decode_wg_d64_f16kv", None),
 ]
 

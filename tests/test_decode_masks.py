@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, edit, render_variant, subgroup_device
+from conftest import MANY_SPLITS, REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device
@@ -30,7 +30,7 @@ LIB = "templates/lib/attention_decode.wgsl.j2"
 # one dispatch (subgroups) and the split pass over many splits, so a bound cuts inside a split
 CONFIGS = [
     ("attention_decode_sg_d64_f16", None),
-    ("attention_decode_split_d64_f16kv", {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}),
+    ("attention_decode_split_d64_f16kv", MANY_SPLITS),
 ]
 
 

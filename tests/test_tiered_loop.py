@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit, render_variant, subgroup_device
+from conftest import MANY_SPLITS, REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device
@@ -28,7 +28,6 @@ pytestmark = [
     pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem())),
 ]
 
-MANY_SPLITS = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
 LONG = CaseSpec(
     "long cold tier, GQA 4, head_dim 128",
     num_heads=8,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, edit, render_variant, subgroup_device
+from conftest import MANY_SPLITS, REPO_ROOT, edit, render_variant, subgroup_device
 from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device
@@ -29,7 +29,6 @@ pytestmark = [
     pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem())),
 ]
 
-MANY_SPLITS = {"KV_SPLITS": 8, "MIN_SPLIT_KEYS": 1}
 # The default tier's cases that exercise masks and the softcap (the quick tier keeps only some)
 MASK_CASES = (
     "sliding window",
