@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:56607e6fd0ed2f967d425dacff11a196dacd64eaa8c0cc1013d658f18ebbcf0b
+// source-hash: sha256:3e0de7e8103b8a69ce28a393abcd81eef337ea46c30b8fcf6a75c914d1c038bc
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

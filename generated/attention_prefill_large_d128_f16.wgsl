@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:79ab8f3c05f9734c0a74b2585eaa7ea9f188ad85e3eead1f4f54a732c882acb9
+// source-hash: sha256:afafcda0b19249a15ee2e5ba0c9e1da69ec75105d9d8c4887cb1c8fa87f0a837
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d1eb2412ad2f06d65b40f9dc3347ca52ce005315a8f28583ceacfbc5ebabaa81
+// source-hash: sha256:afb3e07ab6e76f5e8d0c908a954fbe46b307c8a4894252e815cdc24174b3c9ba
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ab0e367d644c43c3ea3bff1e290ef39833ffe1f7b0e64439a40ae9fbe9fd4f6b
+// source-hash: sha256:cb9495975b6a2db0e19cf4291f300d9c1c69e2edc983458f4491209789d02be0
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2f6cd020b0cb8ff3b9394de56bb1126a33752818927b9f18724fc1f0484f9b3c
+// source-hash: sha256:7264eed1f711c460056488007c9233f6109e8ebfd9a098c88cd7841ac14ea745
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6ef8f55f687cef8e6ead49c7b3419f7470378b7e66f402234e836e1b8cad11ab
+// source-hash: sha256:f3fabac51e2dc96d0bc780b9c012d2fcb6b27d3c034e6e843226b571cfdae65d
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:350f03080c0dd3b6c02719f17e5e1867f1195579a234ec6638b8c6cb6a3b1f07
+// source-hash: sha256:041da332016f6b6db24acfa76edaf489c963f8c7982ad1c1a9b21c82200592ce
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

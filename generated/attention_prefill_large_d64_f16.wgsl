@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:406a04bcf75666de7bea1dacecae8f1c0e6796258fd0218da2ab51ce161233bb
+// source-hash: sha256:4a2f64546d38fd9cc1727e58711cb3ff02ad6b68e3218c7fae54a6ff463222f1
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

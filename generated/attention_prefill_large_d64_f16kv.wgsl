@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:db9b37e0ce597824e2c398c078375318cc4e2c2e1574c1e95ec3c62e737d3d05
+// source-hash: sha256:87be2b454417a0f70c23d05c40a6f268a70131deed0504e313a70f36bcc2dd48
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:12aaceaba26aecd376da493130ddff0eb465d45d0f0592fc4b70a88d137bc725
+// source-hash: sha256:c8f50646707f9e61bf5f73abb7751aeee9ebc7fe3ed1adbd14ea3492409879be
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5e389d6e1379edeecb70d7a84dc390b57fa58eb20ea4f4b9185cdbb3634850bc
+// source-hash: sha256:df3004a35376755b4b60e637712ad45e1264650cdbc0a05e7928f43a5a3d6373
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

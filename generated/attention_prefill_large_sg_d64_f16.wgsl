@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3a6c12762993ed0e142dd98fdd3968e42a1002f105e38350b3a3d9d176aa7cfb
+// source-hash: sha256:3cc7d0b79e5b8927e789e14447e52102268f58e4858633e2a79d65c86d413a3e
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d334fcb902e0e28779c64af74d8b712681a9dc819a5761ac02d3c56434caf390
+// source-hash: sha256:fdaa3093764ca5af9cc7a52ce93e2228a56adf325a2991077ecc20673e68c2c8
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f73509eb45e580ca1ecb6cbd833b0ca25766776ceadadf7b41dc4c3a4cdec49
+// source-hash: sha256:99eaf63b666a642547de0bfdbe1f2898850b66cb2fdb4c4fe295e7dcbcc42c05
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

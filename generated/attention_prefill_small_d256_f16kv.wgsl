@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:93a0ca083f027d2b66439aee414ffc3a474d870b8499e766768b2c63ce45101b
+// source-hash: sha256:6df23fbaa80503987463c456343305afdb3f4f40d85e6c407cda1382809710aa
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

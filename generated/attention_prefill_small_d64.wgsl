@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:457de28019971989e406807645151ad838c9756e79cadd29413b8beeb5951e36
+// source-hash: sha256:f318bb1c1a3b7c2846b3e3eeb9adfde231b2f0282042584b741d39a0dbb5f30a
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:43c475b5d4aecb14fad33cf0e1bc9f4bb09902eb832c90326473e3c878f6a655
+// source-hash: sha256:3d1636fcd3c8e4989a681cddf3fbf19da887e7ada6c116fcad44a1dc4c6387fe
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0c542848bbafa3dfe7189144acdb1aab01666f86dc99e246bfa9a5c27a7b06be
+// source-hash: sha256:788815079d6a388a78023f1e3db2a161370255e8088cb398edd7eb82946e1a49
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa0cd4dc5196dac16c3c2d554b3bf9bcd925f7c112d8e8155ae1bdaea5e77ec1
+// source-hash: sha256:700f0c11a7982cc425cdba9eeea0f7e427a61be6564bd6daffe7f3734f39c7ef
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:01ae3519d4fc34a9601a402513ab07f175df4067707d2d17974f9fc76f0a15f1
+// source-hash: sha256:79c91c23236e0c818d200a6b70218e1206fc8d0649f455642c4d276ae277cbe0
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:28a1f701f08c5a85471cd2b0bac6c1abeb05da7af43179731decbb6981156eb3
+// source-hash: sha256:99c2945d847864e40d0bd26bd8ab80d79c8c0617bfcc2a4fd165807ed8948c15
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b6a1f2a9dae6156abae6534197235d99bba70c4820679fba48198b71397f700
+// source-hash: sha256:0c437a23f3f48051857366764d1907249be079cd6086b006133e09a0ea0e8a6d
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

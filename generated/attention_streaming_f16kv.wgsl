@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:38037a6d85ed6c8da07bd022815c46dbde2839a40f372f646a51f6465520b675
+// source-hash: sha256:8d1eeeb5c6f8223fcd7222fd0f9e7d0d01123fde42d60fb2ae074dc6c6bb0af7
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:be6b2fa7c47b9cc5f5a184f70d3528b60e1ad0fbbaf5a14c2d01771a46c4fc56
+// source-hash: sha256:2e45409588d35ac81917f390aa8aecd83c6dfd83abd86c356cb52be0a1f565db
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d6c760a2111baa58ceac55d35756ffedf8662b34a45d384899cb4e7e6ab29541
+// source-hash: sha256:9258e6154f59c62f1907c0071c0ac2ad092ef480550746df6a32615180e83165
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7c4af8c6f6f864a5d11fea76057a225d53b7e4570f662a9d7934cab1b1db5510
+// source-hash: sha256:4c77755aa905f80f00d047f8e9d5352e5382b9e15192fc3c092d63ca61636f9e
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

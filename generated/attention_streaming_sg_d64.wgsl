@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8145ef27f337b83615ae118689c2af2235471c5429a64fc21e9a22a39276691c
+// source-hash: sha256:e8e34fac7e085f5e09fb377fa8504ae8a15d0cb44a09e471ad0b01c11bf7a9f6
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f6090968aa10432d75ae2d2c73fbb08d0745f04bce9bd270a80b97d0b13e4806
+// source-hash: sha256:44ee9c552b3d3a1c96dbfaedb981829ea400df2e7d09f6db8eefbbc35e7d69c2
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:da5708d3dbab42078a12c308027cfacff4756d6beb728db254b51037b828fa94
+// source-hash: sha256:82eefda188c852d6893888d5a604eb37cb8ee37c9fb941f55ee1565c59b615db
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

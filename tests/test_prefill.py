@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, assert_one_line_error, edit, run_process, snapshot
+from conftest import (
+    REPO_ROOT,
+    assert_one_line_error,
+    edit,
+    render_variant,
+    run_process,
+    snapshot,
+)
 from gpu_support import adapter_problem, dawn_problem
 
 from doppler_gen.backends import get_backend
@@ -18,7 +25,6 @@ from doppler_gen.config import load_project
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
-from doppler_gen.render import Renderer
 from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.validate import open_run_device, validate
 from doppler_gen.wgsl import Module, parse_module
@@ -68,9 +74,9 @@ def test_prefill_variants_keep_the_seed_tiled_interface(name: str) -> None:
     reference = _module(seed[q_type] if q_type == kv_type else "attention_f16kv")
     assert _host_view(module) == _host_view(reference)
     assert module.entry_point == "main"
-    # only the subgroup streaming kernels read K/V as vec4s (head_dim a multiple of 4)
+    # K/V read as vec4s (head_dim a multiple of 4) exactly where the variant says kv_vec4
     widths = {b.name: b.vector_width for b in module.bindings}
-    expected = 4 if name.startswith("attention_streaming_sg") else 1
+    expected = 4 if load_project(REPO_ROOT).variant(name).params.get("kv_vec4") else 1
     assert widths["K"] == widths["V"] == expected and widths["Q"] == widths["output"] == 1
 
 
@@ -120,6 +126,13 @@ BAD = [
         "attention_streaming_sg_d128_f16",
         'q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", workgroup_size = 48',
         "needs a power-of-two workgroup_size",
+    ),
+    (
+        # head_dim 48 in 4 key columns: tile rows of 12 vec4s, which an XOR cannot permute
+        "attention_prefill_large_d64",
+        "max_head_dim = 48, block_q = 64, block_k = 32, tile_q = 4, workgroup_size = 64, "
+        'tile_layout = "swizzled"',
+        'tile_layout "swizzled" needs tile rows of a power-of-two number of vec4s',
     ),
 ]
 
@@ -222,6 +235,17 @@ ALTERNATE_PATHS = [
      "var<workgroup> tile_kv: array<vec2<u32>, 544>;"),
     ('q_dtype = "f16", kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, '
      'tile_dtype = "packed", prefetch = true', "= pack4(pre[4]);"),
+    # unpadded rows with XOR-swizzled columns: f16 tiles through the prefetch registers, and
+    # f32 K/V tiles loaded straight from the buffers (large_sg_d64_f16's tiles)
+    ('q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", block_q = 32, block_k = 32, '
+     'tile_q = 4, p_dtype = "f16", tile_layout = "swizzled", prefetch = true',
+     "tile_kv[(t + 3u * WORKGROUP_SIZE) ^ (((t + 3u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[3];"),
+    ('q_dtype = "f16", kv_dtype = "f16", out_dtype = "f16", block_q = 32, block_k = 32, '
+     'tile_q = 4, p_dtype = "f16", tile_layout = "swizzled", tile_dtype = "kv_f32"',
+     "var<workgroup> tile_kv: array<vec4<f32>, 512>;"),
+    # K and V bound as vec4s (one load a vec4; head_dim a multiple of 4), prefetched
+    ('kv_dtype = "f16", block_q = 32, block_k = 32, tile_q = 4, kv_vec4 = true, prefetch = true',
+     "    return K[base / 4u + d4];"),
 ]  # fmt: skip
 
 
@@ -229,9 +253,9 @@ ALTERNATE_PATHS = [
 @pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 @pytest.mark.parametrize(("params", "marker"), ALTERNATE_PATHS)
 def test_tunable_code_paths_pass_validation(project_copy: Path, params: str, marker: str) -> None:
-    """`prefetch` and `tile_dtype = "f32"` / `"packed"` are tunables no committed variant uses
-    yet: other code paths for the K/V loads, validated here so `tune` starts from correct
-    kernels."""
+    """`prefetch`, `tile_dtype`, `tile_layout` and `kv_vec4` are tunables: other code paths for
+    the K/V loads and tiles than the committed variants use, validated here so `tune` starts
+    from correct kernels."""
     with (project_copy / "variants.toml").open("a") as config:
         config.write(
             '\n[[variant]]\nname = "prefill_alt"\ntemplate = "attention_prefill"\n'
@@ -261,10 +285,13 @@ ODD_CASES = [
 @pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 def test_head_dims_that_are_not_multiples_of_4() -> None:
     """The matrix's head_dims are all multiples of 4; the vec4 tiles must also handle the rest
-    (the tail reads as zeros, is never stored) on each template's code path."""
-    project = load_project(REPO_ROOT)
-    names = ["attention_prefill_small_d64_f16kv", "attention_streaming"]
-    kernels = [Renderer(project).render(project.variant(n), with_origins=True) for n in names]
+    (the tail reads as zeros, is never stored) on each template's code path. The tiled kernel
+    loads K/V element by element for that (`kv_vec4 = false`; the shipped variants bind them
+    as vec4s and take head_dims that are multiples of 4)."""
+    kernels = [
+        render_variant(REPO_ROOT, "attention_prefill_small_d64_f16kv", {"kv_vec4": False})[0],
+        render_variant(REPO_ROOT, "attention_streaming")[0],
+    ]
     device = open_run_device(get_backend("wgpu"), kernels, None, "adapter")
     try:
         for kernel in kernels:

@@ -63,6 +63,47 @@ def test_row_reductions_by_shuffles_pass(device: Device, fraction: int) -> None:
     assert len(report.cases) >= 10
 
 
+# large_sg_d64_f16's tiles: K/V in f32, rows unpadded with their vec4 columns XOR-ed by the row
+SWIZZLED = {"tile_layout": "swizzled", "tile_dtype": "kv_f32"}
+
+
+def _swizzled(project: Path, device: Device) -> tuple:
+    """The small variant on this adapter's subgroups with large_sg_d64_f16's tile layout."""
+    return render_variant(project, SMALL, {**_cols(subgroup_lanes(device)), **SWIZZLED})
+
+
+def test_swizzled_f32_kv_tiles_pass_the_default_tier(device: Device) -> None:
+    """The code path of large_sg_d64_f16 (validated at its own size on 16-lane lavapipe by
+    .ci/setup) at this adapter's width: 16-vec4 rows, no padding, f32 K/V tiles."""
+    kernel, entry = _swizzled(REPO_ROOT, device)
+    assert "const ROW4: u32 = 16u;" in kernel.text
+    assert "var<workgroup> tile_kv: array<vec4<f32>, 512>;" in kernel.text
+    report = validate_variant(device, kernel, entry, tier="default", seed=0)
+    assert report.status == "PASS", [(c.spec.name, c.verdict) for c in report.cases]
+
+
+SWIZZLE_MUTATIONS = [
+    # tiles read at the unswizzled column (Q, K and V): each row's vec4s come back permuted
+    ("reads-not-swizzled",
+     "(({{ col }}) ^ ({{ r }} & (ROW4 - 1u)))",
+     "({{ col }})"),
+    # tiles stored at the unswizzled slot
+    ("stores-not-swizzled",
+     "({{ idx }}) ^ ((({{ idx }}) / ROW4) & (ROW4 - 1u))",
+     "{{ idx }}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [m[1:] for m in SWIZZLE_MUTATIONS], ids=[m[0] for m in SWIZZLE_MUTATIONS]
+)
+def test_swizzle_planted_bugs_fail(device: Device, project_copy: Path, old: str, new: str) -> None:
+    edit(project_copy / PREFILL, old, new)
+    kernel, entry = _swizzled(project_copy, device)
+    report = validate_variant(device, kernel, entry, quick=True, seed=0)
+    assert report.status == "FAIL"
+
+
 def test_too_narrow_subgroups_are_skipped_and_store_nan(device: Device) -> None:
     width = subgroup_lanes(device)
     kernel, entry = render_variant(REPO_ROOT, SMALL, _cols(2 * width))
