@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:041da332016f6b6db24acfa76edaf489c963f8c7982ad1c1a9b21c82200592ce
+// source-hash: sha256:f0212209746d61bf0bd9a077b491b08eefbf4a2b37f69e539eff8aa38e897e47
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -43,8 +43,8 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f32>;       // [query_len, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> K: array<f32>;       // [seq_len, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> V: array<f32>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f32>>;       // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f32>>;       // [seq_len, num_kv_heads, head_dim / 4]
 @group(0) @binding(4) var<storage, read_write> output: array<f32>; // [query_len, num_heads, head_dim]
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
@@ -133,30 +133,14 @@ fn load_q4(base: u32, d4: u32) -> vec4<f32> {
     );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_k4(base: u32, d4: u32) -> vec4<f32> {
-    let d = d4 * 4u;
-    let zero = f32(0.0);
-    return vec4<f32>(
-        select(zero, K[base + d], d < u.head_dim),
-        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return K[base / 4u + d4];
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_v4(base: u32, d4: u32) -> vec4<f32> {
-    let d = d4 * 4u;
-    let zero = f32(0.0);
-    return vec4<f32>(
-        select(zero, V[base + d], d < u.head_dim),
-        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return V[base / 4u + d4];
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -227,8 +211,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
-    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4a2f64546d38fd9cc1727e58711cb3ff02ad6b68e3218c7fae54a6ff463222f1
+// source-hash: sha256:cb98ae3e1c6ac5000a33126baa06d39626912f6d3a3e18291eeb4313d48e5aae
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -45,8 +45,8 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f16>;       // [query_len, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> K: array<f16>;       // [seq_len, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> V: array<f16>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
 @group(0) @binding(4) var<storage, read_write> output: array<f16>; // [query_len, num_heads, head_dim]
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
@@ -135,30 +135,14 @@ fn load_q4(base: u32, d4: u32) -> vec4<f16> {
     );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_k4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, K[base + d], d < u.head_dim),
-        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return K[base / 4u + d4];
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_v4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, V[base + d], d < u.head_dim),
-        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return V[base / 4u + d4];
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -187,13 +171,6 @@ fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count
         }
     }
     return value;
-}
-
-// Fill tile_kv with BLOCK_K rows of K or V from key k0
-fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
-    for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
-        tile_kv[idx] = kv_element(is_v, idx, k0, kv_len, kv_head, d4_count);
-    }
 }
 
 // Query tile row r, head-dim vec4 d4, as f32
@@ -236,8 +213,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
-    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
@@ -289,10 +266,32 @@ fn main(
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
 
+    // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
+    // tile are in flight while this one is computed
+    var pre: array<vec4<f16>, 5>;
+    pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[4] = kv_element(false, t + 4u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
         workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
-        load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        tile_kv[t + 3u * WORKGROUP_SIZE] = pre[3];
+        if (t + 4u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 4u * WORKGROUP_SIZE] = pre[4];
+        }
+
+        pre[0] = kv_element(true, t + 0u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(true, t + 1u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(true, t + 2u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[3] = kv_element(true, t + 3u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[4] = kv_element(true, t + 4u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
@@ -454,7 +453,20 @@ fn main(
         row_part[(a * TILE_Q + 3u) * COLS + c] = max(max(max(max(max(max(max(s[24], s[25]), s[26]), s[27]), s[28]), s[29]), s[30]), s[31]);
         workgroupBarrier();  // every invocation is done reading K; partial maxima are written
 
-        load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
+        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
+        tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
+        tile_kv[t + 3u * WORKGROUP_SIZE] = pre[3];
+        if (t + 4u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
+            tile_kv[t + 4u * WORKGROUP_SIZE] = pre[4];
+        }
+
+        pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[4] = kv_element(false, t + 4u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+
         // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
         // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
         {

@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c8f50646707f9e61bf5f73abb7751aeee9ebc7fe3ed1adbd14ea3492409879be
+// source-hash: sha256:85e28d08a9706f8f5e8484395f989b281c9a9a2275a565914a99cb3c8e6f5c2a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 4 queries x 4 keys (S) and 4 queries x 8 dims (O).
+// micro-tiles of 4 queries x 4 keys (S) and 4 queries x 16 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -13,20 +13,20 @@ enable f16;
 enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 128u;
-const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
-const BLOCK_K: u32 = 64u;        // keys per KV tile
+const MAX_BLOCK_Q: u32 = 128u;    // rows of the Q / P tiles
+const BLOCK_K: u32 = 32u;        // keys per KV tile
 const TILE_Q: u32 = 4u;          // queries per invocation
 const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
-const COLS: u32 = 16u;             // invocations sharing a query group
-const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
-const ROW4: u32 = 33u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
+const COLS: u32 = 8u;             // invocations sharing a query group
+const TILE_D4: u32 = 4u;          // head-dim vec4 columns per invocation (strided by COLS)
+const ROW4: u32 = 32u;            // vec4s per Q/K/V tile row (vec4 column c of row r at c ^ (r % ROW4))
 const WORKGROUP_SIZE: u32 = 256u;
 const MASKED: f32 = -3.402823e+38;
-const MIN_SUBGROUP_SIZE: u32 = 16u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
+const MIN_SUBGROUP_SIZE: u32 = 8u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
 
 // Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
 // rows idle and stays correct; a larger one makes the kernel return without writing)
-override BLOCK_Q: u32 = 64u;
+override BLOCK_Q: u32 = 128u;
 
 struct Uniforms {
     num_heads: u32,       // Number of query heads
@@ -48,14 +48,14 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f16>;       // [query_len, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> K: array<f16>;       // [seq_len, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> V: array<f16>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
 @group(0) @binding(4) var<storage, read_write> output: array<f16>; // [query_len, num_heads, head_dim]
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
 
-var<workgroup> tile_q: array<vec4<f16>, 2112>;      // [MAX_BLOCK_Q][ROW4]
-var<workgroup> tile_kv: array<vec4<f16>, 2112>;     // [BLOCK_K][ROW4], K then V
+var<workgroup> tile_q: array<vec4<f16>, 4096>;      // [MAX_BLOCK_Q][ROW4]
+var<workgroup> tile_kv: array<vec4<f16>, 1024>;     // [BLOCK_K][ROW4], K then V
 var<workgroup> tile_p: array<vec4<f16>, 1024>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
 
 // Get KV head index for grouped query attention
@@ -137,30 +137,14 @@ fn load_q4(base: u32, d4: u32) -> vec4<f16> {
     );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_k4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, K[base + d], d < u.head_dim),
-        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return K[base / 4u + d4];
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_v4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, V[base + d], d < u.head_dim),
-        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return V[base / 4u + d4];
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -191,16 +175,9 @@ fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count
     return value;
 }
 
-// Fill tile_kv with BLOCK_K rows of K or V from key k0
-fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
-    for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
-        tile_kv[idx] = kv_element(is_v, idx, k0, kv_len, kv_head, d4_count);
-    }
-}
-
 // Query tile row r, head-dim vec4 d4, as f32
 fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
-    return vec4<f32>(tile_q[r * ROW4 + d4]);
+    return vec4<f32>(tile_q[r * ROW4 + ((d4) ^ (r & (ROW4 - 1u)))]);
 }
 
 // Scaled, soft-capped score
@@ -222,8 +199,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
-    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
@@ -245,7 +222,7 @@ fn main(
         if (r < q_count && d4 < d4_count) {
             value = load_q4(((q0 + r) * u.num_heads + head) * u.head_dim, d4);
         }
-        tile_q[idx] = value;
+        tile_q[(idx) ^ (((idx) / ROW4) & (ROW4 - 1u))] = value;
     }
 
     // KV tiles any query of this block can see; a tile that is not fully visible to every query
@@ -257,28 +234,53 @@ fn main(
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
     var m: array<f32, 4>;    // running row max (identical across a query group)
     var l: array<f32, 4>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var acc: array<vec4<f32>, 16>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
     acc[1] = vec4<f32>();
-    m[1] = MASKED;
-    l[1] = 0.0;
     acc[2] = vec4<f32>();
     acc[3] = vec4<f32>();
-    m[2] = MASKED;
-    l[2] = 0.0;
+    m[1] = MASKED;
+    l[1] = 0.0;
     acc[4] = vec4<f32>();
     acc[5] = vec4<f32>();
-    m[3] = MASKED;
-    l[3] = 0.0;
     acc[6] = vec4<f32>();
     acc[7] = vec4<f32>();
+    m[2] = MASKED;
+    l[2] = 0.0;
+    acc[8] = vec4<f32>();
+    acc[9] = vec4<f32>();
+    acc[10] = vec4<f32>();
+    acc[11] = vec4<f32>();
+    m[3] = MASKED;
+    l[3] = 0.0;
+    acc[12] = vec4<f32>();
+    acc[13] = vec4<f32>();
+    acc[14] = vec4<f32>();
+    acc[15] = vec4<f32>();
+
+    // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
+    // tile are in flight while this one is computed
+    var pre: array<vec4<f16>, 4>;
+    pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
+    pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
         workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
-        load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[(t + 0u * WORKGROUP_SIZE) ^ (((t + 0u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[0];
+        tile_kv[(t + 1u * WORKGROUP_SIZE) ^ (((t + 1u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[1];
+        tile_kv[(t + 2u * WORKGROUP_SIZE) ^ (((t + 2u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[2];
+        tile_kv[(t + 3u * WORKGROUP_SIZE) ^ (((t + 3u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[3];
+
+        pre[0] = kv_element(true, t + 0u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(true, t + 1u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(true, t + 2u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+        pre[3] = kv_element(true, t + 3u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
+
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
@@ -300,10 +302,10 @@ fn main(
         s[14] = 0.0;
         s[15] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
-            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
-            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
-            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
-            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
+            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + ((d4) ^ ((c + 0u * COLS) & (ROW4 - 1u)))]);
+            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + ((d4) ^ ((c + 1u * COLS) & (ROW4 - 1u)))]);
+            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + ((d4) ^ ((c + 2u * COLS) & (ROW4 - 1u)))]);
+            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + ((d4) ^ ((c + 3u * COLS) & (ROW4 - 1u)))]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
@@ -370,25 +372,30 @@ fn main(
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 1u));
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 2u));
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 4u));
-        tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 8u));
         var tile_max1 = max(max(max(s[4], s[5]), s[6]), s[7]);
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 1u));
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 2u));
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 4u));
-        tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 8u));
         var tile_max2 = max(max(max(s[8], s[9]), s[10]), s[11]);
         tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 1u));
         tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 2u));
         tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 4u));
-        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 8u));
         var tile_max3 = max(max(max(s[12], s[13]), s[14]), s[15]);
         tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 1u));
         tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 2u));
         tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 4u));
-        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 8u));
         workgroupBarrier();  // every invocation is done reading K
 
-        load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
+        tile_kv[(t + 0u * WORKGROUP_SIZE) ^ (((t + 0u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[0];
+        tile_kv[(t + 1u * WORKGROUP_SIZE) ^ (((t + 1u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[1];
+        tile_kv[(t + 2u * WORKGROUP_SIZE) ^ (((t + 2u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[2];
+        tile_kv[(t + 3u * WORKGROUP_SIZE) ^ (((t + 3u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[3];
+
+        pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+        pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
+
         // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
         // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
         {
@@ -411,6 +418,8 @@ fn main(
             l[0] = l[0] * correction + p0 + p1 + p2 + p3;
             acc[0] = acc[0] * correction;
             acc[1] = acc[1] * correction;
+            acc[2] = acc[2] * correction;
+            acc[3] = acc[3] * correction;
         }
         {
             let r = a * TILE_Q + 1u;
@@ -430,8 +439,10 @@ fn main(
             let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
             l[1] = l[1] * correction + p0 + p1 + p2 + p3;
-            acc[2] = acc[2] * correction;
-            acc[3] = acc[3] * correction;
+            acc[4] = acc[4] * correction;
+            acc[5] = acc[5] * correction;
+            acc[6] = acc[6] * correction;
+            acc[7] = acc[7] * correction;
         }
         {
             let r = a * TILE_Q + 2u;
@@ -451,8 +462,10 @@ fn main(
             let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
             l[2] = l[2] * correction + p0 + p1 + p2 + p3;
-            acc[4] = acc[4] * correction;
-            acc[5] = acc[5] * correction;
+            acc[8] = acc[8] * correction;
+            acc[9] = acc[9] * correction;
+            acc[10] = acc[10] * correction;
+            acc[11] = acc[11] * correction;
         }
         {
             let r = a * TILE_Q + 3u;
@@ -472,8 +485,10 @@ fn main(
             let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
             tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
             l[3] = l[3] * correction + p0 + p1 + p2 + p3;
-            acc[6] = acc[6] * correction;
-            acc[7] = acc[7] * correction;
+            acc[12] = acc[12] * correction;
+            acc[13] = acc[13] * correction;
+            acc[14] = acc[14] * correction;
+            acc[15] = acc[15] * correction;
         }
         workgroupBarrier();  // V and P are in workgroup memory
 
@@ -483,46 +498,86 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
             let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
-            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
+            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 0u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.x * v00;
-            acc[2] = acc[2] + p1.x * v00;
-            acc[4] = acc[4] + p2.x * v00;
-            acc[6] = acc[6] + p3.x * v00;
-            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p1.x * v00;
+            acc[8] = acc[8] + p2.x * v00;
+            acc[12] = acc[12] + p3.x * v00;
+            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 0u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.x * v01;
-            acc[3] = acc[3] + p1.x * v01;
-            acc[5] = acc[5] + p2.x * v01;
-            acc[7] = acc[7] + p3.x * v01;
-            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
+            acc[5] = acc[5] + p1.x * v01;
+            acc[9] = acc[9] + p2.x * v01;
+            acc[13] = acc[13] + p3.x * v01;
+            let v02 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + ((c + 2u * COLS) ^ ((k4 * 4u + 0u) & (ROW4 - 1u)))]);
+            acc[2] = acc[2] + p0.x * v02;
+            acc[6] = acc[6] + p1.x * v02;
+            acc[10] = acc[10] + p2.x * v02;
+            acc[14] = acc[14] + p3.x * v02;
+            let v03 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + ((c + 3u * COLS) ^ ((k4 * 4u + 0u) & (ROW4 - 1u)))]);
+            acc[3] = acc[3] + p0.x * v03;
+            acc[7] = acc[7] + p1.x * v03;
+            acc[11] = acc[11] + p2.x * v03;
+            acc[15] = acc[15] + p3.x * v03;
+            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 1u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.y * v10;
-            acc[2] = acc[2] + p1.y * v10;
-            acc[4] = acc[4] + p2.y * v10;
-            acc[6] = acc[6] + p3.y * v10;
-            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p1.y * v10;
+            acc[8] = acc[8] + p2.y * v10;
+            acc[12] = acc[12] + p3.y * v10;
+            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 1u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.y * v11;
-            acc[3] = acc[3] + p1.y * v11;
-            acc[5] = acc[5] + p2.y * v11;
-            acc[7] = acc[7] + p3.y * v11;
-            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
+            acc[5] = acc[5] + p1.y * v11;
+            acc[9] = acc[9] + p2.y * v11;
+            acc[13] = acc[13] + p3.y * v11;
+            let v12 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + ((c + 2u * COLS) ^ ((k4 * 4u + 1u) & (ROW4 - 1u)))]);
+            acc[2] = acc[2] + p0.y * v12;
+            acc[6] = acc[6] + p1.y * v12;
+            acc[10] = acc[10] + p2.y * v12;
+            acc[14] = acc[14] + p3.y * v12;
+            let v13 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + ((c + 3u * COLS) ^ ((k4 * 4u + 1u) & (ROW4 - 1u)))]);
+            acc[3] = acc[3] + p0.y * v13;
+            acc[7] = acc[7] + p1.y * v13;
+            acc[11] = acc[11] + p2.y * v13;
+            acc[15] = acc[15] + p3.y * v13;
+            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 2u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.z * v20;
-            acc[2] = acc[2] + p1.z * v20;
-            acc[4] = acc[4] + p2.z * v20;
-            acc[6] = acc[6] + p3.z * v20;
-            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p1.z * v20;
+            acc[8] = acc[8] + p2.z * v20;
+            acc[12] = acc[12] + p3.z * v20;
+            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 2u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.z * v21;
-            acc[3] = acc[3] + p1.z * v21;
-            acc[5] = acc[5] + p2.z * v21;
-            acc[7] = acc[7] + p3.z * v21;
-            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
+            acc[5] = acc[5] + p1.z * v21;
+            acc[9] = acc[9] + p2.z * v21;
+            acc[13] = acc[13] + p3.z * v21;
+            let v22 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + ((c + 2u * COLS) ^ ((k4 * 4u + 2u) & (ROW4 - 1u)))]);
+            acc[2] = acc[2] + p0.z * v22;
+            acc[6] = acc[6] + p1.z * v22;
+            acc[10] = acc[10] + p2.z * v22;
+            acc[14] = acc[14] + p3.z * v22;
+            let v23 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + ((c + 3u * COLS) ^ ((k4 * 4u + 2u) & (ROW4 - 1u)))]);
+            acc[3] = acc[3] + p0.z * v23;
+            acc[7] = acc[7] + p1.z * v23;
+            acc[11] = acc[11] + p2.z * v23;
+            acc[15] = acc[15] + p3.z * v23;
+            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 3u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.w * v30;
-            acc[2] = acc[2] + p1.w * v30;
-            acc[4] = acc[4] + p2.w * v30;
-            acc[6] = acc[6] + p3.w * v30;
-            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p1.w * v30;
+            acc[8] = acc[8] + p2.w * v30;
+            acc[12] = acc[12] + p3.w * v30;
+            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 3u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.w * v31;
-            acc[3] = acc[3] + p1.w * v31;
-            acc[5] = acc[5] + p2.w * v31;
-            acc[7] = acc[7] + p3.w * v31;
+            acc[5] = acc[5] + p1.w * v31;
+            acc[9] = acc[9] + p2.w * v31;
+            acc[13] = acc[13] + p3.w * v31;
+            let v32 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + ((c + 2u * COLS) ^ ((k4 * 4u + 3u) & (ROW4 - 1u)))]);
+            acc[2] = acc[2] + p0.w * v32;
+            acc[6] = acc[6] + p1.w * v32;
+            acc[10] = acc[10] + p2.w * v32;
+            acc[14] = acc[14] + p3.w * v32;
+            let v33 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + ((c + 3u * COLS) ^ ((k4 * 4u + 3u) & (ROW4 - 1u)))]);
+            acc[3] = acc[3] + p0.w * v33;
+            acc[7] = acc[7] + p1.w * v33;
+            acc[11] = acc[11] + p2.w * v33;
+            acc[15] = acc[15] + p3.w * v33;
         }
     }
 
@@ -536,22 +591,18 @@ fn main(
     total0 = total0 + subgroupShuffleXor(total0, 1u);
     total0 = total0 + subgroupShuffleXor(total0, 2u);
     total0 = total0 + subgroupShuffleXor(total0, 4u);
-    total0 = total0 + subgroupShuffleXor(total0, 8u);
     var total1 = l[1];
     total1 = total1 + subgroupShuffleXor(total1, 1u);
     total1 = total1 + subgroupShuffleXor(total1, 2u);
     total1 = total1 + subgroupShuffleXor(total1, 4u);
-    total1 = total1 + subgroupShuffleXor(total1, 8u);
     var total2 = l[2];
     total2 = total2 + subgroupShuffleXor(total2, 1u);
     total2 = total2 + subgroupShuffleXor(total2, 2u);
     total2 = total2 + subgroupShuffleXor(total2, 4u);
-    total2 = total2 + subgroupShuffleXor(total2, 8u);
     var total3 = l[3];
     total3 = total3 + subgroupShuffleXor(total3, 1u);
     total3 = total3 + subgroupShuffleXor(total3, 2u);
     total3 = total3 + subgroupShuffleXor(total3, 4u);
-    total3 = total3 + subgroupShuffleXor(total3, 8u);
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
         let total = total0;
@@ -559,29 +610,37 @@ fn main(
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[0] * inv_l);
         store_out4(base, c + 1u * COLS, acc[1] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[2] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[3] * inv_l);
     }
     if (a * TILE_Q + 1u < q_count) {
         let r = a * TILE_Q + 1u;
         let total = total1;
         let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[2] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[3] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[6] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[7] * inv_l);
     }
     if (a * TILE_Q + 2u < q_count) {
         let r = a * TILE_Q + 2u;
         let total = total2;
         let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[8] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[9] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[10] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[11] * inv_l);
     }
     if (a * TILE_Q + 3u < q_count) {
         let r = a * TILE_Q + 3u;
         let total = total3;
         let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
-        store_out4(base, c + 0u * COLS, acc[6] * inv_l);
-        store_out4(base, c + 1u * COLS, acc[7] * inv_l);
+        store_out4(base, c + 0u * COLS, acc[12] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[13] * inv_l);
+        store_out4(base, c + 2u * COLS, acc[14] * inv_l);
+        store_out4(base, c + 3u * COLS, acc[15] * inv_l);
     }
 }

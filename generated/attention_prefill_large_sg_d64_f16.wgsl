@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3cc7d0b79e5b8927e789e14447e52102268f58e4858633e2a79d65c86d413a3e
+// source-hash: sha256:5dec63472c6bb7a59d383984f0e1d6d1de11cd8cd7e2de39edb9812881b25b8b
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -19,7 +19,7 @@ const TILE_Q: u32 = 4u;          // queries per invocation
 const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
 const COLS: u32 = 16u;             // invocations sharing a query group
 const TILE_D4: u32 = 1u;          // head-dim vec4 columns per invocation (strided by COLS)
-const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
+const ROW4: u32 = 16u;            // vec4s per Q/K/V tile row (vec4 column c of row r at c ^ (r % ROW4))
 const WORKGROUP_SIZE: u32 = 512u;
 const MASKED: f32 = -3.402823e+38;
 const MIN_SUBGROUP_SIZE: u32 = 16u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
@@ -48,14 +48,14 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f16>;       // [query_len, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> K: array<f16>;       // [seq_len, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> V: array<f16>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
 @group(0) @binding(4) var<storage, read_write> output: array<f16>; // [query_len, num_heads, head_dim]
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
 
-var<workgroup> tile_q: array<vec4<f16>, 2176>;      // [MAX_BLOCK_Q][ROW4]
-var<workgroup> tile_kv: array<vec4<f16>, 1088>;     // [BLOCK_K][ROW4], K then V
+var<workgroup> tile_q: array<vec4<f16>, 2048>;      // [MAX_BLOCK_Q][ROW4]
+var<workgroup> tile_kv: array<vec4<f32>, 1024>;     // [BLOCK_K][ROW4], K then V
 var<workgroup> tile_p: array<vec4<f16>, 2048>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
 
 // Get KV head index for grouped query attention
@@ -137,30 +137,14 @@ fn load_q4(base: u32, d4: u32) -> vec4<f16> {
     );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_k4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, K[base + d], d < u.head_dim),
-        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return K[base / 4u + d4];
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_v4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, V[base + d], d < u.head_dim),
-        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return V[base / 4u + d4];
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -191,9 +175,16 @@ fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count
     return value;
 }
 
+// Fill tile_kv with BLOCK_K rows of K or V from key k0
+fn load_kv_tile(is_v: bool, t: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count: u32) {
+    for (var idx: u32 = t; idx < BLOCK_K * ROW4; idx = idx + WORKGROUP_SIZE) {
+        tile_kv[(idx) ^ (((idx) / ROW4) & (ROW4 - 1u))] = vec4<f32>(kv_element(is_v, idx, k0, kv_len, kv_head, d4_count));
+    }
+}
+
 // Query tile row r, head-dim vec4 d4, as f32
 fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
-    return vec4<f32>(tile_q[r * ROW4 + d4]);
+    return vec4<f32>(tile_q[r * ROW4 + ((d4) ^ (r & (ROW4 - 1u)))]);
 }
 
 // Scaled, soft-capped score
@@ -215,8 +206,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
-    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
@@ -238,7 +229,7 @@ fn main(
         if (r < q_count && d4 < d4_count) {
             value = load_q4(((q0 + r) * u.num_heads + head) * u.head_dim, d4);
         }
-        tile_q[idx] = value;
+        tile_q[(idx) ^ (((idx) / ROW4) & (ROW4 - 1u))] = value;
     }
 
     // KV tiles any query of this block can see; a tile that is not fully visible to every query
@@ -264,26 +255,10 @@ fn main(
     l[3] = 0.0;
     acc[3] = vec4<f32>();
 
-    // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
-    // tile are in flight while this one is computed
-    var pre: array<vec4<f16>, 3>;
-    pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
-    pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
-    pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
-
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
         workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
-        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
-        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
-        if (t + 2u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
-            tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
-        }
-
-        pre[0] = kv_element(true, t + 0u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
-        pre[1] = kv_element(true, t + 1u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
-        pre[2] = kv_element(true, t + 2u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
-
+        load_kv_tile(false, t, k0, kv_len, kv_head, d4_count);
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
@@ -305,10 +280,10 @@ fn main(
         s[14] = 0.0;
         s[15] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
-            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
-            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
-            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
-            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
+            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + ((d4) ^ ((c + 0u * COLS) & (ROW4 - 1u)))]);
+            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + ((d4) ^ ((c + 1u * COLS) & (ROW4 - 1u)))]);
+            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + ((d4) ^ ((c + 2u * COLS) & (ROW4 - 1u)))]);
+            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + ((d4) ^ ((c + 3u * COLS) & (ROW4 - 1u)))]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
@@ -393,16 +368,7 @@ fn main(
         tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 8u));
         workgroupBarrier();  // every invocation is done reading K
 
-        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
-        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
-        if (t + 2u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
-            tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
-        }
-
-        pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
-        pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
-        pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
-
+        load_kv_tile(true, t, k0, kv_len, kv_head, d4_count);
         // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
         // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
         {
@@ -493,22 +459,22 @@ fn main(
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
             let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
             let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
-            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
+            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 0u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.x * v00;
             acc[1] = acc[1] + p1.x * v00;
             acc[2] = acc[2] + p2.x * v00;
             acc[3] = acc[3] + p3.x * v00;
-            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
+            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 1u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.y * v10;
             acc[1] = acc[1] + p1.y * v10;
             acc[2] = acc[2] + p2.y * v10;
             acc[3] = acc[3] + p3.y * v10;
-            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
+            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 2u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.z * v20;
             acc[1] = acc[1] + p1.z * v20;
             acc[2] = acc[2] + p2.z * v20;
             acc[3] = acc[3] + p3.z * v20;
-            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
+            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 3u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.w * v30;
             acc[1] = acc[1] + p1.w * v30;
             acc[2] = acc[2] + p2.w * v30;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fdaa3093764ca5af9cc7a52ce93e2228a56adf325a2991077ecc20673e68c2c8
+// source-hash: sha256:6712798ae31ac052c93c3210909dd0d0f5f97a96f4eb4ff31b41a4af2796465e
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -43,8 +43,8 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f32>;       // [query_len, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> K: array<f32>;       // [seq_len, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> V: array<f32>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f32>>;       // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f32>>;       // [seq_len, num_kv_heads, head_dim / 4]
 @group(0) @binding(4) var<storage, read_write> output: array<f32>; // [query_len, num_heads, head_dim]
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
@@ -132,30 +132,14 @@ fn load_q4(base: u32, d4: u32) -> vec4<f32> {
     );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_k4(base: u32, d4: u32) -> vec4<f32> {
-    let d = d4 * 4u;
-    let zero = f32(0.0);
-    return vec4<f32>(
-        select(zero, K[base + d], d < u.head_dim),
-        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return K[base / 4u + d4];
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_v4(base: u32, d4: u32) -> vec4<f32> {
-    let d = d4 * 4u;
-    let zero = f32(0.0);
-    return vec4<f32>(
-        select(zero, V[base + d], d < u.head_dim),
-        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return V[base / 4u + d4];
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -237,8 +221,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
-    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:79c91c23236e0c818d200a6b70218e1206fc8d0649f455642c4d276ae277cbe0
+// source-hash: sha256:3b5f9c1d2f2d2727f4914698db1fa752e015ad1de7c6f986199ff32565cab6a6
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -48,8 +48,8 @@ struct Uniforms {
 
 @group(0) @binding(0) var<uniform> u: Uniforms;
 @group(0) @binding(1) var<storage, read> Q: array<f16>;       // [query_len, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> K: array<f16>;       // [seq_len, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> V: array<f16>;       // [seq_len, num_kv_heads, head_dim]
+@group(0) @binding(2) var<storage, read> K: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
+@group(0) @binding(3) var<storage, read> V: array<vec4<f16>>;       // [seq_len, num_kv_heads, head_dim / 4]
 @group(0) @binding(4) var<storage, read_write> output: array<f16>; // [query_len, num_heads, head_dim]
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
@@ -137,30 +137,14 @@ fn load_q4(base: u32, d4: u32) -> vec4<f16> {
     );
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the K row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the K row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_k4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, K[base + d], d < u.head_dim),
-        select(zero, K[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, K[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, K[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return K[base / 4u + d4];
 }
 
-// Elements 4·d4 .. 4·d4 + 3 of the V row at base (zeros past head_dim; branch-free: an
-// index past the row reads a neighbour, or nothing under robust buffer access, and is discarded)
+// Elements 4·d4 .. 4·d4 + 3 of the V row at base (one vec4 load: head_dim is a multiple of 4)
 fn load_v4(base: u32, d4: u32) -> vec4<f16> {
-    let d = d4 * 4u;
-    let zero = f16(0.0);
-    return vec4<f16>(
-        select(zero, V[base + d], d < u.head_dim),
-        select(zero, V[base + d + 1u], d + 1u < u.head_dim),
-        select(zero, V[base + d + 2u], d + 2u < u.head_dim),
-        select(zero, V[base + d + 3u], d + 3u < u.head_dim),
-    );
+    return V[base / 4u + d4];
 }
 
 // Store elements 4·d4 .. 4·d4 + 3 of the output row at base (none past head_dim)
@@ -215,8 +199,8 @@ fn main(
     let head = wg_id.x % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
     let block = wg_id.x / u.num_heads;
-    // a head_dim over MAX_HEAD_DIM, or a host-set BLOCK_Q over the tile rows, returns unwritten
-    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks) {
+    // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
+    if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query block blocks - 1 - w / num_heads: under a causal mask the last
