@@ -1,11 +1,11 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3b5f9c1d2f2d2727f4914698db1fa752e015ad1de7c6f986199ff32565cab6a6
+// source-hash: sha256:119ba51527ce7828174f7de8862423bc3e2e804f9e249dc50943ea7c2ca819dd
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
 // One workgroup per (query block, head); K/V tiles in workgroup memory (f16), register
-// micro-tiles of 2 queries x 4 keys (S) and 2 queries x 8 dims (O).
+// micro-tiles of 4 queries x 4 keys (S) and 4 queries x 8 dims (O).
 // All arithmetic is f32; other dtypes appear only in storage.
 
 enable f16;
@@ -13,20 +13,20 @@ enable f16;
 enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 64u;
-const MAX_BLOCK_Q: u32 = 32u;    // rows of the Q / P tiles
+const MAX_BLOCK_Q: u32 = 64u;    // rows of the Q / P tiles
 const BLOCK_K: u32 = 32u;        // keys per KV tile
-const TILE_Q: u32 = 2u;          // queries per invocation
+const TILE_Q: u32 = 4u;          // queries per invocation
 const TILE_K: u32 = 4u;          // keys per invocation (strided by COLS)
 const COLS: u32 = 8u;             // invocations sharing a query group
 const TILE_D4: u32 = 2u;          // head-dim vec4 columns per invocation (strided by COLS)
-const ROW4: u32 = 17u;            // vec4s per Q/K/V tile row (padded against bank conflicts)
+const ROW4: u32 = 16u;            // vec4s per Q/K/V tile row (vec4 column c of row r at c ^ (r % ROW4))
 const WORKGROUP_SIZE: u32 = 128u;
 const MASKED: f32 = -3.402823e+38;
 const MIN_SUBGROUP_SIZE: u32 = 8u;  // a query group's COLS lanes share a subgroup; narrower ones store NaN
 
 // Queries per workgroup as the host dispatches them (a smaller value than MAX_BLOCK_Q leaves tile
 // rows idle and stays correct; a larger one makes the kernel return without writing)
-override BLOCK_Q: u32 = 32u;
+override BLOCK_Q: u32 = 64u;
 
 struct Uniforms {
     num_heads: u32,       // Number of query heads
@@ -54,9 +54,9 @@ struct Uniforms {
 @group(0) @binding(5) var<storage, read> kv_len_buffer: array<u32>;
 @group(0) @binding(6) var<storage, read> page_table: array<u32>;
 
-var<workgroup> tile_q: array<vec4<f16>, 544>;      // [MAX_BLOCK_Q][ROW4]
-var<workgroup> tile_kv: array<vec4<f16>, 544>;     // [BLOCK_K][ROW4], K then V
-var<workgroup> tile_p: array<vec4<f16>, 256>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
+var<workgroup> tile_q: array<vec4<f16>, 1024>;      // [MAX_BLOCK_Q][ROW4]
+var<workgroup> tile_kv: array<vec4<f16>, 512>;     // [BLOCK_K][ROW4], K then V
+var<workgroup> tile_p: array<vec4<f16>, 512>;      // [MAX_BLOCK_Q][BLOCK_K / 4]
 
 // Get KV head index for grouped query attention
 fn get_kv_head_idx(query_head_idx: u32) -> u32 {
@@ -177,7 +177,7 @@ fn kv_element(is_v: bool, idx: u32, k0: u32, kv_len: u32, kv_head: u32, d4_count
 
 // Query tile row r, head-dim vec4 d4, as f32
 fn q_vec(q0: u32, r: u32, d4: u32, head: u32) -> vec4<f32> {
-    return vec4<f32>(tile_q[r * ROW4 + d4]);
+    return vec4<f32>(tile_q[r * ROW4 + ((d4) ^ (r & (ROW4 - 1u)))]);
 }
 
 // Scaled, soft-capped score
@@ -222,7 +222,7 @@ fn main(
         if (r < q_count && d4 < d4_count) {
             value = load_q4(((q0 + r) * u.num_heads + head) * u.head_dim, d4);
         }
-        tile_q[idx] = value;
+        tile_q[(idx) ^ (((idx) / ROW4) & (ROW4 - 1u))] = value;
     }
 
     // KV tiles any query of this block can see; a tile that is not fully visible to every query
@@ -232,9 +232,9 @@ fn main(
     let end_tile = (span.y + BLOCK_K - 1u) / BLOCK_K;
 
     // Register micro-tiles (loops over them are unrolled here so every index is a constant)
-    var m: array<f32, 2>;    // running row max (identical across a query group)
-    var l: array<f32, 2>;    // this invocation's share of the row sum
-    var acc: array<vec4<f32>, 4>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
+    var m: array<f32, 4>;    // running row max (identical across a query group)
+    var l: array<f32, 4>;    // this invocation's share of the row sum
+    var acc: array<vec4<f32>, 8>;  // [TILE_Q][TILE_D4]: head-dim vec4 columns c + j * COLS
     m[0] = MASKED;
     l[0] = 0.0;
     acc[0] = vec4<f32>();
@@ -243,37 +243,40 @@ fn main(
     l[1] = 0.0;
     acc[2] = vec4<f32>();
     acc[3] = vec4<f32>();
+    m[2] = MASKED;
+    l[2] = 0.0;
+    acc[4] = vec4<f32>();
+    acc[5] = vec4<f32>();
+    m[3] = MASKED;
+    l[3] = 0.0;
+    acc[6] = vec4<f32>();
+    acc[7] = vec4<f32>();
 
     // K/V tiles are prefetched into registers one phase ahead: the global loads of the next
     // tile are in flight while this one is computed
-    var pre: array<vec4<f16>, 5>;
+    var pre: array<vec4<f16>, 4>;
     pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
     pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
     pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
     pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
-    pre[4] = kv_element(false, t + 4u * WORKGROUP_SIZE, first_tile * BLOCK_K, kv_len, kv_head, d4_count);
 
     for (var tile: u32 = first_tile; tile < end_tile; tile = tile + 1u) {
         let k0 = tile * BLOCK_K;
         workgroupBarrier();  // the previous tile's P·V is done with tile_kv and tile_p
-        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
-        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
-        tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
-        tile_kv[t + 3u * WORKGROUP_SIZE] = pre[3];
-        if (t + 4u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
-            tile_kv[t + 4u * WORKGROUP_SIZE] = pre[4];
-        }
+        tile_kv[(t + 0u * WORKGROUP_SIZE) ^ (((t + 0u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[0];
+        tile_kv[(t + 1u * WORKGROUP_SIZE) ^ (((t + 1u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[1];
+        tile_kv[(t + 2u * WORKGROUP_SIZE) ^ (((t + 2u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[2];
+        tile_kv[(t + 3u * WORKGROUP_SIZE) ^ (((t + 3u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[3];
 
         pre[0] = kv_element(true, t + 0u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
         pre[1] = kv_element(true, t + 1u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
         pre[2] = kv_element(true, t + 2u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
         pre[3] = kv_element(true, t + 3u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
-        pre[4] = kv_element(true, t + 4u * WORKGROUP_SIZE, k0, kv_len, kv_head, d4_count);
 
         workgroupBarrier();
 
         // S = Q·Kᵀ for TILE_Q queries (rows a * TILE_Q + i) x TILE_K keys (c + j * COLS)
-        var s: array<f32, 8>;
+        var s: array<f32, 16>;
         s[0] = 0.0;
         s[1] = 0.0;
         s[2] = 0.0;
@@ -282,11 +285,19 @@ fn main(
         s[5] = 0.0;
         s[6] = 0.0;
         s[7] = 0.0;
+        s[8] = 0.0;
+        s[9] = 0.0;
+        s[10] = 0.0;
+        s[11] = 0.0;
+        s[12] = 0.0;
+        s[13] = 0.0;
+        s[14] = 0.0;
+        s[15] = 0.0;
         for (var d4: u32 = 0u; d4 < d4_count; d4 = d4 + 1u) {
-            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + d4]);
-            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + d4]);
-            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + d4]);
-            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + d4]);
+            let kt0 = vec4<f32>(tile_kv[(c + 0u * COLS) * ROW4 + ((d4) ^ ((c + 0u * COLS) & (ROW4 - 1u)))]);
+            let kt1 = vec4<f32>(tile_kv[(c + 1u * COLS) * ROW4 + ((d4) ^ ((c + 1u * COLS) & (ROW4 - 1u)))]);
+            let kt2 = vec4<f32>(tile_kv[(c + 2u * COLS) * ROW4 + ((d4) ^ ((c + 2u * COLS) & (ROW4 - 1u)))]);
+            let kt3 = vec4<f32>(tile_kv[(c + 3u * COLS) * ROW4 + ((d4) ^ ((c + 3u * COLS) & (ROW4 - 1u)))]);
             let qr0 = q_vec(q0, a * TILE_Q + 0u, d4, head);
             s[0] = s[0] + dot(qr0, kt0);
             s[1] = s[1] + dot(qr0, kt1);
@@ -297,6 +308,16 @@ fn main(
             s[5] = s[5] + dot(qr1, kt1);
             s[6] = s[6] + dot(qr1, kt2);
             s[7] = s[7] + dot(qr1, kt3);
+            let qr2 = q_vec(q0, a * TILE_Q + 2u, d4, head);
+            s[8] = s[8] + dot(qr2, kt0);
+            s[9] = s[9] + dot(qr2, kt1);
+            s[10] = s[10] + dot(qr2, kt2);
+            s[11] = s[11] + dot(qr2, kt3);
+            let qr3 = q_vec(q0, a * TILE_Q + 3u, d4, head);
+            s[12] = s[12] + dot(qr3, kt0);
+            s[13] = s[13] + dot(qr3, kt1);
+            s[14] = s[14] + dot(qr3, kt2);
+            s[15] = s[15] + dot(qr3, kt3);
         }
 
         // scale and softcap; masks only on tiles that straddle a mask edge (a key outside its
@@ -309,6 +330,14 @@ fn main(
         s[5] = final_score(s[5]);
         s[6] = final_score(s[6]);
         s[7] = final_score(s[7]);
+        s[8] = final_score(s[8]);
+        s[9] = final_score(s[9]);
+        s[10] = final_score(s[10]);
+        s[11] = final_score(s[11]);
+        s[12] = final_score(s[12]);
+        s[13] = final_score(s[13]);
+        s[14] = final_score(s[14]);
+        s[15] = final_score(s[15]);
         if (tile_needs_mask(q0, q_count, k0, kv_len)) {
             let span0 = visible_keys(q0 + a * TILE_Q + 0u, 1u, kv_len);
             s[0] = select(MASKED, s[0], (k0 + c + 0u * COLS >= span0.x) & (k0 + c + 0u * COLS < span0.y));
@@ -320,6 +349,16 @@ fn main(
             s[5] = select(MASKED, s[5], (k0 + c + 1u * COLS >= span1.x) & (k0 + c + 1u * COLS < span1.y));
             s[6] = select(MASKED, s[6], (k0 + c + 2u * COLS >= span1.x) & (k0 + c + 2u * COLS < span1.y));
             s[7] = select(MASKED, s[7], (k0 + c + 3u * COLS >= span1.x) & (k0 + c + 3u * COLS < span1.y));
+            let span2 = visible_keys(q0 + a * TILE_Q + 2u, 1u, kv_len);
+            s[8] = select(MASKED, s[8], (k0 + c + 0u * COLS >= span2.x) & (k0 + c + 0u * COLS < span2.y));
+            s[9] = select(MASKED, s[9], (k0 + c + 1u * COLS >= span2.x) & (k0 + c + 1u * COLS < span2.y));
+            s[10] = select(MASKED, s[10], (k0 + c + 2u * COLS >= span2.x) & (k0 + c + 2u * COLS < span2.y));
+            s[11] = select(MASKED, s[11], (k0 + c + 3u * COLS >= span2.x) & (k0 + c + 3u * COLS < span2.y));
+            let span3 = visible_keys(q0 + a * TILE_Q + 3u, 1u, kv_len);
+            s[12] = select(MASKED, s[12], (k0 + c + 0u * COLS >= span3.x) & (k0 + c + 0u * COLS < span3.y));
+            s[13] = select(MASKED, s[13], (k0 + c + 1u * COLS >= span3.x) & (k0 + c + 1u * COLS < span3.y));
+            s[14] = select(MASKED, s[14], (k0 + c + 2u * COLS >= span3.x) & (k0 + c + 2u * COLS < span3.y));
+            s[15] = select(MASKED, s[15], (k0 + c + 3u * COLS >= span3.x) & (k0 + c + 3u * COLS < span3.y));
         }
         var tile_max0 = max(max(max(s[0], s[1]), s[2]), s[3]);
         tile_max0 = max(tile_max0, subgroupShuffleXor(tile_max0, 1u));
@@ -329,21 +368,25 @@ fn main(
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 1u));
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 2u));
         tile_max1 = max(tile_max1, subgroupShuffleXor(tile_max1, 4u));
+        var tile_max2 = max(max(max(s[8], s[9]), s[10]), s[11]);
+        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 1u));
+        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 2u));
+        tile_max2 = max(tile_max2, subgroupShuffleXor(tile_max2, 4u));
+        var tile_max3 = max(max(max(s[12], s[13]), s[14]), s[15]);
+        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 1u));
+        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 2u));
+        tile_max3 = max(tile_max3, subgroupShuffleXor(tile_max3, 4u));
         workgroupBarrier();  // every invocation is done reading K
 
-        tile_kv[t + 0u * WORKGROUP_SIZE] = pre[0];
-        tile_kv[t + 1u * WORKGROUP_SIZE] = pre[1];
-        tile_kv[t + 2u * WORKGROUP_SIZE] = pre[2];
-        tile_kv[t + 3u * WORKGROUP_SIZE] = pre[3];
-        if (t + 4u * WORKGROUP_SIZE < BLOCK_K * ROW4) {
-            tile_kv[t + 4u * WORKGROUP_SIZE] = pre[4];
-        }
+        tile_kv[(t + 0u * WORKGROUP_SIZE) ^ (((t + 0u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[0];
+        tile_kv[(t + 1u * WORKGROUP_SIZE) ^ (((t + 1u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[1];
+        tile_kv[(t + 2u * WORKGROUP_SIZE) ^ (((t + 2u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[2];
+        tile_kv[(t + 3u * WORKGROUP_SIZE) ^ (((t + 3u * WORKGROUP_SIZE) / ROW4) & (ROW4 - 1u))] = pre[3];
 
         pre[0] = kv_element(false, t + 0u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
         pre[1] = kv_element(false, t + 1u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
         pre[2] = kv_element(false, t + 2u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
         pre[3] = kv_element(false, t + 3u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
-        pre[4] = kv_element(false, t + 4u * WORKGROUP_SIZE, k0 + BLOCK_K, kv_len, kv_head, d4_count);
 
         // online softmax: P = exp(S - m_new) into tile_p, rescale l and acc by exp(m_old - m_new)
         // (while nothing is seen yet m_old == m_new == MASKED: acc and l are 0 whatever the factor)
@@ -389,36 +432,96 @@ fn main(
             acc[2] = acc[2] * correction;
             acc[3] = acc[3] * correction;
         }
+        {
+            let r = a * TILE_Q + 2u;
+            let m_new = max(m[2], tile_max2);
+            let correction = exp(m[2] - m_new);
+            m[2] = m_new;
+            let p0_h = f16(select(0.0, exp(s[8] - m_new), s[8] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[9] - m_new), s[9] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[10] - m_new), s[10] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[11] - m_new), s[11] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[2] = l[2] * correction + p0 + p1 + p2 + p3;
+            acc[4] = acc[4] * correction;
+            acc[5] = acc[5] * correction;
+        }
+        {
+            let r = a * TILE_Q + 3u;
+            let m_new = max(m[3], tile_max3);
+            let correction = exp(m[3] - m_new);
+            m[3] = m_new;
+            let p0_h = f16(select(0.0, exp(s[12] - m_new), s[12] > MASKED));
+            let p0 = f32(p0_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 0u * COLS) / 4u][(c + 0u * COLS) % 4u] = p0_h;
+            let p1_h = f16(select(0.0, exp(s[13] - m_new), s[13] > MASKED));
+            let p1 = f32(p1_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 1u * COLS) / 4u][(c + 1u * COLS) % 4u] = p1_h;
+            let p2_h = f16(select(0.0, exp(s[14] - m_new), s[14] > MASKED));
+            let p2 = f32(p2_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 2u * COLS) / 4u][(c + 2u * COLS) % 4u] = p2_h;
+            let p3_h = f16(select(0.0, exp(s[15] - m_new), s[15] > MASKED));
+            let p3 = f32(p3_h);  // the row sum adds the rounded weight the P·V step uses
+            tile_p[r * (BLOCK_K / 4u) + (c + 3u * COLS) / 4u][(c + 3u * COLS) % 4u] = p3_h;
+            l[3] = l[3] * correction + p0 + p1 + p2 + p3;
+            acc[6] = acc[6] * correction;
+            acc[7] = acc[7] * correction;
+        }
         workgroupBarrier();  // V and P are in workgroup memory
 
         // O += P·V for TILE_Q queries x TILE_D4 head-dim vec4 columns
         for (var k4: u32 = 0u; k4 < BLOCK_K / 4u; k4 = k4 + 1u) {
             let p0 = vec4<f32>(tile_p[(a * TILE_Q + 0u) * (BLOCK_K / 4u) + k4]);
             let p1 = vec4<f32>(tile_p[(a * TILE_Q + 1u) * (BLOCK_K / 4u) + k4]);
-            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 0u * COLS]);
+            let p2 = vec4<f32>(tile_p[(a * TILE_Q + 2u) * (BLOCK_K / 4u) + k4]);
+            let p3 = vec4<f32>(tile_p[(a * TILE_Q + 3u) * (BLOCK_K / 4u) + k4]);
+            let v00 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 0u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.x * v00;
             acc[2] = acc[2] + p1.x * v00;
-            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p2.x * v00;
+            acc[6] = acc[6] + p3.x * v00;
+            let v01 = vec4<f32>(tile_kv[(k4 * 4u + 0u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 0u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.x * v01;
             acc[3] = acc[3] + p1.x * v01;
-            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 0u * COLS]);
+            acc[5] = acc[5] + p2.x * v01;
+            acc[7] = acc[7] + p3.x * v01;
+            let v10 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 1u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.y * v10;
             acc[2] = acc[2] + p1.y * v10;
-            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p2.y * v10;
+            acc[6] = acc[6] + p3.y * v10;
+            let v11 = vec4<f32>(tile_kv[(k4 * 4u + 1u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 1u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.y * v11;
             acc[3] = acc[3] + p1.y * v11;
-            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 0u * COLS]);
+            acc[5] = acc[5] + p2.y * v11;
+            acc[7] = acc[7] + p3.y * v11;
+            let v20 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 2u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.z * v20;
             acc[2] = acc[2] + p1.z * v20;
-            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p2.z * v20;
+            acc[6] = acc[6] + p3.z * v20;
+            let v21 = vec4<f32>(tile_kv[(k4 * 4u + 2u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 2u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.z * v21;
             acc[3] = acc[3] + p1.z * v21;
-            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 0u * COLS]);
+            acc[5] = acc[5] + p2.z * v21;
+            acc[7] = acc[7] + p3.z * v21;
+            let v30 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + ((c + 0u * COLS) ^ ((k4 * 4u + 3u) & (ROW4 - 1u)))]);
             acc[0] = acc[0] + p0.w * v30;
             acc[2] = acc[2] + p1.w * v30;
-            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + c + 1u * COLS]);
+            acc[4] = acc[4] + p2.w * v30;
+            acc[6] = acc[6] + p3.w * v30;
+            let v31 = vec4<f32>(tile_kv[(k4 * 4u + 3u) * ROW4 + ((c + 1u * COLS) ^ ((k4 * 4u + 3u) & (ROW4 - 1u)))]);
             acc[1] = acc[1] + p0.w * v31;
             acc[3] = acc[3] + p1.w * v31;
+            acc[5] = acc[5] + p2.w * v31;
+            acc[7] = acc[7] + p3.w * v31;
         }
     }
 
@@ -436,6 +539,14 @@ fn main(
     total1 = total1 + subgroupShuffleXor(total1, 1u);
     total1 = total1 + subgroupShuffleXor(total1, 2u);
     total1 = total1 + subgroupShuffleXor(total1, 4u);
+    var total2 = l[2];
+    total2 = total2 + subgroupShuffleXor(total2, 1u);
+    total2 = total2 + subgroupShuffleXor(total2, 2u);
+    total2 = total2 + subgroupShuffleXor(total2, 4u);
+    var total3 = l[3];
+    total3 = total3 + subgroupShuffleXor(total3, 1u);
+    total3 = total3 + subgroupShuffleXor(total3, 2u);
+    total3 = total3 + subgroupShuffleXor(total3, 4u);
     if (a * TILE_Q + 0u < q_count) {
         let r = a * TILE_Q + 0u;
         let total = total0;
@@ -451,5 +562,21 @@ fn main(
         let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
         store_out4(base, c + 0u * COLS, acc[2] * inv_l);
         store_out4(base, c + 1u * COLS, acc[3] * inv_l);
+    }
+    if (a * TILE_Q + 2u < q_count) {
+        let r = a * TILE_Q + 2u;
+        let total = total2;
+        let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[4] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[5] * inv_l);
+    }
+    if (a * TILE_Q + 3u < q_count) {
+        let r = a * TILE_Q + 3u;
+        let total = total3;
+        let inv_l = select(poison, select(0.0, 1.0 / total, total > 0.0), numbered);
+        let base = ((q0 + r) * u.num_heads + head) * u.head_dim;
+        store_out4(base, c + 0u * COLS, acc[6] * inv_l);
+        store_out4(base, c + 1u * COLS, acc[7] * inv_l);
     }
 }

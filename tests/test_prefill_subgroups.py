@@ -29,13 +29,14 @@ pytestmark = [
 ]
 
 PREFILL = "templates/attention_prefill.wgsl.j2"
-SMALL = "attention_prefill_small_sg_d64_f16"  # 32 x 32 tiles
+SMALL = "attention_prefill_small_sg_d64_f16"  # 32-key tiles (64-query blocks as shipped)
 
 
 def _cols(width: int) -> dict:
-    """Tiles of the small variant whose query groups have ``width`` key columns: 4 queries an
-    invocation (whatever the shipped tile_q), so 32 / 4 = 8 query groups."""
-    return {"tile_q": 4, "workgroup_size": 8 * width}
+    """Tiles of the small variant whose query groups have ``width`` key columns: 32-query
+    blocks of 4 queries an invocation (whatever the shipped block_q and tile_q), so 32 / 4 = 8
+    query groups."""
+    return {"block_q": 32, "tile_q": 4, "workgroup_size": 8 * width}
 
 
 @pytest.fixture(scope="module")
