@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a7f1f2c5189c4f88ac5bc0dd5032a46754e879fdfef616d6d429897fdbbe526d
+// source-hash: sha256:a59a449b8312b990c678cdd92739db258f003b6c962dbd5d7a08cb443ccb0eac
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -30,7 +30,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MERGE_VECS: u32 = 512u;
 
 override WORKGROUP_SIZE: u32 = 256u;   // invocations; a multiple of LANES_PER_KEY, at most MAX_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
+override KV_SPLITS: u32 = 33u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (same value in the reduce pass)
 
 struct Uniforms {

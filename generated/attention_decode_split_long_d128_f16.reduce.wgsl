@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9078aaab295f9aa4787726bb32f48423aaeedc39c397aeb7912722bf4b3b5d90
+// source-hash: sha256:8e3baed3bd8812e2a9dbc209c317be54e55507c3c7b1002d9c027db5725f50cb
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -14,7 +14,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 33u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:23d0809a226dab55391c00cf8aa284eb2dc3435fd0f872e054119a47bba96874
+// source-hash: sha256:a19898e73855890fd0e6eb38514735ea79cbd51e1d420d50e3352bac20834647
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -36,7 +36,7 @@ const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
 const HEADS_PER_WORKGROUP: u32 = 4u;  // query heads each workgroup serves
-override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
+override KV_SPLITS: u32 = 33u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
 
 struct Uniforms {

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ec1463f82e28e71f79ea24b2e089343fbb84ab96ea13dbe48156301a2f7ef8a
+// source-hash: sha256:70ddd1a2997627df61970e844a9460608d102178fdb9c58a1b4a48d3b4a58d1f
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 1024u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 1024u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 33u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {

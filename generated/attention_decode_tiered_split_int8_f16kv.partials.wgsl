@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:efa3b47dc83f6e102679371e7ce7fd2165c7fc9beec1ea0de141294302851966
+// source-hash: sha256:9823f9dfc6d0d16db57bcacbeeaa2d1c3f70ffea05f40fcb7826a7abaf9e8a7e
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -36,7 +36,7 @@ const MASKED_SCORE: f32 = -3.402823e+38;
 
 override WORKGROUP_SIZE: u32 = 256u;
 const HEADS_PER_WORKGROUP: u32 = 4u;  // query heads each workgroup serves
-override KV_SPLITS: u32 = 32u;          // splits (same value in the reduce pass)
+override KV_SPLITS: u32 = 33u;          // splits (same value in the reduce pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
 
 struct Uniforms {

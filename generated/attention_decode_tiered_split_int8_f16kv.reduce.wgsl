@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3c81aefa04a9db573fbea0f29d29dc22a818ad285d78f6b335af3f14dcaeac14
+// source-hash: sha256:0c2dae3df6d368a81d86a40c1d344da628e8dc79fb8ff86b2ee3181b4129f1ba
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -12,7 +12,7 @@ const NEG_BIG: f32 = -3.402823e+38;
 const MAX_REDUCE_WORKGROUP_SIZE: u32 = 1024u;
 
 override REDUCE_WORKGROUP_SIZE: u32 = 1024u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
-override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
+override KV_SPLITS: u32 = 33u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (as in the partials pass)
 
 struct Uniforms {
