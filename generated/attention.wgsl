@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0733bfdb743deaeb46f8855821e44661fe24718a56ca06f21989ec2bca36327b
+// source-hash: sha256:de050adbe31ccfae19af57fa1bc4e059133ff4efe2e6ba96fc1041171b951d01
 
 // Fused Multi-Head Attention Kernel (f32 Q/K/V and output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b80397d8f2e79ca2bd5826f57bf4c994114b1e74895d82b35a2383f29ce4699a
+// source-hash: sha256:46095f4ad39d7dcea3737afb1208784943a2794394c05bd5e0094c284d544f01
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

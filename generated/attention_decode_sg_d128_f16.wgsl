@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:92f0e26106f5ba2bfa6850a65aca57aebdaf13263767655a44ca8fb5ec588b60
+// source-hash: sha256:59d39b1b1313bc3a985e6a178df3414b517d9777261612fb58b42f673c6c9bde
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a504b10c248be8b48a741139283ef2db9dcf52ad14c67b5806fe277cf3efc988
+// source-hash: sha256:4bad49d655f0ab9b2fa6d77acf1b9559c135b49afe680a1b4650add1d56b4098
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7a8d497007e50b3c6e9f968c8a0916f2b4ff899c216d7e6329326354d91955a0
+// source-hash: sha256:922d5f17672a4d338309f779889a3d148289ca3e8e0db2d02674d0b0314294b8
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:aa0647ab27e43a92baeee19d57557c5a1ef8f68e65fbe0e6a5434ccc89aa90f2
+// source-hash: sha256:421145b01fac028be01fbf7b8eab3c4da0723bc273e8797969130f5076675118
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2b1cf9d416911a918b5f0b251f7fe8cc74b71796d6eb580638ced8aac1e95fc0
+// source-hash: sha256:adb02dd6e24b46e8304ce0ede3e5c6ab71e81180d210a360450141088ee952ec
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

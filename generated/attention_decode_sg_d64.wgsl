@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:86fbb91e928a1b1f1ae515d843e32401832b07ec19170943ff529233af13c626
+// source-hash: sha256:b4b8dfc252015189cd297868417f78b232d5086f81460c743d23a2111a02bc74
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

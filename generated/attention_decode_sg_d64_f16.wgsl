@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a2c48347c7e253c5a08c297fdaeca04638ba7e1dffb50ceba5d0acd8548484b9
+// source-hash: sha256:d327fd643b3900e36ab113f9f72c1b3d49f2616cef762eee182953ed30dd1b64
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:84da31914e532997d5554a84a48406b0bb57b0b2c47c2e31adeccbd5ac694687
+// source-hash: sha256:38cdacb580058ff8ca48519bcf01cf66bd82d92de8aa50f78bc1e77450c0e4c6
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3e388e72c4b19861d489bfb0ba4353826295573c7ca0d614bb60fceb789172fb
+// source-hash: sha256:992dceac1c7d46da236ac3093a84a2f0ea38529d48fa1d390319019fe08bd63d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

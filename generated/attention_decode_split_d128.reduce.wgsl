@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d559826f3462759e373a2f901b707092686e70884346e959811c527b444dbe6e
+// source-hash: sha256:521533512481dffd7ca7409f9ccd6a83cabe6b61dc6e84db7283aab0f4280ea9
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:37c5cff9feb4e9d58c5fd0b46f2be1b5a377c344d691226b156adda4504c5fba
+// source-hash: sha256:242ba4fad006cd8595fd82603377ffe57f1a1b51f0c33778b4e204b851f6020e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d47ad9d7bdfecaed7550e75ca4ab200b04943e87f10d5db02d8f0c6a24ed8e2a
+// source-hash: sha256:8bba1901a106bb8f749d7f66258d2935819e5d351cffe29ba46799a3fece9a99
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

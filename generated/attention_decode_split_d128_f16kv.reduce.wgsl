@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f5bf84d5805294404775ee72adfc3cf7e8bea65a4bf5f4a46ce62b9d54d0af6a
+// source-hash: sha256:0ed664fcc993426e60aaa53ab96af8c138a5d33f3dc0868f64fabc8192ef1531
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a5007f7f4a8bcd7cf5dde352f60270b722ad6b99bee0ba56835487fdfad7fe6e
+// source-hash: sha256:bd5b3fe63922a5c518b4789d5cee06b55808fa552e22c2a96320ce2b76308468
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0397a2e6ba0502af642017c172702a4f62fe0ef37a5b723058f6872e79293fbf
+// source-hash: sha256:d09691acfa7e9b3e4d02902089749a662de45ec9859164196593101263d6ccb8
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

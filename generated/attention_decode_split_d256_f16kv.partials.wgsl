@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4b41e342676967bebca417e683e3aa9f67f63f6451f6aa5c1bef9412f4b93b61
+// source-hash: sha256:bae1fde4dca6e5345b5d9be902e16ab1386150768df4f4b3dfeddfab82cf292f
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f2505e54d82bf938ad614cda6172c0fa8f8ce51bfb85f9d66214a3411f20961e
+// source-hash: sha256:2da12ed70ab08e31212d25a55d71ab8b94db591edd05485251c8ab37025584d7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

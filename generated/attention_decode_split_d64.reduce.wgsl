@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3adfcce9b5de7a28621988ef5944466587243e4382a2651312f6ed894707b306
+// source-hash: sha256:a61452d2af77e33e4992757a0bf3753f8278e95fd93aebafd421660c31d51f08
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

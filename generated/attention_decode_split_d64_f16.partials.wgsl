@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f42691b8d741016760817053d6357ff143cae1ae46028681e54d06a3d45e9750
+// source-hash: sha256:658050e70ae6d994a6e034cf548eb8be8aaea7b64358fd6865279ca1ce025432
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

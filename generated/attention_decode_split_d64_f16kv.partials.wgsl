@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:288c3217ea47044b9e0b56d7f5bd00258c70717b16b756c7b5a5f88cd7d4f7bd
+// source-hash: sha256:83b53c6a95a57536570124ded33687d0e086e52354a11b9641ade5d398b1ff26
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:505a68005c8a06692f39d08b2235837b61375ae8455ee64dc0637001fe077441
+// source-hash: sha256:0f5dba332eb8841c76c6d27865d1fdbc940e08d2f5b195723db174929a27ef40
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a59a449b8312b990c678cdd92739db258f003b6c962dbd5d7a08cb443ccb0eac
+// source-hash: sha256:3b1e8ca36d0e8d85ef7c971b24f155e26d9e23b8405bfc50bb06e409ae826998
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

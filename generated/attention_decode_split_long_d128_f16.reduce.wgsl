@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8e3baed3bd8812e2a9dbc209c317be54e55507c3c7b1002d9c027db5725f50cb
+// source-hash: sha256:d8e7051f7cb802174bd2ff3b988f01b360ea604324e8c9e472ff4951ed44629b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

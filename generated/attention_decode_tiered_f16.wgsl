@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4145c05891ae3e68dd18390ff6245e4d6b874dd415dd5139e46f488f2a8dc29e
+// source-hash: sha256:5eb03f097fcf0b1db29a00bb304316fee793bd10abab538ac628e45a5e11cf97
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f76c6da0c3b91435dad429f28c776da5a45211cc5669ef1a7f7707d691c72de8
+// source-hash: sha256:58f1f206322dbf64dab9a8653a838f18879cdcf848666042b76d496503c0aa69
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:05b5a3d44fcd56ee6560662f362a9d5ad7973b9a6d6030799e77687c908395b5
+// source-hash: sha256:e84ae310f9f88b5e2fe5cfb353d169e611e688e731a9fb82df840f585e2d6081
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

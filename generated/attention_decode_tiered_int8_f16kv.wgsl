@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b5e2729170cdaa65bbdd8ec835c39d933f727e345ad0bcafe262993c3fb3f08e
+// source-hash: sha256:1b114a5f127f5b195fe98f776ecacac4b289d9203ff92a68b0b499f09577d22b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6cbf6791958bb59915d297b3787d281941a802be9309a22457f15c03ede1e580
+// source-hash: sha256:441336e82f6fcd77e6619aaf586f20d0b71a879323dbdd15047ff4fe064f7203
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

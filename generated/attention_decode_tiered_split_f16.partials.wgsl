@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9b1844454272de9dd1514933ebf9c896c1b59006737f2de54a45b3c7e61910af
+// source-hash: sha256:ba1fdadd58a109c3ed56f9346242f0a70485670d589f82a80b1bf5883bdd3af2
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

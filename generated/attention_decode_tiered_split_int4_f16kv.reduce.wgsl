@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:70ddd1a2997627df61970e844a9460608d102178fdb9c58a1b4a48d3b4a58d1f
+// source-hash: sha256:358525eb3cfa02281a11fa4b5942efc0c34aa9ce34cafee264667e261a8911d8
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9823f9dfc6d0d16db57bcacbeeaa2d1c3f70ffea05f40fcb7826a7abaf9e8a7e
+// source-hash: sha256:a4716b35db6704877b505767f8458d4295c399057948f6d76086151aea51351b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

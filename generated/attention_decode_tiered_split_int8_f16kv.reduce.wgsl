@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0c2dae3df6d368a81d86a40c1d344da628e8dc79fb8ff86b2ee3181b4129f1ba
+// source-hash: sha256:fddacde8671be8c8aa7786ec6803687db4c8ef3e2cfe67777af99506f49cfc28
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

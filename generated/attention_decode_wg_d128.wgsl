@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5d2d8c173b97851d884bcd9821510b3e95e8fed699a3b18db334ae302f88bf0d
+// source-hash: sha256:431654be0ae98fd80cfed78240e7a4239c08f7d45a70881a4a6e748aec71388b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

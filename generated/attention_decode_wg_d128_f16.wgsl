@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7516612765251d92c8bffe8f5dc08799c74d18f6cea7d8f7cf8a56523a29b4b5
+// source-hash: sha256:70b05d81a235ac6eff3ca9296669b5f981928aa1acf0517efc4bbf9c0ac774a0
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9869de03cdccc7a741ad68446f207514aa5de999b7ea8c4acc9113cd5603335b
+// source-hash: sha256:39ed45730ab603ee73ffc17f18bbf49a0a9e1fb0071b921962defd4bb282aa6b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

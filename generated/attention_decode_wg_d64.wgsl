@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c78c2fa62267785cdd93ebb98b1bcdc3712b3ea9243abed3c82874e061e5c86d
+// source-hash: sha256:def56f9f2a4e491d9200fecf51c4fb52f0a5b070f002a298f2bf9baaba75f028
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b67e30d6ceaf29d9ebbe015f17b36841aee944aed1c4dc6cba5504e953961807
+// source-hash: sha256:8ec78f0b86a508fb93e033f517821b7c8180ca82c6b2ed63315af9c0306b05b8
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

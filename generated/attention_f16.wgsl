@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cb3676722498614559a4aa7168c157accf29e9161ce7d9d94efc05c71c7bab24
+// source-hash: sha256:d948c08223b55e84d3ede8d64985eaf8a6c4787e196f99ec25eb84565206b3b2
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dc0b4db5c19adff80428abaa1ed0be82fdae2f737d0f4b988afb35c533ea091f
+// source-hash: sha256:2e413128e404cad4a37b3476172d11f0fa4119bcd494244aea0011dd43468bba
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

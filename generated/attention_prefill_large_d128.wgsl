@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:52c173b3c9a056f56d597cd1649e0c2c62ce5d6e512c3b6796a7c405d5d0b827
+// source-hash: sha256:51945cf754608881c7c70923e83d7f28ce027e38e22a127dd723864e019c5652
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

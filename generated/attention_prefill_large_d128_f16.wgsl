@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5566ce7ce62bfce87278ce9491f8ab29611c625894f90b0cbcebd5d5fc3354c5
+// source-hash: sha256:94cc84ba56c84dbe47dd424592c89fbf40331c56a2e6c7519d05940f7a8f3f4b
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:22e3e3380d292989b730df41ccbd17b62bedc52fc5b6080b2ebc0680415d7177
+// source-hash: sha256:7c106ec43e3e9432681a92c3651b9874345e0db1aa6105bc06b329ccea8eb35a
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6cf06dcc4e1719993cef912db75a89e3eb39047e15a3dc132404314b778dfccf
+// source-hash: sha256:c236c2bbac97bc2e6e8b681712a196c7d3007b85057d548738f355c798efcbf3
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:df863fe018a0d262a1c787f0f2cb90232d2a9f32eaf5ff1ccd1028c044b2d3f1
+// source-hash: sha256:dcb986caf87f927e3cfd698684321a1251eba322bdcba6a8e45a072465df7e9a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

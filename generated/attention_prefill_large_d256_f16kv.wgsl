@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4f7facfec50249867be40641914383c37ccf2a81c280bcaa4ef4ac7e7c86a9c5
+// source-hash: sha256:5a8b95217f2312e2c636e1ae0b4ab82f8097e6e48c9827cfef594f9d8c308e80
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

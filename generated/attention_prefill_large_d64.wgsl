@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f0212209746d61bf0bd9a077b491b08eefbf4a2b37f69e539eff8aa38e897e47
+// source-hash: sha256:69e0e76fba9d42df4e5d025c87e9481a6e7e0f60b0fa782cf66f74d5ee205880
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

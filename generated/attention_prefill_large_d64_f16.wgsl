@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cb98ae3e1c6ac5000a33126baa06d39626912f6d3a3e18291eeb4313d48e5aae
+// source-hash: sha256:8b435b4bc50b3dfbe09768e30ae1e3afe134469980a4db24aca361823e47f51c
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a10216dc2f4fc59a4c786ca80a12c24d23c99f96a37858d38e58526d0286b836
+// source-hash: sha256:1c2b996895d14b341356deebcbe3011b9f15381b63dd3e374f73995c0eec2ba4
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:85e28d08a9706f8f5e8484395f989b281c9a9a2275a565914a99cb3c8e6f5c2a
+// source-hash: sha256:19ae1b4d35e06bad139ec20a6be4c80df2cb28b724c27fda1d14264fae119035
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:538c800e594be0864716c5b6d28c9ca854845dc05e5e5039688a09654a6a190c
+// source-hash: sha256:0dd9025ea1c60d4738b870ea9735e650991421a4b04c3f68536d9da40a0f25fb
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

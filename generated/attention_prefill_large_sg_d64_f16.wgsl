@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5dec63472c6bb7a59d383984f0e1d6d1de11cd8cd7e2de39edb9812881b25b8b
+// source-hash: sha256:f6a975f2967336b82b7a9fe1b17db5aaea3ed6c47cb92cb350fe52c7dbbb101b
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

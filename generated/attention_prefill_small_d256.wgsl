@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6712798ae31ac052c93c3210909dd0d0f5f97a96f4eb4ff31b41a4af2796465e
+// source-hash: sha256:94a1973ea539547db1f94eee512b694c30d5a834a5086a26ddea9c7f1c4c5c6e
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

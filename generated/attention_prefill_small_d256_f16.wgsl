@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:83f0e2887613f8958007c5d22c39c17bc0135ba0d8d70f2e9650cdd0037458fa
+// source-hash: sha256:8c93012b30697387c35a16cbd7967bb6404ed2f0adce1a83aacb8c7a454603d6
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

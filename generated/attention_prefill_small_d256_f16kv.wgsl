@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ca6087a46690cd2cba0ecbfcd506f55ba2f1ecdcec4b693b6ebbe848e826648
+// source-hash: sha256:2b2e7480ed790ea71835c2083418106604b2ad85c244e5a782d017883b2d0a87
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

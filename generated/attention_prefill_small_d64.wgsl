@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e1e1eae8a79fd301299797ac9aafc3eeb936a921dedf10580913eeb3c9891502
+// source-hash: sha256:6b5cbca1c49a3b44ed64b51feaaf60809e845b1796de17061c5928304e1db52d
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a99fa1087a74268d57533587cc9e9486627f96a775435acb56c141929d656025
+// source-hash: sha256:028d5c3317329568dfc2f264bd221e6d39334ae328d8cc835d101ccd9892cc67
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

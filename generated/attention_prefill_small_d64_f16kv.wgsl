@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9b3373397d17c1cb6737ff7b1ca579368f9e1c6e19217cceecbbebc3997de308
+// source-hash: sha256:47e684185810501835c67e9a887674b183031b35cee2c7365c5df98e7cce050d
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

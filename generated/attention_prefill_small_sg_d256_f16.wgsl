@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:df77b24032e270188b19ebefe67cbcd8ed857f988f748ab441d8bdeb19843b38
+// source-hash: sha256:272bd15b03127919ab40b17ce0668c1ed13013e8b51bebfa8102a05703af7e0a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

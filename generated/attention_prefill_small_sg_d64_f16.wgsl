@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:119ba51527ce7828174f7de8862423bc3e2e804f9e249dc50943ea7c2ca819dd
+// source-hash: sha256:da0a50cf61b6ab912b1448ba6847cf8f7e99c4b7b9166cf723a567ab6c21d4c2
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

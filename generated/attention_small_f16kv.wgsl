@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:146ecaf6e3ba652cfffb2954024167c1d4fb8fefe65f81c0e13ff61c3af349b3
+// source-hash: sha256:e509eb6b43895518ca284dbe2930abbef280825533a6bc1e3ba11aa40a81c135
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

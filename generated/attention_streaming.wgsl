@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:99c2945d847864e40d0bd26bd8ab80d79c8c0617bfcc2a4fd165807ed8948c15
+// source-hash: sha256:487f80a960e0e6bf2545ca690dda9389e903896713fa202c7c248d950f7c6669
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //
@@ -147,15 +147,19 @@ fn final_score(raw: f32) -> f32 {
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
-    @builtin(workgroup_id) wg_id: vec3<u32>
+    @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>
 ) {
-    let head = wg_id.x % u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len) {
+    // Workgroup w of query_len * num_heads, dispatched in one dimension or, past the device's
+    // limit, folded into two (dispatch_fold): a folded grid's spare workgroups return here
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || w / u.num_heads >= u.query_len) {
         return;
     }
     // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
     // see the most keys, and starting them first shortens the tail of the dispatch
-    let query = u.query_len - 1u - wg_id.x / u.num_heads;
+    let query = u.query_len - 1u - w / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0c437a23f3f48051857366764d1907249be079cd6086b006133e09a0ea0e8a6d
+// source-hash: sha256:d979b407b1a9f6f56bcedbf3ec65f0e51ac0d69eac9eda43d678b57b1b47b10e
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //
@@ -149,15 +149,19 @@ fn final_score(raw: f32) -> f32 {
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
-    @builtin(workgroup_id) wg_id: vec3<u32>
+    @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>
 ) {
-    let head = wg_id.x % u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len) {
+    // Workgroup w of query_len * num_heads, dispatched in one dimension or, past the device's
+    // limit, folded into two (dispatch_fold): a folded grid's spare workgroups return here
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || w / u.num_heads >= u.query_len) {
         return;
     }
     // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
     // see the most keys, and starting them first shortens the tail of the dispatch
-    let query = u.query_len - 1u - wg_id.x / u.num_heads;
+    let query = u.query_len - 1u - w / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;

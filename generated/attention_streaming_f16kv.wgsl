@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8d1eeeb5c6f8223fcd7222fd0f9e7d0d01123fde42d60fb2ae074dc6c6bb0af7
+// source-hash: sha256:c29b95e64ef75e816c41077bc5839520a06157bff956ccdc19a79b50536c138e
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -149,15 +149,19 @@ fn final_score(raw: f32) -> f32 {
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
-    @builtin(workgroup_id) wg_id: vec3<u32>
+    @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>
 ) {
-    let head = wg_id.x % u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len) {
+    // Workgroup w of query_len * num_heads, dispatched in one dimension or, past the device's
+    // limit, folded into two (dispatch_fold): a folded grid's spare workgroups return here
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || w / u.num_heads >= u.query_len) {
         return;
     }
     // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
     // see the most keys, and starting them first shortens the tail of the dispatch
-    let query = u.query_len - 1u - wg_id.x / u.num_heads;
+    let query = u.query_len - 1u - w / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;

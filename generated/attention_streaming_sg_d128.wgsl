@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2e45409588d35ac81917f390aa8aecd83c6dfd83abd86c356cb52be0a1f565db
+// source-hash: sha256:40872e8a57f2856c2c8c35d79d5c580bce9fe98058e386abcc366670bc954917
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //
@@ -107,16 +107,20 @@ fn final_score(raw: f32) -> f32 {
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
     @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) subgroup_size: u32
 ) {
-    let head = wg_id.x % u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len || u.head_dim % 4u != 0u) {
+    // Workgroup w of query_len * num_heads, dispatched in one dimension or, past the device's
+    // limit, folded into two (dispatch_fold): a folded grid's spare workgroups return here
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || w / u.num_heads >= u.query_len || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
     // see the most keys, and starting them first shortens the tail of the dispatch
-    let query = u.query_len - 1u - wg_id.x / u.num_heads;
+    let query = u.query_len - 1u - w / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;

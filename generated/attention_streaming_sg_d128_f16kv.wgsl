@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4c77755aa905f80f00d047f8e9d5352e5382b9e15192fc3c092d63ca61636f9e
+// source-hash: sha256:ee665752ef4c4f86718745f4ca678967cba21d25ed561d39500c9a002893f367
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //
@@ -109,16 +109,20 @@ fn final_score(raw: f32) -> f32 {
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
     @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) subgroup_size: u32
 ) {
-    let head = wg_id.x % u.num_heads;
-    if (u.head_dim > MAX_HEAD_DIM || wg_id.x / u.num_heads >= u.query_len || u.head_dim % 4u != 0u) {
+    // Workgroup w of query_len * num_heads, dispatched in one dimension or, past the device's
+    // limit, folded into two (dispatch_fold): a folded grid's spare workgroups return here
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
+    if (u.head_dim > MAX_HEAD_DIM || w / u.num_heads >= u.query_len || u.head_dim % 4u != 0u) {
         return;
     }
     // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
     // see the most keys, and starting them first shortens the tail of the dispatch
-    let query = u.query_len - 1u - wg_id.x / u.num_heads;
+    let query = u.query_len - 1u - w / u.num_heads;
     let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;

@@ -173,6 +173,19 @@ CASES: list[tuple[str, Mutation, str]] = [
         toml(insert_after('source = "attention.wgsl.j2"', 'author = "me"\n'), at('author = "me"')),
         "unknown key 'author' in [templates.attention]",
     ),
+    (
+        "dispatch-fold-not-a-boolean",
+        toml_at("dispatch_fold = true\n", 'dispatch_fold = "yes"\n'),
+        "[templates.attention_streaming]: dispatch_fold must be true or false, got 'yes'",
+    ),
+    (
+        "dispatch-fold-in-a-template-with-passes",
+        toml(
+            insert_after("[templates.attention_decode_split]", "dispatch_fold = true  # here\n"),
+            at("dispatch_fold = true  # here"),
+        ),
+        "dispatch_fold belongs in each [[templates.attention_decode_split.pass]]",
+    ),
     # -- missing required fields ----------------------------------------------------------------
     (
         "missing-name",
@@ -405,6 +418,14 @@ CASES: list[tuple[str, Mutation, str]] = [
         "f16-without-requires",
         toml(set_variant_key("attention_f16", "requires", None), variant_header("attention_f16")),
         'the WGSL enables f16 but the variant does not list requires = ["shader-f16"]',
+    ),
+    (
+        "dispatch-fold-never-reads-the-grid",
+        toml(
+            insert_after('source = "attention.wgsl.j2"', "dispatch_fold = true\n"),
+            variant_header("attention"),
+        ),
+        "dispatch_fold = true but the entry point never reads @builtin(num_workgroups)",
     ),
     (
         "requires-f16-without-enable",

@@ -49,8 +49,9 @@ _TEMPLATE_KEYS = {
     "tunable",
     "pass",
     "scratch",
+    "dispatch_fold",
 }
-_PASS_KEYS = {"name", "source", "entry", "dispatch"}
+_PASS_KEYS = {"name", "source", "entry", "dispatch", "dispatch_fold"}
 _VARIANT_KEYS = {"name", "template", "output", "description", "requires", "params", "overrides"}
 # Doppler registry placement (see DopplerExport); kept apart so the export's keys stay one block
 _TEMPLATE_KEYS |= {"doppler_operation"}
@@ -71,6 +72,10 @@ class PassSpec:
     # so a bad rule never reaches the manifest) and the variants.toml line it is set on
     dispatch_expr: Expression | None = None
     line: int = 0
+    # the kernel takes its workgroup count folded into a 2-D grid (x * y >= count, see
+    # runtime.runner.dispatch_grid) where one dimension cannot hold it; read from workgroup_id
+    # and num_workgroups, its linear index skips the x * y - count spare workgroups
+    fold: bool = False
 
     @property
     def dispatch_expression(self) -> Expression:
@@ -439,9 +444,12 @@ class _Parser:
             dispatch = self.string(spec, "dispatch", table, line)
             entry = self.optional_entry(spec, table, self.locate.template(name, "entry"))
             expr = self.expression(dispatch, f"[templates.{name}] dispatch", line)
-            return (PassSpec(SINGLE_PASS, source, dispatch, entry, expr, line or 0),)
+            fold = self.optional_bool(
+                spec, "dispatch_fold", table, self.locate.template(name, "dispatch_fold")
+            )
+            return (PassSpec(SINGLE_PASS, source, dispatch, entry, expr, line or 0, fold),)
         line = self.locate._table_line(f"[[templates.{name}.pass]]")
-        for key in ("source", "dispatch", "entry"):
+        for key in ("source", "dispatch", "entry", "dispatch_fold"):
             if key in spec:
                 raise self.fail(
                     f"{table}: {key} belongs in each [[templates.{name}.pass]] when passes "
@@ -474,8 +482,10 @@ class _Parser:
             dispatch = self.string(entry, "dispatch", where, dispatch_line)
             entry_point = self.optional_entry(entry, where, self.locate._key_line(at, "entry"))
             expr = self.expression(dispatch, f"{where} dispatch", dispatch_line)
+            fold_line = self.locate._key_line(at, "dispatch_fold") or at
+            fold = self.optional_bool(entry, "dispatch_fold", where, fold_line)
             passes.append(
-                PassSpec(pass_name, source, dispatch, entry_point, expr, dispatch_line or 0)
+                PassSpec(pass_name, source, dispatch, entry_point, expr, dispatch_line or 0, fold)
             )
         return tuple(passes)
 
@@ -848,6 +858,14 @@ class _Parser:
         value = table[key]
         if not isinstance(value, str) or not value.strip():
             raise self.fail(f"{where}: {key} must be a non-empty string, got {value!r}", line)
+        return value
+
+    def optional_bool(
+        self, table: Mapping[str, Any], key: str, where: str, line: int | None
+    ) -> bool:
+        value = table.get(key, False)
+        if not isinstance(value, bool):
+            raise self.fail(f"{where}: {key} must be true or false, got {value!r}", line)
         return value
 
     def optional_string(

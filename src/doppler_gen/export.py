@@ -157,6 +157,9 @@ def export_pass(
         "uniforms": _uniforms(pass_entry.get("uniforms")),
         "requiredShared": pass_entry.get("workgroup_storage_bytes", 0),
         "dispatch": pass_entry.get("dispatch"),
+        # past maxComputeWorkgroupsPerDimension the count may be dispatched as a 2-D grid:
+        # y = ceil(n / limit), x = ceil(n / y) (the kernel skips the spare workgroups)
+        **({"dispatchFold": True} if pass_entry.get("dispatch_fold") else {}),
         "names": names,
     }
 
@@ -216,6 +219,8 @@ def _variant_metadata(
     block = _query_block_size(dispatch, passes[0]["names"])
     if block is not None:
         result["queryBlockSize"] = block
+    if len(passes) == 1 and passes[0].get("dispatchFold"):
+        result["dispatchFold"] = True  # a multi-pass variant says it pass by pass
     return result
 
 
@@ -271,7 +276,8 @@ def export_variant(name: str, entry: Mapping[str, Any]) -> ExportedVariant | Non
 
 def _public_pass(pass_: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("name", "wgsl", "entryPoint", "workgroup", "wgslOverrides", "bindings", "uniforms")
-    return {**{k: pass_[k] for k in keys}, "requiredShared": pass_["requiredShared"]}
+    optional = {k: pass_[k] for k in ("dispatchFold",) if k in pass_}
+    return {**{k: pass_[k] for k in keys}, "requiredShared": pass_["requiredShared"], **optional}
 
 
 # -- registry fragment -----------------------------------------------------------------------------

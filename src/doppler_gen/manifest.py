@@ -97,6 +97,7 @@ def pass_entry(variant: Variant, rendered: RenderedPass, module: Module) -> dict
         "workgroup_size_default": list(module.entry_workgroup_size(entry)),
         "workgroup_storage_bytes": module.entry_storage_bytes(entry),
         "dispatch": rendered.spec.dispatch,
+        **({"dispatch_fold": True} if rendered.spec.fold else {}),
         "bindings": [_binding_dict(variant, b) for b in bindings],
         "uniforms": _uniform_layout(module, uniform.type.name) if uniform else None,
         "overrides": [
@@ -219,6 +220,12 @@ def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterato
             )
             return
         entries.append(spec.entry or str(module.entry_point))
+        if spec.fold and "num_workgroups" not in module.entry_points[entries[-1]].uses:
+            # the grid's width is the host's choice: a folding kernel must read it
+            yield (
+                f"dispatch_fold = true but the entry point{of} never reads "
+                "@builtin(num_workgroups), so it cannot find its place in a folded grid"
+            )
     has_f16 = any("f16" in m.enables for m in modules)
     if has_f16 and "shader-f16" not in variant.requires:
         yield 'the WGSL enables f16 but the variant does not list requires = ["shader-f16"]'

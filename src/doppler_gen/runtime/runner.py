@@ -111,6 +111,29 @@ def evaluate_dispatch(rule: str, names: Mapping[str, float], what: str = "dispat
     return value
 
 
+def dispatch_grid(
+    count: int, limit: int, fold: bool, *, row_limit: int | None = None
+) -> tuple[int, int, int] | None:
+    """The (x, y, z) workgroup grid of a pass of ``count`` workgroups on a device taking at
+    most ``limit`` per dimension; None when it cannot be dispatched.
+
+    A count within the limit is dispatched as (count, 1, 1), the host's 1-D formula. A pass that
+    folds (``dispatch_fold``) and exceeds it gets the fewest rows that hold it, y =
+    ceil(count / limit), each as short as they can be, x = ceil(count / y): at most y - 1 spare
+    workgroups, which the kernel skips by its linear index id.x + id.y * x. ``row_limit`` folds
+    at a smaller width than the device's, so that validation runs the folded path at small sizes.
+    """
+    if not fold:
+        return (count, 1, 1) if count <= limit else None
+    width = min(limit, row_limit) if row_limit else limit
+    if count <= width:
+        return (count, 1, 1)
+    rows = -(-count // width)
+    if rows > limit:
+        return None
+    return (-(-count // rows), rows, 1)
+
+
 def poison_bytes(element_type: str, count: int) -> bytes:
     """NaN for float elements, all ones for integers: a value no kernel writes by accident."""
     dtype = NUMPY_DTYPES[element_type]
@@ -128,8 +151,13 @@ class KernelRunner:
         kernel: RenderedKernel,
         entry: Mapping[str, Any],
         constants: Mapping[str, float] | None = None,
+        *,
+        fold_above: int | None = None,
     ) -> None:
         self.device = device
+        # workgroups in a row above which a folding pass is dispatched as a 2-D grid: the
+        # device's limit (None), or a lower one where validation runs the folded path
+        self.fold_above = fold_above
         self.kernel = kernel
         self.entry = entry
         self.family: Family = get_family(entry["family"])
@@ -193,20 +221,36 @@ class KernelRunner:
         data = self.family.build(spec, self.entry)
         names = {**self.constant_values(), **data.uniforms}
         workgroups = [evaluate_dispatch(p["dispatch"], names) for p in self.entry["passes"]]
-        reason = self._limits_refusal(data, workgroups, names)
+        grids = self._grids(workgroups)
+        reason = self._limits_refusal(data, workgroups, grids, names)
         if reason:
             return Refusal(reason)
         pipelines = self.compile()
-        return self._bind(data, pipelines, workgroups, names)
+        return self._bind(data, pipelines, grids, names)
+
+    def _grids(self, workgroups: list[int]) -> list[tuple[int, int, int] | None]:
+        """Each pass's dispatch grid (``dispatch_grid``) on this device; None: not dispatchable."""
+        limit = int(self.device.limits.get("max-compute-workgroups-per-dimension", 65535))
+        return [
+            dispatch_grid(
+                count, limit, bool(record.get("dispatch_fold")), row_limit=self.fold_above
+            )
+            for count, record in zip(workgroups, self.entry["passes"], strict=True)
+        ]
 
     def _limits_refusal(
-        self, data: CaseData, workgroups: list[int], names: Mapping[str, float]
+        self,
+        data: CaseData,
+        workgroups: list[int],
+        grids: list[tuple[int, int, int] | None],
+        names: Mapping[str, float],
     ) -> str | None:
         limit = self.device.limits.get("max-compute-workgroups-per-dimension", 65535)
-        for count, record in zip(workgroups, self.entry["passes"], strict=True):
-            if count > limit:
+        for count, grid, record in zip(workgroups, grids, self.entry["passes"], strict=True):
+            if grid is None:
                 of = f" (pass {record['name']})" if len(workgroups) > 1 else ""
-                return f"{count} workgroups{of} exceed the device limit {limit} per dimension"
+                how = " even folded into two dimensions" if record.get("dispatch_fold") else ""
+                return f"{count} workgroups{of} exceed the device limit {limit} per dimension{how}"
         largest = self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)
         sizes = {name: array.nbytes for name, array in data.buffers.items()}
         sizes.update(self.scratch_sizes(names))
@@ -228,7 +272,7 @@ class KernelRunner:
         self,
         data: CaseData,
         pipelines: list[Pipeline],
-        workgroups: list[int],
+        grids: list[tuple[int, int, int] | None],
         names: Mapping[str, float],
     ) -> Prepared:
         output_shape = self.family.output_shape(data)
@@ -239,9 +283,8 @@ class KernelRunner:
         scratch_bytes = self.scratch_sizes(names)
         self._check_uniform_values(data)
         steps = []
-        for record, pipeline, count in zip(
-            self.entry["passes"], pipelines, workgroups, strict=True
-        ):
+        for record, pipeline, grid in zip(self.entry["passes"], pipelines, grids, strict=True):
+            assert grid is not None  # _limits_refusal refused the case otherwise
             slots: dict[int, Buffer] = {}
             for b in record["bindings"]:
                 key = b["name"] if b["role"] != UNIFORM else f"{b['name']}@{record['name']}"
@@ -250,7 +293,7 @@ class KernelRunner:
                         b, record, data, output_shape, scratch_bytes, poison
                     )
                 slots[b["binding"]] = buffers[key]
-            steps.append(Step(pipeline, slots, (count, 1, 1)))
+            steps.append(Step(pipeline, slots, grid))
         out_bytes = int(np.prod(output_shape)) * np.dtype(NUMPY_DTYPES[out_type]).itemsize
         moved = sum(int(a.nbytes) for a in data.buffers.values()) + out_bytes
         return Prepared(

@@ -9,7 +9,7 @@ the device cannot run it at all.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,10 @@ from doppler_gen.runtime.session import Progress, limit_refusal, static_skip, st
 
 CaseSpec = Any  # a family's case spec: hashable, with .name and .seed
 TIERS = ("quick", "default", "large")
+# Workgroups a row in the grids of the folded-path cases (dispatch_fold): far below any device's
+# limit, so that the quick cases fold into several rows, and odd, so that most grids have spare
+# workgroups for the kernel to skip
+FOLDED_ROW = 5
 
 
 @dataclass
@@ -87,8 +91,23 @@ def tier_of(quick: bool, tier: str | None, large: bool = False) -> str:
 def case_specs(
     entry: dict[str, Any], *, quick: bool = False, seed: int, tier: str | None = None
 ) -> list:
-    """The variant's case matrix from its family: ``tier`` (quick/default/large) or ``quick``."""
-    return get_family(entry["family"]).specs(entry, tier_of(quick, tier), seed)
+    """The variant's case matrix from its family: ``tier`` (quick/default/large) or ``quick``;
+    then, for a variant with a folding pass, its ``folded_cases``."""
+    specs = get_family(entry["family"]).specs(entry, tier_of(quick, tier), seed)
+    return specs + folded_cases(entry, seed)
+
+
+def folded_cases(entry: dict[str, Any], seed: int) -> list:
+    """The quick cases again, named as folded, where some pass declares ``dispatch_fold``.
+
+    Hosts fold only above the device's limit (65,535 workgroups a dimension or more), far
+    beyond the cases a CPU can run; these cases fold at FOLDED_ROW workgroups a row
+    (``KernelRunner.fold_above``), so that the path is validated wherever the kernel is.
+    """
+    if not any(p.get("dispatch_fold") for p in entry.get("passes", ())):
+        return []
+    quick = get_family(entry["family"]).specs(entry, "quick", seed)
+    return [replace(s, name=f"{s.name} [folded, rows of {FOLDED_ROW}]") for s in quick]
 
 
 def validate_variant(
@@ -116,9 +135,11 @@ def validate_variant(
         return VariantReport(name, "SKIP", skip)
     runner = KernelRunner(device, kernel, entry, constants)
     report = VariantReport(name, "PASS", note)
+    folded = set(folded_cases(entry, seed))
     try:
         runner.compile()
         for index, spec in enumerate(specs):
+            runner.fold_above = FOLDED_ROW if spec in folded else None
             result = runner.run_case(spec, keep_output=outputs is not None)
             if outputs is not None and result.output is not None:
                 outputs[spec] = result.output
