@@ -228,9 +228,13 @@ class KernelRunner:
         pipelines = self.compile()
         return self._bind(data, pipelines, grids, names)
 
+    def _workgroup_limit(self) -> int:
+        """Workgroups a dispatch dimension holds on this device."""
+        return int(self.device.limits.get("max-compute-workgroups-per-dimension", 65535))
+
     def _grids(self, workgroups: list[int]) -> list[tuple[int, int, int] | None]:
         """Each pass's dispatch grid (``dispatch_grid``) on this device; None: not dispatchable."""
-        limit = int(self.device.limits.get("max-compute-workgroups-per-dimension", 65535))
+        limit = self._workgroup_limit()
         return [
             dispatch_grid(
                 count, limit, bool(record.get("dispatch_fold")), row_limit=self.fold_above
@@ -245,7 +249,7 @@ class KernelRunner:
         grids: list[tuple[int, int, int] | None],
         names: Mapping[str, float],
     ) -> str | None:
-        limit = self.device.limits.get("max-compute-workgroups-per-dimension", 65535)
+        limit = self._workgroup_limit()
         for count, grid, record in zip(workgroups, grids, self.entry["passes"], strict=True):
             if grid is None:
                 of = f" (pass {record['name']})" if len(workgroups) > 1 else ""
