@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c236c2bbac97bc2e6e8b681712a196c7d3007b85057d548738f355c798efcbf3
+// source-hash: sha256:b7965ee90555929ca08e9eb19258da3469ca1e1cea93ed77c3153f1c4b349e08
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -206,11 +206,15 @@ fn row_sum(r: u32) -> f32 {
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
-    @builtin(workgroup_id) wg_id: vec3<u32>
+    @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>
 ) {
-    let head = wg_id.x % u.num_heads;
+    // Workgroup w of ceil(query_len / BLOCK_Q) * num_heads, dispatched in one dimension or, past
+    // the device's limit, folded into two (dispatch_fold): a folded grid's spares return below
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
-    let block = wg_id.x / u.num_heads;
+    let block = w / u.num_heads;
     // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
     if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f6a975f2967336b82b7a9fe1b17db5aaea3ed6c47cb92cb350fe52c7dbbb101b
+// source-hash: sha256:c874a23e38b41916ba1d780d8ee842f96649ae814151ebff13cff121c5616028
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -200,12 +200,16 @@ fn final_score(raw: f32) -> f32 {
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
     @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>,
     @builtin(subgroup_invocation_id) sg_lane: u32,
     @builtin(subgroup_size) sg_size: u32
 ) {
-    let head = wg_id.x % u.num_heads;
+    // Workgroup w of ceil(query_len / BLOCK_Q) * num_heads, dispatched in one dimension or, past
+    // the device's limit, folded into two (dispatch_fold): a folded grid's spares return below
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
-    let block = wg_id.x / u.num_heads;
+    let block = w / u.num_heads;
     // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
     if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;

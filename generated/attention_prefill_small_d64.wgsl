@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6b5cbca1c49a3b44ed64b51feaaf60809e845b1796de17061c5928304e1db52d
+// source-hash: sha256:09ee11dd074547f8a348dec1d6a201ea4aab6d1754f877c2f8e341605ebf7ebb
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //
@@ -209,11 +209,15 @@ fn row_sum(r: u32) -> f32 {
 @compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
-    @builtin(workgroup_id) wg_id: vec3<u32>
+    @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>
 ) {
-    let head = wg_id.x % u.num_heads;
+    // Workgroup w of ceil(query_len / BLOCK_Q) * num_heads, dispatched in one dimension or, past
+    // the device's limit, folded into two (dispatch_fold): a folded grid's spares return below
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
-    let block = wg_id.x / u.num_heads;
+    let block = w / u.num_heads;
     // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
     if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:272bd15b03127919ab40b17ce0668c1ed13013e8b51bebfa8102a05703af7e0a
+// source-hash: sha256:7d6254c180a149e325e4cc3f45b0450454ee6d175f9ae2f4ec3ad0acddf2323d
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -196,12 +196,16 @@ fn final_score(raw: f32) -> f32 {
 fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
     @builtin(workgroup_id) wg_id: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>,
     @builtin(subgroup_invocation_id) sg_lane: u32,
     @builtin(subgroup_size) sg_size: u32
 ) {
-    let head = wg_id.x % u.num_heads;
+    // Workgroup w of ceil(query_len / BLOCK_Q) * num_heads, dispatched in one dimension or, past
+    // the device's limit, folded into two (dispatch_fold): a folded grid's spares return below
+    let w = wg_id.x + wg_id.y * num_wg.x;
+    let head = w % u.num_heads;
     let blocks = (u.query_len + BLOCK_Q - 1u) / BLOCK_Q;
-    let block = wg_id.x / u.num_heads;
+    let block = w / u.num_heads;
     // a head_dim over MAX_HEAD_DIM or not a multiple of 4, or a host-set BLOCK_Q over the tile rows, returns unwritten
     if (u.head_dim > MAX_HEAD_DIM || BLOCK_Q > MAX_BLOCK_Q || block >= blocks || u.head_dim % 4u != 0u) {
         return;

@@ -2,10 +2,11 @@
 per-dimension limit runs as a 2-D grid.
 
 The streaming prefill dispatches query_len * num_heads workgroups: 65,536 at q = 2048 and 32
-heads, one more than a dimension holds. Its template reads its index as id.x + id.y * the grid's
-width, the runner folds such counts into the fewest rows, and validation runs the quick cases
-folded into rows of FOLDED_ROW workgroups, because no CPU case reaches 65,535. A kernel that
-ignores the row must fail there.
+heads, one more than a dimension holds; the tiled prefill ceil(query_len / BLOCK_Q) * num_heads,
+past the limit at 32,768 queries with 32-query blocks and 64 heads. Their templates read the
+index as id.x + id.y * the grid's width, the runner folds such counts into the fewest rows, and
+validation runs the quick cases folded into rows of FOLDED_ROW workgroups, because no CPU case
+reaches 65,535. A kernel that ignores the row must fail there.
 """
 
 from __future__ import annotations
@@ -61,12 +62,18 @@ def test_a_row_limit_folds_small_counts() -> None:
 # -- what ships -----------------------------------------------------------------------------------
 
 
-def test_the_streaming_kernels_fold_and_nothing_else_does() -> None:
+def _folds(name: str) -> bool:
+    """The prefill tiers whose count grows with query_len: the streaming and tiled prefill."""
+    return name.startswith(("attention_streaming", "attention_prefill_"))
+
+
+def test_the_prefill_kernels_fold_and_nothing_else_does() -> None:
     manifest = json.loads((REPO_ROOT / "generated" / "manifest.json").read_text())["variants"]
     folding = sorted(
         name for name, e in manifest.items() if any(p.get("dispatch_fold") for p in e["passes"])
     )
-    assert folding == sorted(n for n in manifest if n.startswith("attention_streaming"))
+    assert folding == sorted(n for n in manifest if _folds(n))
+    assert any(n.startswith("attention_prefill_small") for n in folding)  # tiled_small too
     for name in folding:
         text = (REPO_ROOT / manifest[name]["file"]).read_text()
         assert "@builtin(num_workgroups) num_wg" in text
@@ -75,9 +82,13 @@ def test_the_streaming_kernels_fold_and_nothing_else_does() -> None:
 
 def test_the_registry_tells_the_host() -> None:
     registry = json.loads((REPO_ROOT / "generated" / "doppler" / "registry.json").read_text())
+    told = 0
     for variant_id, entry in registry["operations"]["attention"]["variants"].items():
-        streaming = entry.get("variantMetadata", {}).get("tier") == "streaming"
-        assert entry.get("variantMetadata", {}).get("dispatchFold", False) == streaming, variant_id
+        kernel = Path(entry.get("wgsl") or "").stem
+        folds = entry.get("variantMetadata", {}).get("dispatchFold", False)
+        assert folds == _folds(kernel), variant_id
+        told += folds
+    assert told == 29  # 20 tiled prefill and 9 streaming kernels
 
 
 def test_folded_cases_are_the_quick_cases_renamed() -> None:
@@ -124,10 +135,11 @@ def test_validation_runs_the_folded_path(device) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
-def test_a_kernel_that_ignores_the_row_fails_only_folded(device, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [STREAMING, "attention_prefill_small_d64"])
+def test_a_kernel_that_ignores_the_row_fails_only_folded(device, tmp_path: Path, name: str) -> None:
     root = copy_project(tmp_path / "mutant")
     edit(root / COMMON, FOLDED_INDEX, "{{ wg_id }}.x + 0u * {{ num_wg }}.x")
-    kernel, entry = render_variant(root, STREAMING)
+    kernel, entry = render_variant(root, name)
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "FAIL"
     failed = {c.spec.name for c in report.failures}
