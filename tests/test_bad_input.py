@@ -176,7 +176,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     (
         "dispatch-fold-not-a-boolean",
         toml_at("dispatch_fold = true\n", 'dispatch_fold = "yes"\n'),
-        "[templates.attention_streaming]: dispatch_fold must be true or false, got 'yes'",
+        "[templates.attention_prefill]: dispatch_fold must be true or false, got 'yes'",
     ),
     (
         "dispatch-fold-in-a-template-with-passes",
