@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -20,6 +21,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +36,6 @@ from conftest import (
 )
 
 from doppler_gen import outputs, state
-from doppler_gen.cli import cli
 
 ROOT = os.geteuid() == 0
 # the new tree differs from the old in every kernel and in one renamed output, so a run writes,
@@ -106,62 +107,94 @@ def reported(stdout: str) -> set[str]:
 
 SLOW_STEP_S = 0.003  # each file operation of the child sleeps this long: a slow disk
 
+# The child is a fresh interpreter, not a fork of pytest: by this point the test process may
+# hold lavapipe's and wgpu's threads, and a fork of a threaded process can inherit a lock that
+# one of them held, leaving the child hung before it writes anything.
+CHILD = """
+import contextlib, os, sys, time
+from doppler_gen import outputs
+from doppler_gen.cli import cli
 
-def fork_generate(root: Path) -> tuple[int, int]:
-    """Fork a `generate` of ``root`` whose file operations are slowed down; returns its pid and
-    a pipe that receives one byte when the write transaction begins."""
+writer, root, pause = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+
+def slow(function):
+    def wrapper(*args, **kwargs):
+        time.sleep(pause)
+        return function(*args, **kwargs)
+    return wrapper
+
+outputs.stage = slow(outputs.stage)
+os.replace, os.link, os.unlink = slow(os.replace), slow(os.link), slow(os.unlink)
+run = outputs.Transaction.run
+
+def announce(self, *args, **kwargs):
+    os.write(writer, b"w")
+    return run(self, *args, **kwargs)
+
+outputs.Transaction.run = announce
+with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+    cli.main(["--root", root, "generate"], standalone_mode=True)
+"""
+
+
+@dataclasses.dataclass
+class Child:
+    """A `generate` in its own process whose file operations are slowed down; ``reader``
+    receives one byte when its write transaction begins."""
+
+    process: subprocess.Popen[bytes]
+    reader: int
+
+    def started(self, timeout: float = 60.0) -> bool:
+        ready, _, _ = select.select([self.reader], [], [], timeout)
+        return bool(ready) and os.read(self.reader, 1) == b"w"
+
+    def why(self) -> str:
+        """The child's exit status and stderr, for an assertion message."""
+        try:
+            _, err = self.process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, err = self.process.communicate()
+        return f"exit {self.process.returncode}: {err.decode(errors='replace').strip()[-2000:]}"
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        os.close(self.reader)
+
+
+def spawn_generate(root: Path) -> Child:
     reader, writer = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(writer)
-        return pid, reader
-    code = 70
-    try:  # the child: never returns into pytest
-        os.close(reader)
-
-        def slow(function):
-            def wrapper(*args, **kwargs):
-                time.sleep(SLOW_STEP_S)
-                return function(*args, **kwargs)
-
-            return wrapper
-
-        outputs.stage = slow(outputs.stage)
-        os.replace, os.link, os.unlink = slow(os.replace), slow(os.link), slow(os.unlink)
-        run = outputs.Transaction.run
-
-        def announce(self, *args, **kwargs):
-            os.write(writer, b"w")
-            return run(self, *args, **kwargs)
-
-        outputs.Transaction.run = announce
-        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-            cli.main(["--root", str(root), "generate"], standalone_mode=True)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:
-        code = 71
+    source = str(Path(outputs.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(writer), str(root), str(SLOW_STEP_S)],
+            pass_fds=(writer,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
     finally:
-        os._exit(code)
-
-
-def wait_for_write(reader: int, timeout: float = 30.0) -> bool:
-    ready, _, _ = select.select([reader], [], [], timeout)
-    return bool(ready) and os.read(reader, 1) == b"w"
+        os.close(writer)
+    return Child(process, reader)
 
 
 def calibrate(root: Path) -> float:
     """Seconds from the start of the transaction to the end of an undisturbed run."""
-    pid, reader = fork_generate(root)
+    child = spawn_generate(root)
     try:
-        assert wait_for_write(reader), "generate never started writing"
+        assert child.started(), f"generate never started writing ({child.why()})"
         start = time.monotonic()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert child.process.wait() == 0, child.why()
         return time.monotonic() - start
     finally:
-        os.close(reader)
+        child.close()
 
 
 def keep_only_the_tiled_variants(root: Path) -> None:
@@ -195,15 +228,15 @@ def test_sigkill_at_random_points_never_leaves_a_torn_tree(fresh_project: Path) 
     for _ in range(30):
         old, new = versions[version], versions[3 - version]
         toggle(fresh_project, 3 - version)
-        pid, reader = fork_generate(fresh_project)
+        child = spawn_generate(fresh_project)
         try:
-            started = wait_for_write(reader)
+            started = child.started()
             time.sleep(rng.uniform(0, duration * 1.2))
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            child.process.send_signal(signal.SIGKILL)
+            child.process.wait()
+            assert started, f"generate never started writing ({child.why()})"
         finally:
-            os.close(reader)
-        assert started, "generate never started writing"
+            child.close()
         disk = generated_tree(fresh_project)
         # every file is its old or its new version (or absent where one of them lacks it)
         for name, data in disk.items():
