@@ -168,9 +168,11 @@ class Child:
 
 
 def spawn_generate(root: Path) -> Child:
+    """Start the child on ``root``; it imports this checkout's doppler_gen, whatever is installed."""
     reader, writer = os.pipe()
     source = str(Path(outputs.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+    inherited = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, inherited]))}
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(writer), str(root), str(SLOW_STEP_S)],
