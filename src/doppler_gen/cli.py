@@ -1,7 +1,8 @@
 """The `doppler-gen` command line.
 
 Exit codes: 0 ok; 1 a check or validation failed; 2 usage, config, template or environment
-error; 3 an internal error (a bug in doppler-gen). Every error prints one line
+error; 3 an internal error (a bug in doppler-gen); 130 interrupted (Ctrl-C); 143 SIGTERM while
+worker processes ran (they are stopped first). Every error prints one line
 (``error: location: message``) and no traceback; ``--debug`` adds the traceback of an internal
 error. With ``--json`` an error is also a JSON object on stdout. Heavy modules (numpy, wgpu)
 are imported inside the commands that need them, so `check` and `generate` stay fast enough
@@ -23,7 +24,7 @@ import click
 
 from doppler_gen import __version__
 from doppler_gen.config import Project, find_root, load_project
-from doppler_gen.errors import DopplerGenError
+from doppler_gen.errors import DopplerGenError, Terminated
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERNAL = 3  # an unexpected exception: a bug, distinct from 1 (stale / failed)
@@ -94,6 +95,9 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             _fail(error, as_json)
         except BrokenPipeError:
             _quiet_broken_pipe()
+        except Terminated:
+            click.echo("terminated", err=True)
+            sys.exit(Terminated.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)

@@ -22,6 +22,14 @@ class DopplerGenError(Exception):
         return f"{self.location}: {self.message}" if self.location else self.message
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while a command had worker processes running: raised in the main thread so the
+    command stops its workers before it ends, as it does on Ctrl-C. The CLI exits 143, the
+    shell's code for a process ended by SIGTERM."""
+
+    exit_code = 143
+
+
 class ConfigError(DopplerGenError):
     """variants.toml is malformed or inconsistent."""
 

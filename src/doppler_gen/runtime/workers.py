@@ -8,13 +8,21 @@ each variant is validated exactly as in one process (``verify.validate_variant``
 
 Workers are started with ``spawn``, not ``fork``: a forked child would inherit the parent's
 driver threads and handles. On a GPU the workers share it; one process is the default.
+
+Workers never outlive the run. Ctrl-C and SIGTERM in the parent stop them at once; if the
+parent dies without a word (SIGKILL, a crash), each worker notices within a fraction of a second
+that it was orphaned and exits. Without this a killed ``validate --jobs`` left workers that
+went on through the variants already queued to them, each still compiling on a core.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import signal
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -22,17 +30,62 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.backends import Device, get_backend
-from doppler_gen.errors import DopplerGenError
+from doppler_gen.errors import DopplerGenError, Terminated
 from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import CaseSpec, VariantReport, case_specs, validate_variant
 
 _device: Device | None = None  # this worker's device, opened by its first variant
+_ORPHAN_POLL_S = 0.2  # how often a worker checks that its parent is alive
 
 
-def _ignore_interrupts() -> None:
-    """Ctrl-C is the parent's to handle (it stops the workers): a worker ignores it."""
+def _exit_when_orphaned(parent: int) -> None:
+    """Exit this worker as soon as ``parent`` is no longer its parent (it died, however)."""
+    while os.getppid() == parent:
+        threading.Event().wait(_ORPHAN_POLL_S)
+    os._exit(1)
+
+
+def _init_worker(parent: int) -> None:
+    """Ctrl-C is the parent's to handle (it stops the workers): a worker ignores it. A watch
+    thread ends the worker when the parent dies unannounced (GPU work runs in C with the GIL
+    released, so the thread runs during a long compile too)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getppid() != parent:  # the parent died while this worker started
+        os._exit(1)
+    threading.Thread(
+        target=_exit_when_orphaned, args=(parent,), name="orphan-watch", daemon=True
+    ).start()
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def _terminate_as_interrupt() -> tuple[bool, Any]:
+    """Make SIGTERM raise in the main thread while workers run, so the run stops them before
+    this process ends. Returns (installed, the handler to restore); nothing is installed off
+    the main thread, where Python cannot set a handler (the workers' orphan watch still ends
+    them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False, None
+    return True, signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+@contextlib.contextmanager
+def _workers_born_deaf_to_ctrl_c() -> Iterator[None]:
+    """Ignore Ctrl-C in this process while it starts workers, which inherit the ignored
+    signal through exec: a worker still importing when Ctrl-C came printed a traceback before
+    its initializer could ignore it. A Ctrl-C in the few milliseconds of the spawns is lost;
+    the next one stops the run. Off the main thread nothing changes (Python cannot)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -90,13 +143,15 @@ def validate_in_workers(
     context = multiprocessing.get_context("spawn")
     workers = max(1, min(jobs, len(kernels)))
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=_ignore_interrupts
+        max_workers=workers, mp_context=context, initializer=_init_worker, initargs=(os.getpid(),)
     )
+    term_installed, previous_term = _terminate_as_interrupt()
     try:
-        pending: dict[Future, int] = {
-            pool.submit(_validate_in_worker, device_args, k, e, options, outputs is not None): i
-            for i, (k, e) in enumerate(zip(kernels, entries, strict=True))
-        }
+        with _workers_born_deaf_to_ctrl_c():  # submit starts the workers
+            pending: dict[Future, int] = {
+                pool.submit(_validate_in_worker, device_args, k, e, options, outputs is not None): i
+                for i, (k, e) in enumerate(zip(kernels, entries, strict=True))
+            }
         for future in as_completed(pending):
             index = pending[future]
             name = kernels[index].variant.name
@@ -115,8 +170,11 @@ def validate_in_workers(
                     name,
                     len(case_specs(entries[index], tier=options["tier"], seed=options["seed"])),
                 )
-    except BaseException:  # Ctrl-C, a dead worker: the others stop too
+    except BaseException:  # Ctrl-C, SIGTERM, a dead worker: the others stop too
         _stop_workers(pool)
         raise
+    finally:
+        if term_installed:  # None: a handler set outside Python, restored as the default
+            signal.signal(signal.SIGTERM, previous_term or signal.SIG_DFL)
     pool.shutdown()
     return [r for r in reports if r is not None], described, workers
