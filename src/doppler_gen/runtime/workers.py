@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -42,7 +43,7 @@ _ORPHAN_POLL_S = 0.2  # how often a worker checks that its parent is alive
 def _exit_when_orphaned(parent: int) -> None:
     """Exit this worker as soon as ``parent`` is no longer its parent (it died, however)."""
     while os.getppid() == parent:
-        threading.Event().wait(_ORPHAN_POLL_S)
+        time.sleep(_ORPHAN_POLL_S)
     os._exit(1)
 
 
