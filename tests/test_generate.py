@@ -9,10 +9,12 @@ import shutil
 import tomllib
 from pathlib import Path
 
+import jinja2
 import pytest
 from conftest import assert_one_line_error, copy_project, edit, run_cli, snapshot
 
 from doppler_gen import outputs
+from doppler_gen import render as render_module
 from doppler_gen.config import load_project
 from doppler_gen.render import HEADER_MARK, Renderer
 
@@ -459,3 +461,55 @@ def test_source_hash_stable_otherwise(project_copy: Path) -> None:
         os.utime(path, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
     after = source_hashes(project_copy)
     assert {name: after[name] for name in before} == before
+
+
+# -- compiled templates shared within a process (render._CompiledCode) ---------------------------
+
+
+def test_renderers_of_one_project_compile_each_template_once(tmp_path: Path, monkeypatch) -> None:
+    root = copy_project(tmp_path / "p")
+    compiled: list[str] = []
+    real_compile = jinja2.Environment.compile
+
+    def counting_compile(self, source, name=None, filename=None, raw=False, defer_init=False):
+        compiled.append(name)
+        return real_compile(self, source, name, filename, raw, defer_init)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting_compile)
+    first = load_project(root)
+    text = Renderer(first).render(first.variant("attention_decode_tiered_f16")).only.text
+    assert "attention_decode_tiered.wgsl.j2" in compiled
+    count = len(compiled)
+    second = load_project(root)  # a new project and renderer, as each test or command builds
+    again = Renderer(second).render(second.variant("attention_decode_tiered_f16")).only.text
+    assert again == text
+    assert len(compiled) == count  # nothing compiled again
+
+
+def test_a_template_edited_within_one_process_renders_its_new_text(tmp_path: Path) -> None:
+    root = copy_project(tmp_path / "p")
+    template = root / "templates" / "rmsnorm.wgsl.j2"
+    original = template.read_text(encoding="utf-8")
+
+    def render() -> str:
+        project = load_project(root)
+        return Renderer(project).render(project.variant("rmsnorm")).only.text
+
+    before = render()
+    edit(template, "@compute", "// edited between renders\n@compute")
+    after = render()
+    assert "// edited between renders" in after and "// edited between renders" not in before
+    template.write_text(original, encoding="utf-8")
+    assert render() == before  # and back: the cached code of the first text
+
+
+def test_the_compiled_code_cache_drops_the_least_recently_used() -> None:
+    cache = render_module._CompiledCode(capacity=2)
+    env = jinja2.Environment()
+    first = cache.get(env, "a", "a.j2", "A{{ 1 }}")
+    cache.get(env, "b", "b.j2", "B")
+    assert cache.get(env, "a", "a.j2", "A{{ 1 }}") is first  # a is now the most recent
+    cache.get(env, "c", "c.j2", "C")  # evicts b
+    assert len(cache) == 2
+    assert cache.get(env, "a", "a.j2", "A{{ 1 }}") is first
+    assert cache.get(env, "a", "a.j2", "A{{ 2 }}") is not first  # another source, another key
