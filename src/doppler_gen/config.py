@@ -8,6 +8,7 @@ validation can trust it. Errors name the file and, where the TOML text lets us f
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import stat
@@ -299,33 +300,50 @@ def _toml_syntax_error(exc: tomllib.TOMLDecodeError, text: str) -> ConfigError:
 
 
 class _Locator:
-    """Finds the line of a table or key in the TOML text; tomllib does not report positions."""
+    """Finds the line of a table or key in the TOML text; tomllib does not report positions.
+
+    Every project load asks for the lines of every variant's and template's keys (thousands of
+    questions for this project), so the text is indexed once: each line without its comment,
+    the lines of each header, and the lines matching each table-ending pattern.
+    """
 
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
-        self._tables: dict[str, list[int]] = {}
+        self._code = [line.split("#", 1)[0] for line in self.lines]
+        self._headers: dict[str, list[int]] = {}
+        for number, code in enumerate(self._code, start=1):
+            stripped = code.strip()
+            if stripped.startswith("["):
+                self._headers.setdefault(stripped, []).append(number)
+        self._stops: dict[str, list[int]] = {}
 
     def _table_line(self, header: str, occurrence: int = 0) -> int | None:
-        # every line holding ``header``, found once: looking up each [[variant]] by scanning the
-        # whole file made loading quadratic in the number of variants
-        if header not in self._tables:
+        """The line of the ``occurrence``-th ``header`` (alone on its line, or before a comment)."""
+        if "#" in header:  # a quoted name holding '#': the comment split above cut its line
             pattern = re.compile(r"^\s*" + re.escape(header) + r"\s*(#.*)?$")
-            self._tables[header] = [
+            found = [n for n, line in enumerate(self.lines, start=1) if pattern.match(line)]
+        else:
+            found = self._headers.get(header, [])
+        return found[occurrence] if occurrence < len(found) else None
+
+    def _end(self, start: int, stop: str) -> int:
+        """The first line after ``start`` that matches ``stop`` (one past the last if none)."""
+        if stop not in self._stops:
+            pattern = re.compile(stop)
+            self._stops[stop] = [
                 number for number, line in enumerate(self.lines, start=1) if pattern.match(line)
             ]
-        found = self._tables[header]
-        return found[occurrence] if occurrence < len(found) else None
+        found = self._stops[stop]
+        index = bisect.bisect_right(found, start)
+        return found[index] if index < len(found) else len(self.lines) + 1
 
     def _key_line(self, start: int | None, key: str, stop: str = r"^\s*\[") -> int | None:
         """The first line at or after ``start`` assigning ``key``, before a line matching ``stop``."""
         if start is None:
             return None
         pattern = re.compile(r"(^|[{,\s])" + re.escape(key) + r"\s*=")
-        for number in range(start, len(self.lines) + 1):
-            line = self.lines[number - 1]
-            if number > start and re.match(stop, line):
-                return None
-            if pattern.search(line.split("#", 1)[0]):
+        for number in range(start, self._end(start, stop)):
+            if pattern.search(self._code[number - 1]):
                 return number
         return None
 
