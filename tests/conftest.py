@@ -167,13 +167,17 @@ def representatives(project: Any) -> tuple[str, ...]:
     every variant (`doppler-gen validate`), and `validate --backend all` compares them all."""
     chosen: dict[tuple[str, ...], str] = {}
     for variant in project.variants:
-        params = variant.params
-        key = (
-            variant.template.name,
-            *(str(params.get(p)) for p in ("q_dtype", "kv_dtype", "cold")),
-        )
-        chosen.setdefault(key, variant.name)
+        chosen.setdefault(kernel_body(variant), variant.name)
     return tuple(chosen.values())
+
+
+def kernel_body(variant: Any) -> tuple[str, ...]:
+    """What tells kernel bodies apart: the template and the Q, K/V and cold formats (head-dim
+    and tuning siblings share a body)."""
+    return (
+        variant.template.name,
+        *(str(variant.params.get(p)) for p in ("q_dtype", "kv_dtype", "cold")),
+    )
 
 
 def render_variant(root: Path, name: str, params: dict | None = None) -> tuple[Any, dict]:

@@ -321,15 +321,6 @@ def test_webgpu_default_limits_are_enforced_by_dawn_itself() -> None:
     ) in report.reason
 
 
-def test_the_representatives_cover_every_template() -> None:
-    project = load_project(REPO_ROOT)
-    names = representatives(project)
-    assert {project.variant(n).template.name for n in names} == {
-        v.template.name for v in project.variants
-    }
-    assert len(names) < len(project.variants) / 2
-
-
 @pytest.mark.gpu
 @needs_both
 def test_both_backends_agree_on_a_variant_of_every_kernel_body() -> None:
