@@ -305,6 +305,22 @@ def test_check_reports_stale_missing_and_orphaned_exports(fresh_project: Path) -
     assert run_cli(fresh_project, "check").exit_code == 0
 
 
+def test_a_hidden_copy_of_the_registry_is_an_orphan_like_a_hidden_kernel(
+    fresh_project: Path,
+) -> None:
+    """generated/.x.wgsl with the header is reported; generated/doppler/.registry.json saying
+    doppler-gen wrote it once was not. Both are now orphans that `generate` refuses to delete."""
+    export = fresh_project / "generated" / "doppler"
+    hidden = export / ".registry.json"
+    hidden.write_bytes((export / "registry.json").read_bytes())
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 1, result.output
+    assert "orphaned: generated/doppler/.registry.json (no variant produces it" in result.stdout
+    refused = run_cli(fresh_project, "generate")
+    assert refused.exit_code == 2 and hidden.is_file()
+    assert "generated/doppler/.registry.json" in assert_one_line_error(refused.stderr)
+
+
 def test_a_hand_made_copy_of_the_registry_is_never_deleted(fresh_project: Path) -> None:
     export = fresh_project / "generated" / "doppler"
     backup = export / "registry.backup"

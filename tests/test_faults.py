@@ -518,3 +518,53 @@ def test_second_generate_gives_up_after_waiting(fresh_project: Path, monkeypatch
     assert waited >= 0.3
     assert generated_tree(fresh_project) == before
     assert run_cli(fresh_project, "generate").exit_code == 0  # the lock is free again
+
+
+# -- the project state directory is never a way out of the project ---------------------------------
+
+
+@pytest.mark.parametrize("planted", ["lock-link", "state-link", "state-file", "ignore-link"])
+def test_state_directory_never_writes_through_a_planted_path(
+    fresh_project: Path, tmp_path: Path, planted: str
+) -> None:
+    """A symlink where the lock, the state directory or its .gitignore belongs once made
+    `generate` and `check` write outside the project (the lock truncated its target)."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me\n")
+    state_path = fresh_project / ".doppler-gen"
+    if planted == "lock-link":
+        state_path.mkdir()
+        (state_path / "generate.lock").symlink_to(victim / "precious.txt")
+    elif planted == "state-link":
+        state_path.symlink_to(victim, target_is_directory=True)
+    elif planted == "state-file":
+        state_path.write_text("not a directory\n")
+    else:
+        state_path.mkdir()
+        (state_path / ".gitignore").symlink_to(victim / "created-outside")
+    grow_every_kernel(fresh_project, 1)
+    result = run_cli(fresh_project, "generate")
+    if planted == "ignore-link":  # the lock works; the .gitignore is simply not written
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        why = {"lock-link": "it is a symlink", "state-link": "is a symlink"}
+        assert why.get(planted, "is not a directory") in line, line
+        assert "File exists" not in line
+    check = run_cli(fresh_project, "check")  # works, with or without a memo
+    assert check.exit_code == (0 if planted == "ignore-link" else 1), check.output
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+    assert (victim / "precious.txt").read_text() == "keep me\n"
+
+
+def test_a_fifo_in_place_of_the_memo_does_not_hang_check(fresh_project: Path) -> None:
+    state.ensure_state_dir(fresh_project)
+    os.mkfifo(fresh_project / ".doppler-gen/check-memo")
+    started = time.monotonic()
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 0, result.output
+    assert "unchanged since" not in result.stdout  # a full check, then a real memo
+    assert time.monotonic() - started < 60
+    assert (fresh_project / ".doppler-gen/check-memo").is_file()

@@ -12,12 +12,14 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, edit, run_cli
 
 from doppler_gen import check_memo, outputs, render
+from doppler_gen import cli as cli_module
 
 LIB_FILE = "templates/lib/attention_common.wgsl.j2"
 LIB_ANCHOR = "// Causal mask"
@@ -121,6 +123,55 @@ def test_symlinked_export_directory_edited_through_the_link_is_seen(fresh_projec
     assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
 
 
+def test_generated_directory_swapped_for_a_link_outside_the_project_is_seen(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """generated/ replaced by a symlink to an identical copy outside the project: the full check
+    refuses it (exit 2), so the memo may not confirm it (it once hashed only the contents)."""
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
+    outside = Path(shutil.copytree(fresh_project / "generated", tmp_path / "elsewhere"))
+    shutil.rmtree(fresh_project / "generated")
+    (fresh_project / "generated").symlink_to(outside, target_is_directory=True)
+    line = assert_one_line_error(assert_not_up_to_date(fresh_project, code=2))
+    assert "outside the project root" in line, line
+
+
+def test_template_included_from_a_pycache_directory_is_hashed(fresh_project: Path) -> None:
+    """The memo skips __pycache__ of doppler-gen's code, never inside templates/ (it once did)."""
+    cache = fresh_project / "templates/__pycache__"
+    cache.mkdir()
+    (cache / "extra.wgsl.j2").write_text("// extra v1\n", encoding="utf-8")
+    edit(
+        fresh_project / "templates/attention.wgsl.j2",
+        "fn is_masked(",
+        '{% include "__pycache__/extra.wgsl.j2" %}fn is_masked(',
+    )
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    (cache / "extra.wgsl.j2").write_text("// extra v2\n", encoding="utf-8")
+    assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
+
+
+@pytest.mark.parametrize(("where", "target"), [("templates", "/"), ("generated", "/proc/self")])
+def test_links_to_huge_directories_outside_the_project_are_not_walked(
+    fresh_project: Path, where: str, target: str
+) -> None:
+    """A link to / or /proc inside templates/ or generated/ once made the digest walk the
+    whole filesystem (a hang); nothing doppler-gen reads can lie there, so only the link
+    text counts."""
+    link = fresh_project / where / "everything"
+    link.symlink_to(target, target_is_directory=True)
+    started = time.monotonic()
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    assert time.monotonic() - started < 30
+    link.unlink()
+    link.symlink_to("/usr", target_is_directory=True)  # retargeted: the memo no longer holds
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 0 and "unchanged since" not in result.stdout
+
+
 # -- 2. the memo and concurrent edits --------------------------------------------------------------
 
 
@@ -144,6 +195,81 @@ def test_tree_swapped_during_check_is_not_remembered(fresh_project: Path, monkey
     monkeypatch.setattr(outputs, "plan", real_plan)
     lib.write_text(stale, encoding="utf-8")
     assert_not_up_to_date(fresh_project)
+
+
+def test_config_saved_between_the_digest_and_its_read_is_not_remembered(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """variants.toml is parsed clean, then saved stale before the old code took its digest:
+    the stale tree was recorded as verified. The digest now comes before the read."""
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    real_load = cli_module.load_project
+
+    def load_then_save(root: Path):
+        project = real_load(root)
+        edit(fresh_project / "variants.toml", "block_size = 16", "block_size = 32")
+        return project
+
+    monkeypatch.setattr(cli_module, "load_project", load_then_save)
+    assert run_cli(fresh_project, "check").exit_code == 0  # it compared the clean config
+    monkeypatch.undo()
+    assert not memo_file(fresh_project).exists()
+    assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
+
+
+def test_change_reverted_while_the_check_ran_is_not_remembered(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """A stale tree (A) turns clean (B) while the templates are read, and back to A before the
+    second digest: both digests say A, yet the check compared B. Each read is now checked
+    against the bytes the first digest hashed."""
+    lib = fresh_project / LIB_FILE
+    clean = lib.read_text(encoding="utf-8")
+    stale = clean.replace(LIB_ANCHOR, "// causal mask")
+    lib.write_text(stale, encoding="utf-8")  # A
+    real_plan = outputs.plan
+
+    def clean_while_planning(*args, **kwargs):
+        lib.write_text(clean, encoding="utf-8")  # B, read by the render
+        try:
+            return real_plan(*args, **kwargs)
+        finally:
+            lib.write_text(stale, encoding="utf-8")  # A again, before the second digest
+
+    monkeypatch.setattr(outputs, "plan", clean_while_planning)
+    assert run_cli(fresh_project, "check").exit_code == 0  # B is clean: true when it compared
+    monkeypatch.undo()
+    assert not memo_file(fresh_project).exists()
+    assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
+
+
+def test_orphan_removed_and_restored_while_the_check_ran_is_not_remembered(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """The same for a directory listing: an orphan absent only while generated/ was listed."""
+    orphan = fresh_project / "generated/old_kernel.wgsl"
+    data = (fresh_project / "generated/attention.wgsl").read_bytes()
+    orphan.write_bytes(data)
+    real_leftovers = outputs.leftovers
+
+    def hide_orphan(project):
+        orphan.unlink()
+        return real_leftovers(project)
+
+    real_orphans = outputs.orphans
+
+    def restore_after(plan):
+        try:
+            return real_orphans(plan)
+        finally:
+            orphan.write_bytes(data)
+
+    monkeypatch.setattr(outputs, "leftovers", hide_orphan)
+    monkeypatch.setattr(outputs, "orphans", restore_after)
+    assert run_cli(fresh_project, "check").exit_code == 0
+    monkeypatch.undo()
+    assert not memo_file(fresh_project).exists()
+    assert "orphaned: generated/old_kernel.wgsl" in run_cli(fresh_project, "check").stdout
 
 
 def test_unchanged_tree_during_check_is_remembered(fresh_project: Path) -> None:

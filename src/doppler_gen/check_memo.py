@@ -23,32 +23,116 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import stat
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from doppler_gen import observed
 from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, TEMPLATES_DIR
-from doppler_gen.state import ensure_state_dir, state_dir
+from doppler_gen.state import ensure_state_dir, read_state_file, state_dir, write_state_file
 
 MEMO_NAME = "check-memo"
 # the packages whose code shapes what `check` and `generate` produce
 CODE_PACKAGES = ("doppler_gen", "jinja2", "markupsafe")
 
 
-def _entries(directory: Path) -> list[tuple[str, Path]]:
-    """Every file and symlink under ``directory`` (links not followed), by relative name."""
-    found: list[tuple[str, Path]] = []
-    if not directory.is_dir():
-        return found
-    for parent, dirnames, filenames in os.walk(directory):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        base = Path(parent)
-        # os.walk lists a symlinked directory among dirnames without entering it: record it
-        for name in [*dirnames, *filenames]:
-            path = base / name
-            if name in filenames or path.is_symlink():
-                found.append((path.relative_to(directory).as_posix(), path))
-    return sorted(found)
+@dataclass
+class Snapshot:
+    """One digest of the tree, with the per-file hashes and listings it was made from.
+
+    ``files`` maps the real path of every regular file hashed to its sha256, ``listings`` the
+    real path of every directory walked to its entry names: `remember_clean` compares them with
+    what the check read (``observed``).
+    """
+
+    digest: str
+    files: dict[str, str] = field(default_factory=dict)
+    listings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class _Walk:
+    """The state of one digest: the hash, what it covered, and the link targets already seen."""
+
+    root: Path
+    hash: Any = field(default_factory=hashlib.sha256)
+    snapshot: Snapshot = field(default_factory=lambda: Snapshot(""))
+    seen: set[Path] = field(default_factory=set)
+
+    def entries(self, directory: Path, skip: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
+        """Every file and symlink under ``directory`` (links not followed), by relative name;
+        directories named in ``skip`` are left out (``__pycache__`` of the code packages)."""
+        found: list[tuple[str, Path]] = []
+        if not directory.is_dir():
+            return found
+        for parent, dirnames, filenames in os.walk(directory):
+            base = Path(parent)
+            self.snapshot.listings[observed.real(base)] = tuple(sorted(dirnames + filenames))
+            dirnames[:] = [d for d in dirnames if d not in skip]
+            # os.walk lists a symlinked directory among dirnames without entering it: record it
+            for name in [*dirnames, *filenames]:
+                path = base / name
+                if name in filenames or path.is_symlink():
+                    found.append((path.relative_to(directory).as_posix(), path))
+        return sorted(found)
+
+    def update(self, label: str, name: str, path: Path) -> None:
+        """Hash one entry by what it is; a symlink also by what it points at (`check` and
+        `generate` read variants.toml, outputs and generated/doppler/ through links)."""
+        kind, data = self.describe(path)
+        self.hash.update(
+            f"\0{label}-{kind}:{name}:{len(data)}\0".encode("utf-8", "surrogateescape")
+        )
+        self.hash.update(data)
+        if kind == "link":
+            self.update_target(f"{label}-link", name, path)
+
+    def describe(self, path: Path) -> tuple[str, bytes]:
+        """(kind, bytes to hash) of one path, never following a link and never blocking."""
+        try:
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                return "link", os.fsencode(os.readlink(path))
+            if stat.S_ISDIR(mode):
+                return "directory", b""
+            if not stat.S_ISREG(mode):  # a FIFO, socket or device: reading it could block
+                return "special", b""
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return "missing", b""
+        except OSError as exc:  # the full check that follows reports it properly
+            return "unreadable", f"{exc.errno}".encode()
+        self.snapshot.files[observed.real(path)] = hashlib.sha256(data).hexdigest()
+        return "file", data
+
+    def update_target(self, label: str, name: str, link: Path) -> None:
+        """Hash the file or directory tree a symlink resolves to (once: links may form a cycle).
+
+        A directory is walked only when it lies inside the project and does not contain the
+        link: nothing doppler-gen reads can lie in a directory outside the project (templates
+        must resolve inside templates/, generated/ and generated/doppler/ inside the project),
+        and walking a link to ``/`` or ``/proc`` would never end.
+        """
+        try:
+            target = link.resolve(strict=True)
+        except (OSError, RuntimeError):  # dangling or a loop: the link text is hashed already
+            return
+        if target in self.seen:
+            return
+        self.seen.add(target)
+        if not target.is_dir():
+            self.update(f"{label}>", name, target)
+            return
+        inside = target.is_relative_to(self.root)
+        inside = inside and not link.parent.resolve().is_relative_to(target)
+        if not inside:
+            self.hash.update(f"\0{label}>outside:{name}\0".encode("utf-8", "surrogateescape"))
+            return
+        self.update(f"{label}>", name, target)  # the directory itself (its listing, not a link)
+        for sub, path in self.entries(target):
+            self.update(f"{label}>", f"{name}/{sub}", path)
 
 
 def _package_dir(name: str) -> Path | None:
@@ -64,63 +148,35 @@ def _package_dir(name: str) -> Path | None:
     return Path(origin).parent if origin else None
 
 
-def _update(digest: Any, label: str, name: str, path: Path, seen: set[Path]) -> None:
-    """Hash one entry; a symlink also by what it points at (`check` and `generate` read
-    variants.toml, outputs and generated/doppler/ through links)."""
-    link = path.is_symlink()
-    try:
-        if link:
-            data = os.readlink(path).encode("utf-8", "surrogateescape")
-            label = f"{label}-link"
-        elif path.is_file():
-            data = path.read_bytes()
-        else:  # a FIFO, socket or device: its name counts, reading it could block forever
-            data = b""
-            label = f"{label}-special"
-    except OSError as exc:  # the full check that follows reports it properly
-        data = f"{exc.errno}".encode()
-        label = f"{label}-unreadable"
-    digest.update(f"\0{label}:{name}:{len(data)}\0".encode("utf-8", "surrogateescape"))
-    digest.update(data)
-    if link:
-        _update_target(digest, label, name, path, seen)
+def snapshot(root: Path) -> Snapshot:
+    """The digest of every input of generation and every output, with what it was made from.
 
-
-def _update_target(digest: Any, label: str, name: str, link: Path, seen: set[Path]) -> None:
-    """Hash the file or directory tree a symlink resolves to (once: links may form a cycle)."""
-    try:
-        target = link.resolve(strict=True)
-    except (OSError, RuntimeError):  # dangling or a loop: the link text is hashed already
-        return
-    if target in seen:
-        return
-    seen.add(target)
-    if not target.is_dir():
-        _update(digest, f"{label}>", name, target, seen)
-        return
-    for sub, path in _entries(target):
-        _update(digest, f"{label}>", f"{name}/{sub}", path, seen)
+    variants.toml, templates/ and generated/ are hashed by what they are (a file, a directory,
+    a symlink with its target, missing), then everything under the two directories.
+    """
+    walk = _Walk(root.resolve())
+    walk.hash.update(f"python {sys.version} {sys.implementation.cache_tag}\n".encode())
+    for label in (CONFIG_NAME, TEMPLATES_DIR, GENERATED_DIR):
+        top = root / label
+        walk.update(label, label, top)
+        if not top.is_symlink():  # a linked one was walked (or refused) as its target
+            for name, path in walk.entries(top):
+                walk.update(label, name, path)
+    for package in CODE_PACKAGES:
+        directory = _package_dir(package)
+        if directory is None:
+            walk.hash.update(f"\0{package}:missing\0".encode())
+            continue
+        for name, path in walk.entries(directory, skip=("__pycache__",)):
+            if not name.endswith((".pyc", ".pyo")):
+                walk.update(package, name, path)
+    walk.snapshot.digest = walk.hash.hexdigest()
+    return walk.snapshot
 
 
 def tree_digest(root: Path) -> str:
     """sha256 over every input of generation and every output, with their relative names."""
-    digest = hashlib.sha256()
-    digest.update(f"python {sys.version} {sys.implementation.cache_tag}\n".encode())
-    seen: set[Path] = set()
-    config = root / CONFIG_NAME
-    _update(digest, "config", CONFIG_NAME, config, seen)
-    for label in (TEMPLATES_DIR, GENERATED_DIR):
-        for name, path in _entries(root / label):
-            _update(digest, label, name, path, seen)
-    for package in CODE_PACKAGES:
-        directory = _package_dir(package)
-        if directory is None:
-            digest.update(f"\0{package}:missing\0".encode())
-            continue
-        for name, path in _entries(directory):
-            if not name.endswith((".pyc", ".pyo")):
-                _update(digest, package, name, path, seen)
-    return digest.hexdigest()
+    return snapshot(root).digest
 
 
 def _memo_path(root: Path) -> Path:
@@ -129,33 +185,41 @@ def _memo_path(root: Path) -> Path:
 
 def is_known_clean(root: Path, digest: str) -> bool:
     """True when ``digest`` (of the tree now) is the one a full `check` found clean."""
-    try:
-        return _memo_path(root).read_text().strip() == digest
-    except (OSError, UnicodeDecodeError):
-        return False
+    data = read_state_file(_memo_path(root), limit=256)
+    return data is not None and data.strip() == digest.encode()
 
 
-def remember_clean(root: Path, before: str) -> bool:
-    """Record the tree as clean, if it did not change while it was checked.
+def remember_clean(root: Path, before: Snapshot, log: observed.ReadLog) -> bool:
+    """Record the tree as clean, if what the check compared is exactly the tree ``before``.
 
-    ``before`` is the digest taken before the check compared anything. The tree is hashed again
-    now: only when both agree was the clean result about *this* tree, so a file saved while the
-    check ran can never be recorded as verified. Best effort: returns whether a memo was saved.
+    ``before`` was taken before the check read anything, and ``log`` holds what it read. The
+    memo is saved only when
+    - every file the check read had, at its real path, the bytes ``before`` hashed there (or
+      was absent from it, when the check found it absent), and every directory it listed had
+      the names ``before`` saw: a file changed while the check ran and changed back (A, B, A)
+      differs here though both digests say A;
+    - the tree hashed again now equals ``before``: nothing the check did not read changed.
+    So the clean result recorded is about the tree the digest describes. Best effort: returns
+    whether a memo was saved.
     """
-    if tree_digest(root) != before:
+    if not _read_what_was_hashed(before, log) or snapshot(root).digest != before.digest:
         forget(root)
         return False
     try:
-        path = ensure_state_dir(root) / MEMO_NAME
-        temporary = path.with_name(f"{MEMO_NAME}.{os.getpid()}.tmp")
-        try:
-            temporary.write_text(before + "\n")
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        write_state_file(ensure_state_dir(root) / MEMO_NAME, before.digest + "\n")
     except OSError:
         return False
     return True
+
+
+def _read_what_was_hashed(before: Snapshot, log: observed.ReadLog) -> bool:
+    """Whether each read and listing in ``log`` agrees with the snapshot ``before``."""
+    if log.inconsistent:
+        return False
+    for path, sha in log.files.items():
+        if before.files.get(path, observed.ABSENT) != sha:
+            return False
+    return all(before.listings.get(path) == names for path, names in log.listings.items())
 
 
 def forget(root: Path) -> None:

@@ -264,25 +264,31 @@ def check(state: State, as_json: bool, full: bool) -> None:
     full check already found clean is confirmed from a digest without re-rendering; --full
     re-renders regardless.
     """
-    from doppler_gen import check_memo
+    from doppler_gen import check_memo, observed
 
-    project = state.project  # a config error is reported the same way with or without the memo
-    digest = check_memo.tree_digest(project.root)  # taken before comparing anything
+    root = state.root
+    # the digest comes first, before variants.toml is even read: a save made while the check
+    # runs then differs from it, or from what the check read, and is never recorded as clean
+    before = check_memo.snapshot(root)
     fix = "doppler-gen generate"
-    if not full and check_memo.is_known_clean(project.root, digest):
-        if as_json:
-            click.echo(json.dumps(_check_json(None, fix, memo=True), indent=2, sort_keys=True))
-        else:
-            click.echo(
-                "generated/ is up to date (inputs and outputs unchanged since the last full check)"
-            )
-        return
-    from doppler_gen.outputs import compare, plan
+    with observed.recording() as reads:
+        # a config error is reported the same way with or without the memo
+        project = load_project(root)
+        if not full and check_memo.is_known_clean(root, before.digest):
+            if as_json:
+                click.echo(json.dumps(_check_json(None, fix, memo=True), indent=2, sort_keys=True))
+            else:
+                click.echo(
+                    "generated/ is up to date (inputs and outputs unchanged since the last full "
+                    "check)"
+                )
+            return
+        from doppler_gen.outputs import compare, plan
 
-    check_memo.forget(project.root)  # whatever this full check finds, the old memo is void
-    status = compare(plan(project), diffs=True)
-    if status.clean:
-        check_memo.remember_clean(project.root, digest)  # only if the tree did not change meanwhile
+        check_memo.forget(root)  # whatever this full check finds, the old memo is void
+        status = compare(plan(project), diffs=True)
+    if status.clean:  # remembered only if the check read exactly the tree ``before`` describes
+        check_memo.remember_clean(root, before, reads)
     if as_json:
         click.echo(json.dumps(_check_json(status, fix), indent=2, sort_keys=True))
         sys.exit(0 if status.clean else 1)

@@ -9,6 +9,7 @@ validation can trust it. Errors name the file and, where the TOML text lets us f
 from __future__ import annotations
 
 import bisect
+import io
 import math
 import re
 import stat
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from doppler_gen import observed
 from doppler_gen.errors import ConfigError
 from doppler_gen.expressions import Expression, ExpressionError
 from doppler_gen.expressions import parse as parse_expression
@@ -265,7 +267,10 @@ def load_project(root: Path) -> Project:
         # a FIFO or device would block the read forever (and with it every pre-commit hook)
         if not stat.S_ISREG(path.stat().st_mode):
             raise ConfigError(f"{path}: not a regular file; doppler-gen refuses to read it")
-        text = path.read_text(encoding="utf-8")
+        # through `observed`, so a check remembers the exact bytes it parsed; decoded as
+        # read_text would (universal newlines), which the line numbers in messages rely on
+        data = observed.read_bytes(path)
+        text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8").read()
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
     except (OSError, UnicodeDecodeError) as exc:

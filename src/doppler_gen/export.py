@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from doppler_gen import observed
 from doppler_gen.errors import DopplerGenError, InterfaceError
 from doppler_gen.families import get_family
 from doppler_gen.wgsl import evaluate
@@ -429,19 +430,21 @@ def orphaned_exports(root: Path, produced: Iterable[str]) -> list[str]:
         return []
     produced = set(produced)
     found = []
-    for path in sorted(directory.iterdir()):
+    for path in observed.listing(directory):
         relative = path.relative_to(root).as_posix()
-        # hidden names are never ours (an interrupted generate's temporary files are leftovers)
-        hidden = path.name.startswith(".")
-        if path.is_file() and not hidden and relative not in produced and _is_ours(path):
+        # an interrupted generate's temporary files are leftovers, reported as such; any other
+        # file, hidden or not, that says doppler-gen wrote it is an orphan (a hidden copy of
+        # registry.json is flagged just as a hidden copy of a kernel is in generated/)
+        leftover = path.name.startswith(".") and path.name.endswith(".tmp")
+        if path.is_file() and not leftover and relative not in produced and _is_ours(path):
             found.append(relative)
     return found
 
 
 def _is_ours(path: Path) -> bool:
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        document = json.loads(observed.read_bytes(path).decode("utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return False
     return isinstance(document, dict) and document.get("generator") == GENERATOR
 

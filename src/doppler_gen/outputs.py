@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from doppler_gen import observed
 from doppler_gen.config import GENERATED_DIR, Project, Variant
 from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.export import EXPORT_DIR, export_files, orphaned_exports
@@ -167,7 +168,7 @@ def _recorded_entries(project: Project) -> dict[str, dict[str, Any]]:
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return {}
-        document = json.loads(path.read_bytes().decode("utf-8"))
+        document = json.loads(observed.read_bytes(path).decode("utf-8"))
     except (OSError, ValueError):
         return {}
     variants = document.get("variants") if isinstance(document, dict) else None
@@ -243,8 +244,9 @@ def read_output(root: Path, relative: str) -> bytes | None:
             )
         # bytes, not text: text mode would read CRLF as LF and pass a file whose sha256
         # differs from the manifest's
-        return path.read_bytes()
+        return observed.read_bytes(path)
     except FileNotFoundError:
+        observed.missing(path)
         return None
     except OSError as exc:
         raise OutputError(f"cannot read: {exc.strerror or exc}", location=relative) from None
@@ -284,14 +286,14 @@ def _top_level_files(project: Project) -> list[Path]:
     directory = project.generated_dir
     if not directory.is_dir():
         return []
-    return sorted(path for path in directory.iterdir() if path.is_file())
+    return [path for path in observed.listing(directory) if path.is_file()]
 
 
 def _export_files(project: Project) -> list[Path]:
     directory = project.root / EXPORT_DIR
     if directory.is_symlink() or not directory.is_dir():
         return []
-    return sorted(path for path in directory.iterdir() if path.is_file())
+    return [path for path in observed.listing(directory) if path.is_file()]
 
 
 def leftovers(project: Project) -> list[str]:

@@ -44,6 +44,7 @@ import jinja2.compiler
 import jinja2.nodes
 import jinja2.sandbox
 
+from doppler_gen import observed
 from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant
 from doppler_gen.errors import TemplateError
 from doppler_gen.formats import QUANT_BITS
@@ -157,8 +158,8 @@ def header(
 def is_generated_file(path: Path) -> bool:
     """True when ``path`` starts with our header: only such files may be removed as orphans."""
     try:
-        with path.open("r", encoding="utf-8", errors="replace") as handle:
-            first = handle.readline()
+        # the whole file, through `observed`: a check's verdict on an orphan rests on its bytes
+        first = observed.read_bytes(path).split(b"\n", 1)[0].decode("utf-8", errors="replace")
     except OSError:
         return False
     return first.startswith(f"// {HEADER_MARK} ") and f" by {GENERATOR} " in first
@@ -517,6 +518,7 @@ def _read_template(templates_dir: Path, name: str) -> str:
         resolved = path.resolve(strict=True)
         inside = resolved.is_relative_to(templates_dir.resolve(strict=True))
     except FileNotFoundError:
+        observed.missing(path)  # a check whose result rests on an absence remembers it
         raise jinja2.TemplateNotFound(name) from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
         raise TemplateError(f"cannot read: {exc}", location=shown) from None
@@ -527,9 +529,10 @@ def _read_template(templates_dir: Path, name: str) -> str:
             location=shown,
         )
     if not resolved.is_file():
+        observed.missing(resolved)
         raise jinja2.TemplateNotFound(name)  # a directory, FIFO or device is no template
     try:
-        data = resolved.read_bytes()
+        data = observed.read_bytes(resolved)
     except OSError as exc:
         raise TemplateError(f"cannot read: {exc.strerror or exc}", location=shown) from None
     try:

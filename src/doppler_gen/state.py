@@ -14,6 +14,8 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,14 +39,67 @@ def state_dir(root: Path) -> Path:
 
 
 def ensure_state_dir(root: Path) -> Path:
-    """Create ``.doppler-gen/`` (with its ``.gitignore``) if needed; raises OSError."""
+    """Create ``.doppler-gen/`` (with its ``.gitignore``) if needed; raises OSError.
+
+    Refuses a ``.doppler-gen`` that is a symlink or not a directory: every write below would
+    otherwise land wherever it points, outside the project.
+    """
     directory = state_dir(root)
-    directory.mkdir(exist_ok=True)
-    ignore = directory / ".gitignore"
-    if not ignore.exists():
-        with contextlib.suppress(OSError):  # a full disk: the directory works without it
-            ignore.write_text("# doppler-gen's project state (memo, lock): never commit it\n*\n")
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir()
+    if directory.is_symlink() or not directory.is_dir():
+        what = "a symlink" if directory.is_symlink() else "not a directory"
+        raise OSError(
+            errno.ENOTDIR,
+            f"{STATE_DIR} is {what}; doppler-gen keeps its state (memo, lock) only in a real "
+            f"directory of that name in the project: move it away",
+        )
+    with contextlib.suppress(OSError):  # a full disk: the directory works without it
+        write_state_file(
+            directory / ".gitignore",
+            "# doppler-gen's project state (memo, lock): never commit it\n*\n",
+            replace=False,
+        )
     return directory
+
+
+def read_state_file(path: Path, limit: int) -> bytes | None:
+    """The first ``limit`` bytes of a state file; None when it is missing, unreadable, not a
+    regular file, reached through a symlink, or in a ``.doppler-gen`` that is not a real
+    directory. Never blocks (a FIFO put in its place would hang every pre-commit hook)."""
+    if path.parent.is_symlink():
+        return None
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return None
+        return os.read(handle, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+
+
+def write_state_file(path: Path, text: str, replace: bool = True) -> None:
+    """Write a state file through a new temporary file that cannot be a planted symlink, then
+    rename it into place (``replace``) or link it only where nothing exists yet; raises
+    OSError."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        handle = os.open(temporary, flags, 0o644)
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        if replace:
+            os.replace(temporary, path)  # a symlink at ``path`` is replaced, never followed
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -56,12 +111,7 @@ def generate_lock(root: Path, wait_s: float | None = None) -> Iterator[None]:
     """
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
     where = f"{STATE_DIR}/{LOCK_NAME}"
-    try:
-        path = ensure_state_dir(root) / LOCK_NAME
-        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise LockError(f"cannot create the generate lock: {reason}", location=where) from None
+    handle = _open_lock(root, where)
     try:
         deadline = time.monotonic() + wait_s
         while True:
@@ -85,6 +135,23 @@ def generate_lock(root: Path, wait_s: float | None = None) -> Iterator[None]:
         yield
     finally:
         os.close(handle)  # releases the lock
+
+
+def _open_lock(root: Path, where: str) -> int:
+    """Open (creating) the lock file; never through a symlink, never anything but a file."""
+    try:
+        path = ensure_state_dir(root) / LOCK_NAME
+        handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        reason = "it is a symlink" if exc.errno == errno.ELOOP else exc.strerror or exc
+        raise LockError(f"cannot create the generate lock: {reason}", location=where) from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise LockError(
+            "cannot create the generate lock: it exists and is not a regular file",
+            location=where,
+        )
+    return handle
 
 
 def _holder(handle: int) -> str:
