@@ -243,10 +243,12 @@ def test_change_reverted_while_the_check_ran_is_not_remembered(
     assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
 
 
-def test_orphan_removed_and_restored_while_the_check_ran_is_not_remembered(
-    fresh_project: Path, monkeypatch
+@pytest.mark.parametrize("hidden_as", ["nothing", "a directory"])
+def test_orphan_hidden_while_the_check_ran_is_not_remembered(
+    fresh_project: Path, monkeypatch, hidden_as: str
 ) -> None:
-    """The same for a directory listing: an orphan absent only while generated/ was listed."""
+    """The same for a directory listing: an orphan absent, or a directory of the same name,
+    only while generated/ was listed."""
     orphan = fresh_project / "generated/old_kernel.wgsl"
     data = (fresh_project / "generated/attention.wgsl").read_bytes()
     orphan.write_bytes(data)
@@ -254,6 +256,8 @@ def test_orphan_removed_and_restored_while_the_check_ran_is_not_remembered(
 
     def hide_orphan(project):
         orphan.unlink()
+        if hidden_as == "a directory":
+            orphan.mkdir()
         return real_leftovers(project)
 
     real_orphans = outputs.orphans
@@ -262,6 +266,8 @@ def test_orphan_removed_and_restored_while_the_check_ran_is_not_remembered(
         try:
             return real_orphans(plan)
         finally:
+            if orphan.is_dir():
+                orphan.rmdir()
             orphan.write_bytes(data)
 
     monkeypatch.setattr(outputs, "leftovers", hide_orphan)

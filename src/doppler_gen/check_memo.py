@@ -3,13 +3,18 @@
 `check` runs in pre-commit hooks and CI on trees that are almost always clean. The memo is a
 sha256 over *everything* the result depends on:
 - variants.toml;
+- what variants.toml, templates/ and generated/ are (file, directory, symlink, missing);
 - every file under templates/ and generated/, with names and contents (an orphan or a hand edit
   changes it), and every symlink there (and variants.toml, if it is one) with its target text
-  and the content of the file or directory it resolves to. The renderer reads only files that
-  resolve inside templates/ (``render``), so hashing the tree plus its links covers all it can
-  read;
+  and the content of the file or directory it resolves to (a directory only inside the
+  project). The renderer reads only files that resolve inside templates/ (``render``), so
+  hashing the tree plus its links covers all it can read;
 - the content of the code that renders: doppler-gen's own sources and the Jinja and MarkupSafe
   packages that Python imports (their files, not their version strings), and the Python version.
+
+A clean full check is recorded only for the tree it compared: the digest is taken before
+anything is read, every file and listing the check read (``observed``) must match what that
+digest hashed, and a second digest afterwards must equal it (``remember_clean``).
 
 When the digest equals the one stored after the last clean full check, the tree is clean by
 construction. Any difference, or a missing or unreadable memo, means a full check. The memo lives
@@ -219,7 +224,13 @@ def _read_what_was_hashed(before: Snapshot, log: observed.ReadLog) -> bool:
     for path, sha in log.files.items():
         if before.files.get(path, observed.ABSENT) != sha:
             return False
-    return all(before.listings.get(path) == names for path, names in log.listings.items())
+    for directory, entries in log.listings.items():
+        if before.listings.get(directory) != tuple(name for name, _ in entries):
+            return False
+        for name, is_file in entries:
+            if (observed.real(Path(directory, name)) in before.files) != is_file:
+                return False
+    return True
 
 
 def forget(root: Path) -> None:

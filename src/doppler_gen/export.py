@@ -430,13 +430,13 @@ def orphaned_exports(root: Path, produced: Iterable[str]) -> list[str]:
         return []
     produced = set(produced)
     found = []
-    for path in observed.listing(directory):
+    for path in observed.regular_files(directory):
         relative = path.relative_to(root).as_posix()
         # an interrupted generate's temporary files are leftovers, reported as such; any other
         # file, hidden or not, that says doppler-gen wrote it is an orphan (a hidden copy of
         # registry.json is flagged just as a hidden copy of a kernel is in generated/)
         leftover = path.name.startswith(".") and path.name.endswith(".tmp")
-        if path.is_file() and not leftover and relative not in produced and _is_ours(path):
+        if not leftover and relative not in produced and _is_ours(path):
             found.append(relative)
     return found
 

@@ -5,7 +5,7 @@ compared. Comparing the digests before and after the check is not enough: a file
 the check read it and changed back before the second digest (A, then B, then A again) leaves
 both digests at A, though the check saw B. So every read that decides the result goes through
 this module while a check records (``recording``): ``read_bytes`` and ``missing`` for files,
-``listing`` for directories. ``check_memo`` then saves the memo only when each recorded read
+``regular_files`` for directories. ``check_memo`` then saves the memo only when each recorded read
 equals what the first digest hashed at the same real path.
 
 Outside ``recording`` these functions only read: generate, validate and the rest pay nothing.
@@ -30,7 +30,8 @@ class ReadLog:
     """What one check read: real path -> sha256 (or ABSENT), real directory -> its names."""
 
     files: dict[str, str] = field(default_factory=dict)
-    listings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # real directory -> (name, whether it was a regular file, links followed) per entry
+    listings: dict[str, tuple[tuple[str, bool], ...]] = field(default_factory=dict)
     # a path read twice with different results: the tree changed under the check
     inconsistent: bool = False
 
@@ -79,10 +80,13 @@ def missing(path: Path) -> None:
         log.note(log.files, real(path), ABSENT)
 
 
-def listing(directory: Path) -> list[Path]:
-    """``sorted(directory.iterdir())``, noted while recording."""
-    entries = sorted(directory.iterdir())
+def regular_files(directory: Path) -> list[Path]:
+    """The regular files (links followed) in ``directory``, sorted; noted while recording with
+    every entry's name and whether it counted, since a check's verdict rests on both (an orphan
+    swapped for a directory of the same name is no longer seen)."""
+    entries = [(path, path.is_file()) for path in sorted(directory.iterdir())]
     log = _LOG.get()
     if log is not None:
-        log.note(log.listings, real(directory), tuple(sorted(p.name for p in entries)))
-    return entries
+        names = tuple((path.name, is_file) for path, is_file in entries)
+        log.note(log.listings, real(directory), names)
+    return [path for path, is_file in entries if is_file]

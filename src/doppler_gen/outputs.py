@@ -286,14 +286,14 @@ def _top_level_files(project: Project) -> list[Path]:
     directory = project.generated_dir
     if not directory.is_dir():
         return []
-    return [path for path in observed.listing(directory) if path.is_file()]
+    return observed.regular_files(directory)
 
 
 def _export_files(project: Project) -> list[Path]:
     directory = project.root / EXPORT_DIR
     if directory.is_symlink() or not directory.is_dir():
         return []
-    return [path for path in observed.listing(directory) if path.is_file()]
+    return observed.regular_files(directory)
 
 
 def leftovers(project: Project) -> list[str]:
