@@ -24,7 +24,7 @@ import click
 
 from doppler_gen import __version__
 from doppler_gen.config import Project, find_root, load_project
-from doppler_gen.errors import DopplerGenError, Terminated
+from doppler_gen.errors import DopplerGenError, Terminated, printable
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERNAL = 3  # an unexpected exception: a bug, distinct from 1 (stale / failed)
@@ -50,7 +50,7 @@ def _internal_error(error: Exception, as_json: bool) -> None:
     """One line (the traceback too with --debug) and exit 3: CI must tell a crash from a stale
     tree, and a bug must not look like the user's fault."""
     first = (str(error).strip().splitlines() or [""])[0]
-    message = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    message = f"{type(error).__name__}: {printable(first)}" if first else type(error).__name__
     if as_json:
         click.echo(error_document("InternalError", message, None, EXIT_INTERNAL))
     state = _current_state()
@@ -161,20 +161,51 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+class OneLineUsageError(click.UsageError):
+    """A click usage error shown as one ``error:`` line, like every other error (click's own
+    form is four lines: usage, a hint, a blank line and the message)."""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"error: {printable(self.format_message())}{hint}", file=file, err=True)
+
+
 class DopplerGenGroup(click.Group):
-    """Adds a JSON error object on stdout for usage errors of a ``--json`` subcommand."""
+    """Usage errors as one line, plus a JSON error object on stdout for those of a ``--json``
+    command; a malformed shell-completion request is one line too."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["doppler_gen.args"] = list(args)  # the words given, before click consumes them
-        return super().parse_args(ctx, args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            raise _one_line(ctx, error) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.UsageError as error:
-            if "--json" in ctx.meta.get("doppler_gen.args", ()):
-                click.echo(error_document("UsageError", error.format_message(), None, 2))
-            raise
+            raise _one_line(ctx, error) from None
+
+    def _main_shell_completion(
+        self, ctx_args: Any, prog_name: str, complete_var: str | None = None
+    ) -> None:
+        try:
+            super()._main_shell_completion(ctx_args, prog_name, complete_var)
+        except ValueError as error:  # COMP_CWORD that is not a number, set by hand
+            click.echo(f"error: shell completion: {printable(str(error))}", err=True)
+            sys.exit(2)
+
+
+def _one_line(ctx: click.Context, error: click.UsageError) -> click.UsageError:
+    """``error`` as a OneLineUsageError (help shown for a missing command stays help); with
+    ``--json`` among the words, the JSON error object goes to stdout first."""
+    if isinstance(error, click.exceptions.NoArgsIsHelpError | OneLineUsageError):
+        return error
+    message = error.format_message()
+    if "--json" in ctx.meta.get("doppler_gen.args", ()):
+        click.echo(error_document("UsageError", message, None, error.exit_code))
+    return OneLineUsageError(message, error.ctx or ctx)
 
 
 def complete_variants(
