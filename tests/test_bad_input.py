@@ -355,6 +355,39 @@ CASES: list[tuple[str, Mutation, str]] = [
         "must be a path inside templates/",
     ),
     (
+        "template-source-too-long",
+        toml_at('source = "attention.wgsl.j2"', f'source = "{"x" * 5000}"'),
+        "has a name too long for the file system",
+    ),
+    (
+        "template-source-is-a-directory",
+        toml_at('source = "attention.wgsl.j2"', 'source = "lib"'),
+        "template file templates/lib is a directory, not a template file",
+    ),
+    (
+        "template-source-with-a-nul-byte",
+        toml_at('source = "attention.wgsl.j2"', 'source = "x\\u0000y"'),
+        "source 'x\\x00y' contains a NUL byte",
+    ),
+    (
+        "template-source-with-a-newline",
+        toml_at('source = "attention.wgsl.j2"', 'source = "x\\ny.j2"'),
+        "template file templates/x\\ny.j2 not found",
+    ),
+    (
+        "toml-nested-too-deeply",
+        toml(append(f"deep = {'[' * 100_000}{']' * 100_000}\n"), last_line),
+        "invalid TOML: arrays or inline tables nested too deeply",
+    ),
+    (
+        "variant-name-too-long-for-a-file-name",
+        toml_at(
+            f'name = "attention_f16kv"\ntemplate = "attention"\n{F16KV_OUTPUT}',
+            f'name = "{"a" * 237}"\ntemplate = "attention"\noutput = "generated/{"a" * 237}.wgsl"',
+        ),
+        "name too long: the file name of generated/",
+    ),
+    (
         "missing-included-file",
         Mutation(LIB, DELETE, MAIN, at('"lib/attention_common.wgsl.j2"')),
         "included template 'lib/attention_common.wgsl.j2' not found",
@@ -793,3 +826,30 @@ def test_non_utf8_byte_in_a_library_template_names_that_file(fresh_project: Path
         assert location_of(line) == f"templates/lib/attention_common.wgsl.j2:{number}", line
         assert f"not valid UTF-8: byte 0xff at column {column}" in line, line
     assert snapshot(fresh_project / "generated") == before
+
+
+# -- template sources that are not files ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (os.mkfifo, "is a FIFO, not a template file"),
+        (lambda path: path.symlink_to(path.name), "is a symlink loop"),
+        (lambda path: path.symlink_to("nowhere.j2"), "is a symlink to nowhere.j2, which does not"),
+    ],
+    ids=["fifo", "symlink-loop", "dangling-symlink"],
+)
+def test_a_template_source_that_is_not_a_file_says_what_it_is(
+    fresh_project: Path, make: Callable[[Path], None], expected: str
+) -> None:
+    """Not "not found": the file is there, and the message must say what is wrong with it."""
+    make(fresh_project / "templates" / "odd.j2")
+    edit(fresh_project / "variants.toml", 'source = "attention.wgsl.j2"', 'source = "odd.j2"')
+    where = line_of((fresh_project / "variants.toml").read_text(encoding="utf-8"), "odd.j2")
+    result = run_process(fresh_project, "check")  # a real process: reading a FIFO would hang
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(
+        f"error: variants.toml:{where}: template file templates/odd.j2 {expected}"
+    )
