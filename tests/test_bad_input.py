@@ -853,3 +853,58 @@ def test_a_template_source_that_is_not_a_file_says_what_it_is(
     assert line.startswith(
         f"error: variants.toml:{where}: template file templates/odd.j2 {expected}"
     )
+
+
+# -- templates that break Jinja itself ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("// {{ cycler().next() }}", "RuntimeError: at least one item has to be provided"),
+        ('// {{ "abc"|truncate(-5) }}', "AssertionError: expected length >= 3, got -5"),
+    ],
+    ids=["empty-cycler", "negative-truncate"],
+)
+def test_jinja_runtime_and_assertion_errors_name_the_line(
+    fresh_project: Path, text: str, expected: str
+) -> None:
+    before = snapshot(fresh_project / "generated")
+    where = _runaway(fresh_project, text)
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, (command, result.output)
+        line = assert_one_line_error(result.stderr)
+        assert line == f"error: {where}: {expected} (variant attention)", line
+    assert snapshot(fresh_project / "generated") == before
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"// {{{{ {'(' * 3000}1{')' * 3000} }}}}",
+        f"{'{% if true %}' * 2000}x{'{% endif %}' * 2000}",
+    ],
+    ids=["brackets", "blocks"],
+)
+def test_nesting_too_deep_to_compile_names_the_template(fresh_project: Path, text: str) -> None:
+    _runaway(fresh_project, text)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: {RUNAWAY}: nested too deeply to compile"), line
+
+
+@pytest.mark.parametrize(
+    "command", [("generate",), ("check", "--full"), ("list",), ("export",), ("show", "attention")]
+)
+def test_a_lone_surrogate_in_the_output_is_one_template_error(
+    fresh_project: Path, command: tuple[str, ...]
+) -> None:
+    """Every command that renders refuses it alike (show printed it, the others crashed)."""
+    _runaway(fresh_project, '// {{ "\\udcff" }}')
+    result = run_cli(fresh_project, *command)
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: {RUNAWAY}: renders '\\udcff', a lone surrogate"), line
+    assert "at generated/attention.wgsl:" in line and line.endswith("(variant attention)")
