@@ -7,6 +7,7 @@ for byte with a snapshot taken before. The expected line number is found in the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -908,3 +909,55 @@ def test_a_lone_surrogate_in_the_output_is_one_template_error(
     line = assert_one_line_error(result.stderr)
     assert line.startswith(f"error: {RUNAWAY}: renders '\\udcff', a lone surrogate"), line
     assert "at generated/attention.wgsl:" in line and line.endswith("(variant attention)")
+
+
+# -- a damaged generated/manifest.json --------------------------------------------------------------
+
+
+def _damage_entries(root: Path, key: str, value: object) -> None:
+    """Set ``key`` of two variants' manifest entries, and of an entry no variant has any more."""
+    path = root / "generated/manifest.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
+    entries = document["variants"]
+    entries["gone"] = dict(entries["attention_f16kv"])
+    for name in ("attention", "attention_f16", "gone"):
+        entries[name][key] = value
+    path.write_text(json.dumps(document), encoding="utf-8")
+
+
+def _check_stale_then_generate_repairs(root: Path) -> None:
+    check = run_cli(root, "check")
+    assert check.exit_code == 1, check.output + check.stderr
+    assert "stale:    generated/manifest.json" in check.stdout
+    assert run_cli(root, "generate").exit_code == 0
+    assert run_cli(root, "check").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("metadata", 5),
+        ("doppler", {"operation": 5, "ids": "x"}),
+        ("doppler", 5),
+        ("passes", 5),
+        ("passes", [5]),
+        ("file", [1]),
+        ("bindings", 5),
+    ],
+)
+def test_malformed_manifest_entries_count_as_absent(
+    fresh_project: Path, key: str, value: object
+) -> None:
+    """A partial generate keeps the other variants' recorded entries: a damaged one is dropped
+    (as if absent), never a crash; check then calls the manifest stale and generate repairs it."""
+    _damage_entries(fresh_project, key, value)
+    partial = run_cli(fresh_project, "generate", "attention_small_f16kv")
+    assert partial.exit_code == 0, partial.output + partial.stderr
+    _check_stale_then_generate_repairs(fresh_project)
+
+
+def test_a_manifest_nested_too_deeply_is_stale_not_a_crash(fresh_project: Path) -> None:
+    (fresh_project / "generated/manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert run_cli(fresh_project, "generate", "attention").exit_code == 0
+    (fresh_project / "generated/manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    _check_stale_then_generate_repairs(fresh_project)
