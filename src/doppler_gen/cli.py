@@ -782,15 +782,51 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _emit(result: dict[str, Any], text: str, as_json: bool, output: Path | None) -> None:
-    """Print the report (or JSON) and write the JSON file; a bad --output path is one line."""
+    """Print the report (or JSON) and write the JSON file.
+
+    The path was checked before measuring (``_check_writable``); should the write still fail,
+    the report is printed all the same (minutes of measurements must not vanish), then the
+    error line, and the exit status is 2.
+    """
     document = json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False)
+    failure = None
     if output is not None:
         try:
             output.write_text(document + "\n", encoding="utf-8")
         except OSError as error:
-            reason = error.strerror or error
-            raise DopplerGenError(f"--output {output}: cannot write: {reason}") from None
+            failure = DopplerGenError(f"--output {output}: cannot write: {error.strerror or error}")
     click.echo(document if as_json else text)
+    if failure is not None:
+        _late_error(failure)
+
+
+def _late_error(error: DopplerGenError) -> None:
+    """An error after the report is printed: one line on stderr and its exit status (no JSON
+    error object, which would be a second document on stdout)."""
+    click.echo(f"error: {error}", err=True)
+    sys.exit(error.exit_code)
+
+
+def _check_writable(option: str, path: Path | None) -> None:
+    """Refuse an --output or --plot FILE that cannot be written before anything is measured or
+    changed: a bench or tune run takes minutes, and its report would be lost at the end."""
+    if path is None:
+        return
+    reason = _unwritable(path)
+    if reason is not None:
+        raise DopplerGenError(f"{option} {path}: cannot write: {reason}")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file (None: it can, as far as can be told)."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "permission denied"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"no directory {parent}"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"permission denied in {parent}"
 
 
 def _progress(command: str) -> Callable[[str, int], None]:
@@ -896,6 +932,8 @@ def bench(
     from doppler_gen.bench import plot as write_plot
     from doppler_gen.shapes import parse_shapes
 
+    _check_writable("--output", output)
+    _check_writable("--plot", plot)
     if plot is not None:
         require_matplotlib()
     request = BenchRequest(
@@ -912,9 +950,15 @@ def bench(
         from_templates=from_templates,
     )
     run = run_bench(state.project, request, progress=_progress("bench"))
+    plot_error: DopplerGenError | None = None
     if plot is not None:
-        write_plot(run, plot)
+        try:
+            write_plot(run, plot)
+        except DopplerGenError as error:  # the measurements are printed first
+            plot_error = error
     _emit(run.as_dict(), format_report(run), as_json, output)
+    if plot_error is not None:
+        _late_error(plot_error)
     sys.exit(0 if run.ok else 1)
 
 
@@ -1001,6 +1045,7 @@ def tune(
     from doppler_gen.shapes import parse_shape
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
 
+    _check_writable("--output", output)  # before measuring, and before --write changes files
     request = TuneRequest(
         name=name,
         shape=parse_shape(shape_text) if shape_text else None,
@@ -1027,6 +1072,5 @@ def tune(
             run.written = {"changed": False, "refused": True, "message": str(error)}
     _emit(run.as_dict(), format_report(run), as_json, output)
     if refused is not None:
-        click.echo(f"error: {refused}", err=True)
-        sys.exit(refused.exit_code)
+        _late_error(refused)
     sys.exit(0 if run.winner is not None else 1)
