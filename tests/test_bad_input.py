@@ -7,6 +7,7 @@ for byte with a snapshot taken before. The expected line number is found in the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -353,6 +354,39 @@ CASES: list[tuple[str, Mutation, str]] = [
         "template-source-outside",
         toml_at('source = "attention.wgsl.j2"', 'source = "../variants.toml"'),
         "must be a path inside templates/",
+    ),
+    (
+        "template-source-too-long",
+        toml_at('source = "attention.wgsl.j2"', f'source = "{"x" * 5000}"'),
+        "has a name too long for the file system",
+    ),
+    (
+        "template-source-is-a-directory",
+        toml_at('source = "attention.wgsl.j2"', 'source = "lib"'),
+        "template file templates/lib is a directory, not a template file",
+    ),
+    (
+        "template-source-with-a-nul-byte",
+        toml_at('source = "attention.wgsl.j2"', 'source = "x\\u0000y"'),
+        "source 'x\\x00y' contains a NUL byte",
+    ),
+    (
+        "template-source-with-a-newline",
+        toml_at('source = "attention.wgsl.j2"', 'source = "x\\ny.j2"'),
+        "template file templates/x\\ny.j2 not found",
+    ),
+    (
+        "toml-nested-too-deeply",
+        toml(append(f"deep = {'[' * 100_000}{']' * 100_000}\n"), last_line),
+        "invalid TOML: arrays or inline tables nested too deeply",
+    ),
+    (
+        "variant-name-too-long-for-a-file-name",
+        toml_at(
+            f'name = "attention_f16kv"\ntemplate = "attention"\n{F16KV_OUTPUT}',
+            f'name = "{"a" * 237}"\ntemplate = "attention"\noutput = "generated/{"a" * 237}.wgsl"',
+        ),
+        "name too long: the file name of generated/",
     ),
     (
         "missing-included-file",
@@ -793,3 +827,137 @@ def test_non_utf8_byte_in_a_library_template_names_that_file(fresh_project: Path
         assert location_of(line) == f"templates/lib/attention_common.wgsl.j2:{number}", line
         assert f"not valid UTF-8: byte 0xff at column {column}" in line, line
     assert snapshot(fresh_project / "generated") == before
+
+
+# -- template sources that are not files ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (os.mkfifo, "is a FIFO, not a template file"),
+        (lambda path: path.symlink_to(path.name), "is a symlink loop"),
+        (lambda path: path.symlink_to("nowhere.j2"), "is a symlink to nowhere.j2, which does not"),
+    ],
+    ids=["fifo", "symlink-loop", "dangling-symlink"],
+)
+def test_a_template_source_that_is_not_a_file_says_what_it_is(
+    fresh_project: Path, make: Callable[[Path], None], expected: str
+) -> None:
+    """Not "not found": the file is there, and the message must say what is wrong with it."""
+    make(fresh_project / "templates" / "odd.j2")
+    edit(fresh_project / "variants.toml", 'source = "attention.wgsl.j2"', 'source = "odd.j2"')
+    where = line_of((fresh_project / "variants.toml").read_text(encoding="utf-8"), "odd.j2")
+    result = run_process(fresh_project, "check")  # a real process: reading a FIFO would hang
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(
+        f"error: variants.toml:{where}: template file templates/odd.j2 {expected}"
+    )
+
+
+# -- templates that break Jinja itself ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("// {{ cycler().next() }}", "RuntimeError: at least one item has to be provided"),
+        ('// {{ "abc"|truncate(-5) }}', "AssertionError: expected length >= 3, got -5"),
+    ],
+    ids=["empty-cycler", "negative-truncate"],
+)
+def test_jinja_runtime_and_assertion_errors_name_the_line(
+    fresh_project: Path, text: str, expected: str
+) -> None:
+    before = snapshot(fresh_project / "generated")
+    where = _runaway(fresh_project, text)
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, (command, result.output)
+        line = assert_one_line_error(result.stderr)
+        assert line == f"error: {where}: {expected} (variant attention)", line
+    assert snapshot(fresh_project / "generated") == before
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"// {{{{ {'(' * 3000}1{')' * 3000} }}}}",
+        f"{'{% if true %}' * 2000}x{'{% endif %}' * 2000}",
+    ],
+    ids=["brackets", "blocks"],
+)
+def test_nesting_too_deep_to_compile_names_the_template(fresh_project: Path, text: str) -> None:
+    _runaway(fresh_project, text)
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: {RUNAWAY}: nested too deeply to compile"), line
+
+
+@pytest.mark.parametrize(
+    "command", [("generate",), ("check", "--full"), ("list",), ("export",), ("show", "attention")]
+)
+def test_a_lone_surrogate_in_the_output_is_one_template_error(
+    fresh_project: Path, command: tuple[str, ...]
+) -> None:
+    """Every command that renders refuses it alike (show printed it, the others crashed)."""
+    _runaway(fresh_project, '// {{ "\\udcff" }}')
+    result = run_cli(fresh_project, *command)
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: {RUNAWAY}: renders '\\udcff', a lone surrogate"), line
+    assert "at generated/attention.wgsl:" in line and line.endswith("(variant attention)")
+
+
+# -- a damaged generated/manifest.json --------------------------------------------------------------
+
+
+def _damage_entries(root: Path, key: str, value: object) -> None:
+    """Set ``key`` of two variants' manifest entries, and of an entry no variant has any more."""
+    path = root / "generated/manifest.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
+    entries = document["variants"]
+    entries["gone"] = dict(entries["attention_f16kv"])
+    for name in ("attention", "attention_f16", "gone"):
+        entries[name][key] = value
+    path.write_text(json.dumps(document), encoding="utf-8")
+
+
+def _check_stale_then_generate_repairs(root: Path) -> None:
+    check = run_cli(root, "check")
+    assert check.exit_code == 1, check.output + check.stderr
+    assert "stale:    generated/manifest.json" in check.stdout
+    assert run_cli(root, "generate").exit_code == 0
+    assert run_cli(root, "check").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("metadata", 5),
+        ("doppler", {"operation": 5, "ids": "x"}),
+        ("doppler", 5),
+        ("passes", 5),
+        ("passes", [5]),
+        ("file", [1]),
+        ("bindings", 5),
+    ],
+)
+def test_malformed_manifest_entries_count_as_absent(
+    fresh_project: Path, key: str, value: object
+) -> None:
+    """A partial generate keeps the other variants' recorded entries: a damaged one is dropped
+    (as if absent), never a crash; check then calls the manifest stale and generate repairs it."""
+    _damage_entries(fresh_project, key, value)
+    partial = run_cli(fresh_project, "generate", "attention_small_f16kv")
+    assert partial.exit_code == 0, partial.output + partial.stderr
+    _check_stale_then_generate_repairs(fresh_project)
+
+
+def test_a_manifest_nested_too_deeply_is_stale_not_a_crash(fresh_project: Path) -> None:
+    (fresh_project / "generated/manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert run_cli(fresh_project, "generate", "attention").exit_code == 0
+    (fresh_project / "generated/manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    _check_stale_then_generate_repairs(fresh_project)

@@ -131,6 +131,86 @@ def test_json_usage_errors_are_a_json_object_on_stdout(fresh_project: Path) -> N
     assert "--no-such-option" in document["error"]["message"]
 
 
+# -- usage errors ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("check", "--no-such-option"), "error: No such option '--no-such-option'."),
+        (("--no-such-option", "check"), "error: No such option '--no-such-option'."),
+        (("no-such-command",), "error: No such command 'no-such-command'."),
+        (("validate", "--quick", "--large"), "error: --quick and --large are exclusive"),
+        (("bench", "--warmup", "-1"), "error: Invalid value for '--warmup': -1 is not in"),
+    ],
+)
+def test_usage_errors_are_one_line(
+    fresh_project: Path, args: tuple[str, ...], message: str
+) -> None:
+    """README: every error prints one line; click's own form is four (usage, hint, blank, error)."""
+    result = run_cli(fresh_project, *args)
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(message) and line.endswith(" --help')"), line
+    assert result.stdout == ""
+
+
+def test_help_is_still_help() -> None:
+    result = CliRunner().invoke(cli, ["check", "--help"], prog_name="doppler-gen")
+    assert result.exit_code == 0 and result.stdout.startswith("Usage: doppler-gen check")
+
+
+# -- control characters in what the user wrote --------------------------------------------------------
+
+
+def test_a_newline_in_a_directory_name_stays_escaped(tmp_path: Path) -> None:
+    root = tmp_path / "two\nlines"
+    root.mkdir()
+    result = run_cli(root, "check")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert "two\\nlines/variants.toml: not found" in line, line
+
+
+def test_a_newline_in_an_override_name_stays_escaped(fresh_project: Path) -> None:
+    edit(
+        fresh_project / "variants.toml",
+        'name = "attention_f16kv"',
+        'name = "attention_f16kv"\noverrides = { "A\\u001b[2J\\nB" = "x" }',
+    )
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert "override A\\x1b[2J\\nB must be a number" in line, line
+
+
+def test_a_newline_in_a_template_fail_message_stays_escaped(fresh_project: Path) -> None:
+    edit(
+        fresh_project / "templates/attention.wgsl.j2",
+        "fn is_masked(",
+        '{{ fail("first\\nsecond") }}\nfn is_masked(',
+    )
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2
+        line = assert_one_line_error(result.stderr)
+        assert "first\\nsecond (variant attention)" in line, line
+    # the JSON object keeps the message as it is: JSON escapes it
+    document = json.loads(run_cli(fresh_project, "check", "--json").stdout)
+    assert "first\nsecond" in document["error"]["message"]
+
+
+def test_a_malformed_completion_request_is_one_line(fresh_project: Path) -> None:
+    environment = {
+        "_DOPPLER_GEN_COMPLETE": "bash_complete",
+        "COMP_WORDS": f"doppler-gen --root {fresh_project} show att",
+        "COMP_CWORD": "not-a-number",
+    }
+    result = CliRunner().invoke(cli, [], prog_name="doppler-gen", env=environment)
+    assert result.exit_code == 2, result.output
+    assert "not-a-number" in assert_one_line_error(result.stderr)
+
+
 # -- --root on every subcommand ---------------------------------------------------------------------
 
 SUBCOMMANDS = ["generate", "check", "export", "list", "show", "validate", "doctor", "bench", "tune"]

@@ -22,6 +22,7 @@ from conftest import (
     edit,
     project_snapshot,
     run_cli,
+    run_process,
     snapshot,
 )
 from test_manifest import extract, js_uniform_writers, scalar_layout
@@ -572,6 +573,28 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
     assert len(lines) == len(set(lines)) == 1 + 2 * tiled + 1 + 1 + 1
 
 
+def _first_pass(directory: Path, key: str, value: Any) -> None:
+    """Set ``key`` of the first pass of the registry's first multi-pass variant."""
+
+    def change(registry: dict[str, Any]) -> None:
+        variants = [v for op in registry["operations"].values() for v in op["variants"].values()]
+        next(v for v in variants if "passes" in v)["passes"][0][key] = value
+
+    rewrite(directory / "registry.json", change)
+
+
+def test_check_against_a_fifo_is_one_line_not_a_hang(
+    pristine_project: Path, tmp_path: Path
+) -> None:
+    directory = checkout(pristine_project, tmp_path)
+    (directory / "registry.json").unlink()
+    os.mkfifo(directory / "registry.json")
+    result = run_process(pristine_project, "export", "--check-against", str(directory))
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = assert_one_line_error(result.stderr)
+    assert line.endswith("registry.json: not a regular file; doppler-gen refuses to read it")
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
@@ -586,8 +609,34 @@ def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Pa
             "operations.attention.baseBindings[0]: expected an object with an integer",
         ),
         (lambda d: (d / "digests.json").write_text('{"a#main": 3}'), "sha256 hex"),
+        (lambda d: _first_pass(d, "bindings", 5), ".passes[0].bindings: expected a list"),
+        (lambda d: _first_pass(d, "uniforms", [1]), ".passes[0].uniforms: expected an object"),
+        (
+            lambda d: _first_pass(d, "uniforms", {"fields": [5]}),
+            ".passes[0].uniforms.fields: expected a list of objects",
+        ),
+        (
+            lambda d: _first_pass(d, "bindings", [{"index": "x"}]),
+            '.passes[0].bindings[0]: expected an object with an integer "index"',
+        ),
+        (
+            lambda d: (d / "registry.json").write_text("[" * 100_000 + "]" * 100_000),
+            "registry.json: invalid JSON: nested too deeply",
+        ),
     ],
-    ids=["no-dir", "no-digests", "bad-json", "operations-list", "bad-binding", "bad-digest"],
+    ids=[
+        "no-dir",
+        "no-digests",
+        "bad-json",
+        "operations-list",
+        "bad-binding",
+        "bad-digest",
+        "pass-bindings-not-a-list",
+        "pass-uniforms-not-an-object",
+        "pass-uniform-field-not-an-object",
+        "pass-binding-index-not-an-integer",
+        "registry-nested-too-deeply",
+    ],
 )
 def test_check_against_unreadable_input_is_one_line_exit_2(
     pristine_project: Path, tmp_path: Path, setup, message: str

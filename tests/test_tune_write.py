@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, project_snapshot, run_cli
 
 from doppler_gen.config import load_project
 from doppler_gen.config_edit import edit_variant_entry, table_header_lines
+from doppler_gen.errors import ConfigError
 from doppler_gen.runtime.measure import BenchRow, Settings, Timing
 from doppler_gen.tune import (
     CandidateRenderer,
@@ -139,3 +140,108 @@ def test_a_symlinked_variants_toml_stays_a_link_with_its_mode(fresh_project: Pat
     assert stat.S_IMODE(real.stat().st_mode) == 0o664
     assert "block_size = 32" in real.read_text(encoding="utf-8")
     assert run_cli(fresh_project, "check").exit_code == 0
+
+
+def _crlf(root: Path) -> bytes:
+    """Rewrite variants.toml with CRLF line endings; returns its bytes."""
+    path = root / "variants.toml"
+    data = path.read_bytes().replace(b"\n", b"\r\n")
+    path.write_bytes(data)
+    return data
+
+
+def test_a_crlf_variants_toml_keeps_its_line_endings(fresh_project: Path) -> None:
+    before = _crlf(fresh_project)
+    run = _synthetic_run(fresh_project, full_validation="PASS")
+    assert write_winner(load_project(fresh_project), run)["changed"] is True
+    after = (fresh_project / "variants.toml").read_bytes()
+    assert after.count(b"\n") == after.count(b"\r\n") == before.count(b"\r\n") + 1  # + overrides
+    assert b"block_size = 32 }\r\n" in after and b"overrides = { HEAD_TILE = 32 }\r\n" in after
+
+
+def test_a_failed_write_restores_a_crlf_variants_toml_byte_for_byte(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from doppler_gen.outputs import OutputError
+
+    def refuse(plan: Any) -> Any:
+        raise OutputError("planted failure", location="generated/")
+
+    before = _crlf(fresh_project)
+    run = _synthetic_run(fresh_project, full_validation="PASS")
+    monkeypatch.setattr("doppler_gen.outputs.write", refuse)
+    with pytest.raises(OutputError, match="planted failure"):
+        write_winner(load_project(fresh_project), run)
+    assert (fresh_project / "variants.toml").read_bytes() == before
+
+
+def test_an_edit_that_makes_the_config_invalid_points_at_the_variant(fresh_project: Path) -> None:
+    """The edited text exists only in memory: its line numbers would mislead."""
+    run = _synthetic_run(fresh_project, full_validation="PASS")
+    path = fresh_project / "variants.toml"
+    text = path.read_text(encoding="utf-8")
+    choices = "[templates.attention.choices]\n"
+    path.write_text(text.replace(choices, f"{choices}block_size = [16, 64]\n", 1))
+    before = path.read_bytes()
+    project = load_project(fresh_project)
+    with pytest.raises(ConfigError) as raised:
+        write_winner(project, run)
+    error = raised.value
+    assert error.location == f"variants.toml:{project.variant(VARIANT).line}"
+    assert error.message.startswith(
+        f"--write: recording the winner in variant {VARIANT} would make variants.toml invalid "
+        "(line "
+    )
+    assert "parameter block_size=32 is not one of 16, 64; nothing written" in error.message
+    assert path.read_bytes() == before
+
+
+def test_an_unwritable_output_is_refused_before_tune_changes_anything(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked first: --write would otherwise edit variants.toml and generated/, then lose the
+    report it could not write."""
+    run = _synthetic_run(fresh_project, full_validation="PASS")
+    monkeypatch.setattr("doppler_gen.tune.run_tune", lambda *args, **kwargs: run)
+    before = project_snapshot(fresh_project)
+    output = tmp_path / "no-such-directory" / "tune.json"
+    result = run_cli(fresh_project, "tune", VARIANT, "--write", "--output", str(output))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line == f"error: --output {output}: cannot write: no directory {output.parent}"
+    assert result.stdout == ""
+    assert project_snapshot(fresh_project) == before
+
+
+@pytest.mark.parametrize("option", ["--output", "--plot"])
+def test_an_unwritable_bench_output_is_refused_before_measuring(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str
+) -> None:
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("bench measured although its report could not be written")
+
+    monkeypatch.setattr("doppler_gen.bench.run_bench", measure)
+    path = tmp_path / "no-such-directory" / "bench.out"
+    result = run_cli(fresh_project, "bench", option, str(path))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line == f"error: {option} {path}: cannot write: no directory {path.parent}"
+
+
+def test_an_output_that_fails_late_still_prints_the_report(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writable when checked, gone when written: the report is printed, then one error line."""
+    run = _synthetic_run(fresh_project, full_validation="PASS")
+    output = tmp_path / "later" / "tune.json"
+    output.parent.mkdir()
+
+    def tune_then_lose_the_directory(*args: Any, **kwargs: Any) -> TuneRun:
+        output.parent.rmdir()
+        return run
+
+    monkeypatch.setattr("doppler_gen.tune.run_tune", tune_then_lose_the_directory)
+    result = run_cli(fresh_project, "tune", VARIANT, "--output", str(output), "--json")
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout)["variant"] == VARIANT  # one document: the report
+    assert "cannot write" in assert_one_line_error(result.stderr)

@@ -731,8 +731,13 @@ def plot(run: BenchRun, path: Path) -> None:
     ax.set_title(f"{warning}doppler-gen bench on {run.adapter.split(' — ')[0]}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except (OSError, ValueError) as error:  # ValueError: a suffix matplotlib has no format for
+        reason = getattr(error, "strerror", None) or error
+        raise DopplerGenError(f"--plot {path}: cannot write: {reason}") from None
+    finally:
+        plt.close(fig)
 
 
 def _plot_bar(ax: Any, row: BenchRow, x: float, width: float, color: str, label: bool) -> None:

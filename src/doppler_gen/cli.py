@@ -24,7 +24,7 @@ import click
 
 from doppler_gen import __version__
 from doppler_gen.config import Project, find_root, load_project
-from doppler_gen.errors import DopplerGenError, Terminated
+from doppler_gen.errors import DopplerGenError, Terminated, printable
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERNAL = 3  # an unexpected exception: a bug, distinct from 1 (stale / failed)
@@ -50,7 +50,7 @@ def _internal_error(error: Exception, as_json: bool) -> None:
     """One line (the traceback too with --debug) and exit 3: CI must tell a crash from a stale
     tree, and a bug must not look like the user's fault."""
     first = (str(error).strip().splitlines() or [""])[0]
-    message = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    message = f"{type(error).__name__}: {printable(first)}" if first else type(error).__name__
     if as_json:
         click.echo(error_document("InternalError", message, None, EXIT_INTERNAL))
     state = _current_state()
@@ -161,20 +161,51 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+class OneLineUsageError(click.UsageError):
+    """A click usage error shown as one ``error:`` line, like every other error (click's own
+    form is four lines: usage, a hint, a blank line and the message)."""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"error: {printable(self.format_message())}{hint}", file=file, err=True)
+
+
 class DopplerGenGroup(click.Group):
-    """Adds a JSON error object on stdout for usage errors of a ``--json`` subcommand."""
+    """Usage errors as one line, plus a JSON error object on stdout for those of a ``--json``
+    command; a malformed shell-completion request is one line too."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["doppler_gen.args"] = list(args)  # the words given, before click consumes them
-        return super().parse_args(ctx, args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            raise _one_line(ctx, error) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.UsageError as error:
-            if "--json" in ctx.meta.get("doppler_gen.args", ()):
-                click.echo(error_document("UsageError", error.format_message(), None, 2))
-            raise
+            raise _one_line(ctx, error) from None
+
+    def _main_shell_completion(
+        self, ctx_args: Any, prog_name: str, complete_var: str | None = None
+    ) -> None:
+        try:
+            super()._main_shell_completion(ctx_args, prog_name, complete_var)
+        except ValueError as error:  # COMP_CWORD that is not a number, set by hand
+            click.echo(f"error: shell completion: {printable(str(error))}", err=True)
+            sys.exit(2)
+
+
+def _one_line(ctx: click.Context, error: click.UsageError) -> click.UsageError:
+    """``error`` as a OneLineUsageError (help shown for a missing command stays help); with
+    ``--json`` among the words, the JSON error object goes to stdout first."""
+    if isinstance(error, click.exceptions.NoArgsIsHelpError | OneLineUsageError):
+        return error
+    message = error.format_message()
+    if "--json" in ctx.meta.get("doppler_gen.args", ()):
+        click.echo(error_document("UsageError", message, None, error.exit_code))
+    return OneLineUsageError(message, error.ctx or ctx)
 
 
 def complete_variants(
@@ -757,15 +788,51 @@ def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _emit(result: dict[str, Any], text: str, as_json: bool, output: Path | None) -> None:
-    """Print the report (or JSON) and write the JSON file; a bad --output path is one line."""
+    """Print the report (or JSON) and write the JSON file.
+
+    The path was checked before measuring (``_check_writable``); should the write still fail,
+    the report is printed all the same (minutes of measurements must not vanish), then the
+    error line, and the exit status is 2.
+    """
     document = json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False)
+    failure = None
     if output is not None:
         try:
             output.write_text(document + "\n", encoding="utf-8")
         except OSError as error:
-            reason = error.strerror or error
-            raise DopplerGenError(f"--output {output}: cannot write: {reason}") from None
+            failure = DopplerGenError(f"--output {output}: cannot write: {error.strerror or error}")
     click.echo(document if as_json else text)
+    if failure is not None:
+        _late_error(failure)
+
+
+def _late_error(error: DopplerGenError) -> None:
+    """An error after the report is printed: one line on stderr and its exit status (no JSON
+    error object, which would be a second document on stdout)."""
+    click.echo(f"error: {error}", err=True)
+    sys.exit(error.exit_code)
+
+
+def _check_writable(option: str, path: Path | None) -> None:
+    """Refuse an --output or --plot FILE that cannot be written before anything is measured or
+    changed: a bench or tune run takes minutes, and its report would be lost at the end."""
+    if path is None:
+        return
+    reason = _unwritable(path)
+    if reason is not None:
+        raise DopplerGenError(f"{option} {path}: cannot write: {reason}")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file (None: it can, as far as can be told)."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "permission denied"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"no directory {parent}"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"permission denied in {parent}"
 
 
 def _progress(command: str) -> Callable[[str, int], None]:
@@ -871,6 +938,8 @@ def bench(
     from doppler_gen.bench import plot as write_plot
     from doppler_gen.shapes import parse_shapes
 
+    _check_writable("--output", output)
+    _check_writable("--plot", plot)
     if plot is not None:
         require_matplotlib()
     request = BenchRequest(
@@ -887,9 +956,15 @@ def bench(
         from_templates=from_templates,
     )
     run = run_bench(state.project, request, progress=_progress("bench"))
+    plot_error: DopplerGenError | None = None
     if plot is not None:
-        write_plot(run, plot)
+        try:
+            write_plot(run, plot)
+        except DopplerGenError as error:  # the measurements are printed first
+            plot_error = error
     _emit(run.as_dict(), format_report(run), as_json, output)
+    if plot_error is not None:
+        _late_error(plot_error)
     sys.exit(0 if run.ok else 1)
 
 
@@ -976,6 +1051,7 @@ def tune(
     from doppler_gen.shapes import parse_shape
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
 
+    _check_writable("--output", output)  # before measuring, and before --write changes files
     request = TuneRequest(
         name=name,
         shape=parse_shape(shape_text) if shape_text else None,
@@ -1002,6 +1078,5 @@ def tune(
             run.written = {"changed": False, "refused": True, "message": str(error)}
     _emit(run.as_dict(), format_report(run), as_json, output)
     if refused is not None:
-        click.echo(f"error: {refused}", err=True)
-        sys.exit(refused.exit_code)
+        _late_error(refused)
     sys.exit(0 if run.winner is not None else 1)

@@ -9,8 +9,10 @@ validation can trust it. Errors name the file and, where the TOML text lets us f
 from __future__ import annotations
 
 import bisect
+import errno
 import io
 import math
+import os
 import re
 import stat
 import tomllib
@@ -41,6 +43,10 @@ DOPPLER_TIERS = (
 )
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# NAME_MAX of Linux, macOS and Windows file systems; `generate` first writes each file as
+# ".FILE.xxxxxxxx.tmp" next to it (outputs.stage), 14 bytes more than FILE
+FILE_NAME_LIMIT_BYTES = 255
+MAX_OUTPUT_NAME_BYTES = FILE_NAME_LIMIT_BYTES - len("..xxxxxxxx.tmp")
 _TEMPLATE_KEYS = {
     "source",
     "entry",
@@ -262,19 +268,28 @@ def find_root(start: Path) -> Path:
 
 def load_project(root: Path) -> Project:
     """Read and validate ``root/variants.toml``."""
+    return parse_project(root, read_config(root, newline=None))
+
+
+def read_config(root: Path, *, newline: str | None) -> str:
+    """The text of ``root/variants.toml``: ``newline=None`` reads CRLF as LF (what the parser
+    and the memo see), ``""`` keeps every line ending as it is (what an edit must write back)."""
     path = root / CONFIG_NAME
     try:
         # a FIFO or device would block the read forever (and with it every pre-commit hook)
         if not stat.S_ISREG(path.stat().st_mode):
             raise ConfigError(f"{path}: not a regular file; doppler-gen refuses to read it")
-        # through `observed`, so a check remembers the exact bytes it parsed; decoded as
-        # read_text would (universal newlines), which the line numbers in messages rely on
+        # through `observed`, so a check remembers the exact bytes it parsed
         data = observed.read_bytes(path)
-        text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8").read()
+        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline=newline).read()
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
+
+
+def parse_project(root: Path, text: str) -> Project:
+    """Validate ``text`` as the variants.toml of ``root`` (its templates are looked up there)."""
     if text.startswith("\ufeff"):
         raise ConfigError(
             "starts with a UTF-8 byte-order mark (BOM), which TOML does not allow; save the file "
@@ -286,7 +301,19 @@ def load_project(root: Path) -> Project:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _toml_syntax_error(exc, text) from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(
+            "invalid TOML: arrays or inline tables nested too deeply",
+            location=f"{CONFIG_NAME}:{_most_nested_line(text)}",
+        ) from None
     return _Parser(root, locator).project(data, text)
+
+
+def _most_nested_line(text: str) -> int:
+    """The line with the most opening brackets and braces: where a too-deep nesting starts."""
+    lines = text.splitlines() or [""]
+    counts = [line.count("[") + line.count("{") for line in lines]
+    return counts.index(max(counts)) + 1
 
 
 def _toml_syntax_error(exc: tomllib.TOMLDecodeError, text: str) -> ConfigError:
@@ -302,6 +329,43 @@ def _toml_syntax_error(exc: tomllib.TOMLDecodeError, text: str) -> ConfigError:
             f"invalid TOML: {message[: match.start()]} at end of file", location=where
         )
     return ConfigError(f"invalid TOML: {message}", location=CONFIG_NAME)
+
+
+_SHOWN_LIMIT = 60  # a longer name is cut short in messages
+
+
+def _shorten(text: str) -> str:
+    """``text``, or its start and its length when it would swamp a one-line message."""
+    if len(text) <= _SHOWN_LIMIT:
+        return text
+    return f"{text[:_SHOWN_LIMIT]}... ({len(text)} characters)"
+
+
+def _source_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a template file, in words; None for a regular file.
+
+    "Not found" only when nothing is there: a directory, a FIFO, a symlink loop or a name the
+    file system refuses says what it is instead.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            return f"is a symlink to {os.readlink(path)}, which does not exist"
+        return "not found"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symlink loop"
+        if exc.errno == errno.ENAMETOOLONG:
+            return "has a name too long for the file system"
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a template file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO, not a template file"
+    return "is not a regular file"
 
 
 class _Locator:
@@ -569,8 +633,11 @@ class _Parser:
             raise self.fail(
                 f"[templates.{name}] source {source!r} must be a path inside templates/", line
             )
-        if not (self.root / TEMPLATES_DIR / relative).is_file():
-            raise self.fail(f"template file templates/{source} not found", line)
+        if "\0" in source:
+            raise self.fail(f"[templates.{name}] source {source!r} contains a NUL byte", line)
+        problem = _source_problem(self.root / TEMPLATES_DIR / relative)
+        if problem:
+            raise self.fail(f"template file templates/{_shorten(source)} {problem}", line)
 
     def template_params(self, name: str, params: Any) -> dict[str, ParamValue]:
         line = self.locate.template(name, None, "params")
@@ -783,6 +850,7 @@ class _Parser:
                     self.locate.variant(index, "name"),
                 )
             for output in variant.outputs:
+                self.check_file_name_length(variant, output, index)
                 key = unicodedata.normalize("NFKC", output).casefold()
                 if key in outputs:
                     raise self.fail(
@@ -799,6 +867,21 @@ class _Parser:
                     self.locate.variant(index, "output"),
                 )
             names[variant.name] = variant
+
+    def check_file_name_length(self, variant: Variant, output: str, index: int) -> None:
+        """Refuse a name whose file, or the temporary file `generate` writes first
+        (``.NAME.wgsl.xxxxxxxx.tmp``, see outputs.Transaction), would pass the file system's
+        limit: found at load, not half-way through a write."""
+        file_name = PurePosixPath(output).name
+        size = len(file_name.encode("utf-8"))
+        if size > MAX_OUTPUT_NAME_BYTES:
+            raise self.fail(
+                f"variant {_shorten(variant.name)}: name too long: the file name of "
+                f"{_shorten(output)} has {size} bytes, over {MAX_OUTPUT_NAME_BYTES} (the temporary "
+                f"file .FILE.xxxxxxxx.tmp that generate writes first must fit the file system's "
+                f"{FILE_NAME_LIMIT_BYTES}-byte limit)",
+                self.locate.variant(index, "name"),
+            )
 
     # -- Doppler registry placement (doppler_operation, doppler_id, doppler_tier) --------------
 

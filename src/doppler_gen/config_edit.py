@@ -152,8 +152,8 @@ def _set_line(
         old = lines[index]
         indent = old[: len(old) - len(old.lstrip())]
         comment = _trailing_comment(old, key)
-        newline = "\n" if old.endswith("\n") else ""
-        lines[index] = f"{indent}{key} = {inline_table(table)}{comment}{newline}"
+        ending = old[len(old.rstrip("\r\n")) :]  # the line's own: LF, CRLF or none
+        lines[index] = f"{indent}{key} = {inline_table(table)}{comment}{ending}"
         return lines, end
     last = max(
         (
@@ -164,14 +164,15 @@ def _set_line(
         default=start,
     )
     indent = lines[last][: len(lines[last]) - len(lines[last].lstrip())] if last > start else ""
+    ending = "\r\n" if any(line.endswith("\r\n") for line in lines) else "\n"
     if not lines[last].endswith("\n"):
-        lines[last] += "\n"
-    lines.insert(last + 1, f"{indent}{key} = {inline_table(table)}\n")
+        lines[last] += ending
+    lines.insert(last + 1, f"{indent}{key} = {inline_table(table)}{ending}")
     return lines, end + 1
 
 
 def _trailing_comment(line: str, key: str) -> str:
-    body = line.rstrip("\n")
+    body = line.rstrip("\r\n")
     for position, char in enumerate(body):
         if char == "}" and _parse_inline(body[: position + 1], key) is not None:
             rest = body[position + 1 :]

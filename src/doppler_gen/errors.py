@@ -7,6 +7,19 @@ in doppler-gen itself.
 
 from __future__ import annotations
 
+import re
+
+# C0 and C1 control characters, DEL and the Unicode line and paragraph separators (any of them in
+# a message would break "one line per error", or the terminal), and lone surrogates (which no
+# stream can encode)
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\n``, ``\\x1b``), so
+    that user-supplied names and a template's ``fail()`` message keep an error on one line."""
+    return _CONTROL_RE.sub(lambda match: repr(match.group())[1:-1], text)
+
 
 class DopplerGenError(Exception):
     """A problem with the user's input or environment, reported as one line."""
@@ -19,7 +32,9 @@ class DopplerGenError(Exception):
         self.location = location
 
     def __str__(self) -> str:
-        return f"{self.location}: {self.message}" if self.location else self.message
+        """``location: message`` as one printable line (see ``printable``)."""
+        text = f"{self.location}: {self.message}" if self.location else self.message
+        return printable(text)
 
 
 class Terminated(KeyboardInterrupt):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -455,6 +456,11 @@ def _is_ours(path: Path) -> bool:
 def load_json(path: Path) -> Any:
     """A JSON file, or ExportInputError naming the file (and line) for anything unreadable."""
     try:
+        # a FIFO or device would block the read forever (as variants.toml would: config.py)
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ExportInputError(
+                "not a regular file; doppler-gen refuses to read it", location=str(path)
+            )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ExportInputError("not found", location=str(path)) from None
@@ -466,6 +472,8 @@ def load_json(path: Path) -> Any:
         raise ExportInputError(
             f"invalid JSON: {exc.msg}", location=f"{path}:{exc.lineno}:{exc.colno}"
         ) from None
+    except RecursionError:
+        raise ExportInputError("invalid JSON: nested too deeply", location=str(path)) from None
 
 
 def load_doppler_dir(directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -499,6 +507,18 @@ def _check_registry(registry: Any, where: str) -> None:
                 raise _fail(where, f"{vpath}.variantMetadata", "an object")
             _check_bindings(variant.get("bindingsOverride", []), f"{vpath}.bindingsOverride", where)
             _check_uniforms(variant.get("uniformsOverride"), f"{vpath}.uniformsOverride", where)
+            _check_passes(variant.get("passes"), f"{vpath}.passes", where)
+
+
+def _check_passes(passes: Any, path: str, where: str) -> None:
+    """The bindings and uniforms of a multi-pass variant's passes, compared like a single-pass
+    variant's (a ``passes`` that is no list, or a pass that is no object, is a difference)."""
+    if not isinstance(passes, list):
+        return
+    for n, pass_ in enumerate(passes):
+        if isinstance(pass_, dict):
+            _check_bindings(pass_.get("bindings") or [], f"{path}[{n}].bindings", where)
+            _check_uniforms(pass_.get("uniforms"), f"{path}[{n}].uniforms", where)
 
 
 def _check_bindings(bindings: Any, path: str, where: str) -> None:

@@ -148,6 +148,84 @@ def variant_entry(kernel: RenderedKernel, modules: Sequence[Module]) -> dict[str
     return entry
 
 
+class _Optional:
+    """A key of an entry shape that may be absent (readers use ``.get``)."""
+
+    def __init__(self, shape: Any) -> None:
+        self.shape = shape
+
+
+# What readers of a recorded entry rely on (outputs: sha256 and file of each pass; export: the
+# rest): the types variant_entry writes. A tuple lists alternatives; a one-item list is a list
+# of such items; a dict is an object with at least these keys.
+_BINDING_SHAPE = {
+    "name": str,
+    "binding": int,
+    "type": str,
+    "group": _Optional(int),
+    "address_space": _Optional((str, None)),
+    "access": _Optional((str, None)),
+    "element_type": _Optional((str, None)),
+}
+_UNIFORMS_SHAPE = {"buffer_size": int, "fields": [{"name": str, "type": str, "offset": int}]}
+_PASS_SHAPE = {
+    "file": str,
+    "sha256": str,
+    "entry_point": str,
+    "workgroup_size": [(int, str)],
+    "bindings": [_BINDING_SHAPE],
+    "uniforms": _Optional((_UNIFORMS_SHAPE, None)),
+    "overrides": _Optional([{"name": str}]),
+    "constants": _Optional(dict),
+    "pipeline_constants": _Optional(dict),
+    "workgroup_storage_bytes": _Optional(int),
+    "dispatch": _Optional((str, None)),
+}
+_ENTRY_SHAPE = {
+    "family": str,
+    "metadata": _Optional(dict),
+    "requires": _Optional([str]),
+    "pipeline_constants": _Optional(dict),
+    "scratch": _Optional([{"name": str}]),
+    "doppler": _Optional(({"operation": str, "ids": [str], "tier": _Optional((str, None))}, None)),
+}
+
+
+def well_formed_entry(entry: Any) -> bool:
+    """Whether a manifest entry read from disk has the shape variant_entry writes, as far as
+    anything reads it. A hand-edited or damaged entry (``"passes": 5``) is then treated as
+    absent instead of crashing the partial `generate` that keeps it."""
+    if not _fits(entry, _ENTRY_SHAPE):
+        return False
+    passes = entry.get("passes")
+    if passes:  # else the entry is its only pass (the short form)
+        return isinstance(passes, list) and all(_fits(p, _PASS_SHAPE) for p in passes)
+    return _fits(entry, _PASS_SHAPE)
+
+
+def _fits(value: Any, shape: Any) -> bool:
+    """``value`` (decoded JSON) has ``shape`` (see _ENTRY_SHAPE)."""
+    if isinstance(shape, tuple):
+        return any(_fits(value, option) for option in shape)
+    if shape is None:
+        return value is None
+    if shape is int:
+        return type(value) is int  # not bool
+    if isinstance(shape, type):
+        return isinstance(value, shape)
+    if isinstance(shape, list):
+        return isinstance(value, list) and all(_fits(item, shape[0]) for item in value)
+    if not isinstance(value, dict):
+        return False
+    for key, item in shape.items():
+        if isinstance(item, _Optional):
+            if key in value and not _fits(value[key], item.shape):
+                return False
+        elif key not in value or not _fits(value[key], item):
+            return False
+    return True
+
+
 def _min_subgroup_size(modules: Sequence[Module]) -> int | None:
     found = [
         int(m.constants["MIN_SUBGROUP_SIZE"]) for m in modules if "MIN_SUBGROUP_SIZE" in m.constants

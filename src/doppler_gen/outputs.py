@@ -45,6 +45,7 @@ from doppler_gen.manifest import (
     check_metadata,
     parse_kernel,
     variant_entry,
+    well_formed_entry,
 )
 from doppler_gen.render import RenderedKernel, Renderer, is_generated_file
 from doppler_gen.state import generate_lock
@@ -163,18 +164,23 @@ def partial_manifest(plan: Plan) -> str:
 
 
 def _recorded_entries(project: Project) -> dict[str, dict[str, Any]]:
-    """The variant entries of the manifest on disk ({} when it is missing or unreadable)."""
+    """The variant entries of the manifest on disk ({} when it is missing or unreadable).
+
+    An entry without the shape doppler-gen writes (hand-edited, damaged) counts as absent, as
+    does a document nested too deeply for the JSON decoder: `check` then reports the manifest
+    stale and `generate` rewrites it.
+    """
     path = project.root / MANIFEST_PATH
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return {}
         document = json.loads(observed.read_bytes(path).decode("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     variants = document.get("variants") if isinstance(document, dict) else None
     if not isinstance(variants, dict):
         return {}
-    return {name: entry for name, entry in variants.items() if isinstance(entry, dict)}
+    return {name: entry for name, entry in variants.items() if well_formed_entry(entry)}
 
 
 def generated_directory(project: Project) -> Path:
@@ -327,10 +333,10 @@ def foreign_orphans(plan: Plan, orphaned: list[str]) -> list[str]:
     says ``"generator": "doppler-gen"`` may be a hand-made copy (``registry.backup.json``).
     """
     recorded = {
-        (record.get("file"), record.get("sha256"))
-        for entry in _recorded_entries(plan.project).values()
+        (record["file"], record["sha256"])
+        for entry in _recorded_entries(plan.project).values()  # well-formed ones only
         for record in [entry, *(entry.get("passes") or [])]
-        if isinstance(record, dict)
+        if isinstance(record.get("file"), str) and isinstance(record.get("sha256"), str)
     }
     foreign = []
     for relative in orphaned:

@@ -209,6 +209,7 @@ class Renderer:
         multi = variant.template.multi_pass
         head = header(spec.source_path, variant.name, source_hash, spec.name if multi else None)
         text = "\n".join([*head, "", *(line for line, _ in lines)]) + "\n"
+        _check_encodable(text, variant, spec)
         origins = None
         if with_origins:
             body_origins = self._origins(variant, spec, context, [line for line, _ in lines])
@@ -283,6 +284,20 @@ class Renderer:
     ) -> str:
         try:
             template = env.get_template(spec.source)
+        except RecursionError:  # Jinja's parser and code generator recurse per nesting level
+            raise TemplateError(
+                f"nested too deeply to compile (brackets, expressions or blocks inside one "
+                f"another) (variant {variant.name})",
+                location=spec.source_path,
+            ) from None
+        except jinja2.TemplateSyntaxError as exc:
+            raise _syntax_error(exc, variant.name) from None
+        except jinja2.TemplateNotFound as exc:
+            raise TemplateError(
+                f"template {exc.name!r} not found in {TEMPLATES_DIR}/ (variant {variant.name})",
+                location=spec.source_path,
+            ) from None
+        try:
             return _limited_render(template, context)
         except jinja2.TemplateSyntaxError as exc:
             raise _syntax_error(exc, variant.name) from None
@@ -302,9 +317,16 @@ class Renderer:
         except RecursionError as exc:
             where = _template_frame(exc.__traceback__, self.project.templates_dir)
             raise TemplateError(
-                f"recursion too deep: a macro or include calls itself without end "
-                f"(variant {variant.name})",
-                location=where or variant.template.source_path,
+                f"recursion too deep: a macro or include calls itself without end, or an "
+                f"included template nests too deeply (variant {variant.name})",
+                location=where or spec.source_path,
+            ) from None
+        except (RuntimeError, AssertionError) as exc:
+            # Jinja's own checks: an empty cycler(), truncate() to a negative length, ...
+            where = _template_frame(exc.__traceback__, self.project.templates_dir)
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise TemplateError(
+                f"{detail} (variant {variant.name})", location=where or spec.source_path
             ) from None
         except MemoryError:
             raise TemplateError(
@@ -364,6 +386,20 @@ class Renderer:
     def _marked_source(self, name: str) -> tuple[str, str, Callable[[], bool]]:
         file_id = self._file_ids.setdefault(name, len(self._file_ids))
         return mark_lines(self._read(name), file_id), self._filename(name), lambda: True
+
+
+def _check_encodable(text: str, variant: Variant, spec: PassSpec) -> None:
+    """A rendered pass must be UTF-8: a lone surrogate (``{{ "\\udcff" }}``) would render, then
+    fail in every command that hashes, writes or prints the text. Refused once, here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        line = text.count("\n", 0, exc.start) + 1
+        raise TemplateError(
+            f"renders {exc.object[exc.start]!r}, a lone surrogate that UTF-8 cannot encode, at "
+            f"{variant.pass_output(spec)}:{line} (variant {variant.name})",
+            location=spec.source_path,
+        ) from None
 
 
 class _CompiledCode:

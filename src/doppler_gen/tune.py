@@ -33,7 +33,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from doppler_gen.config import CONFIG_NAME, ParamValue, Project, Variant, load_project
+from doppler_gen.config import (
+    CONFIG_NAME,
+    ParamValue,
+    Project,
+    Variant,
+    parse_project,
+    read_config,
+)
 from doppler_gen.config_edit import edit_variant_entry
 from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.families import get_family
@@ -754,16 +761,20 @@ def write_winner(
             "message": "the winner is the current configuration; nothing written",
         }
     path = project.config_path
-    original = path.read_text(encoding="utf-8")
-    if project.config_text and original != project.config_text:
+    original = read_config(project.root, newline="")  # CRLF stays CRLF, byte for byte
+    if project.config_text and _universal_newlines(original) != project.config_text:
         raise DopplerGenError(
             f"--write: {CONFIG_NAME} changed while tune ran; nothing written (run tune again)"
         )
     edited = edit_variant_entry(original, variant.name, params, overrides)
+    try:  # the edited file is checked and rendered in memory: an error leaves it untouched
+        reloaded = _verify(parse_project(project.root, edited), variant.name, params, overrides)
+        outcome = plan(reloaded)
+    except DopplerGenError as error:
+        raise _edit_error(error, variant) from None
     _atomic(path, edited)
     try:
-        reloaded = _verify(project.root, variant.name, params, overrides)
-        result = write(plan(reloaded))
+        result = write(outcome)
     except DopplerGenError:
         _atomic(path, original)
         raise
@@ -791,11 +802,31 @@ def _atomic(path: Path, text: str) -> None:
     os.chmod(target, mode)
 
 
+def _universal_newlines(text: str) -> str:
+    """``text`` as a file read in text mode sees it (CRLF and CR as LF): the project's
+    ``config_text``."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _edit_error(error: DopplerGenError, variant: Variant) -> DopplerGenError:
+    """An error in the edited variants.toml, which exists only in memory: its line numbers are
+    the edit's, so the error points at the variant's entry in the file on disk instead."""
+    location = error.location or ""
+    if location != CONFIG_NAME and not location.startswith(f"{CONFIG_NAME}:"):
+        return error  # a template error: its file and line are real
+    edited_line = location.partition(":")[2].partition(":")[0]
+    where = f" (line {edited_line} of the edited text)" if edited_line else ""
+    return ConfigError(
+        f"--write: recording the winner in variant {variant.name} would make {CONFIG_NAME} "
+        f"invalid{where}: {error.message}; nothing written",
+        location=f"{CONFIG_NAME}:{variant.line}" if variant.line else CONFIG_NAME,
+    )
+
+
 def _verify(
-    root: Path, name: str, params: dict[str, ParamValue], overrides: dict[str, int]
+    project: Project, name: str, params: dict[str, ParamValue], overrides: dict[str, int]
 ) -> Project:
-    """Re-load the edited file; it must parse and hold exactly the values written."""
-    project = load_project(root)
+    """The edited project must hold exactly the values written."""
     variant = project.variant(name)
     wrong = {k: variant.params.get(k) for k, v in params.items() if variant.params.get(k) != v}
     if wrong or dict(variant.overrides) != overrides:
