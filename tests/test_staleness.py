@@ -1,9 +1,12 @@
 """`check` never calls a stale tree up to date: one test per way it once could.
 
-1. a symlinked directory under templates/ (the memo did not look inside, Jinja did), and a
-   symlinked variants.toml or generated file or directory (the memo hashed only the link text);
+1. a symlinked directory under templates/ (the memo did not look inside, Jinja did), a
+   symlinked variants.toml or generated file or directory (the memo hashed only the link text),
+   and a template found missing in a directory the digest never walked (behind a link out of
+   the project, or unlistable); with them, link chains that crashed or slowed the digest;
 2. a tree that changed while `check` ran (the memo recorded the digest of a tree it never saw),
-   and a failing full check that left the old memo in place;
+   or changed and changed back (a file, a symlink's target, a directory moved away), and a
+   failing full check that left the old memo in place;
 3. code that changed under an unchanged version string (the Jinja bytecode cache, and the memo,
    were keyed on versions);
 4. templates that run Python or read the environment (the memo cannot see what they read).
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +24,7 @@ from conftest import assert_one_line_error, edit, run_cli
 
 from doppler_gen import check_memo, outputs, render
 from doppler_gen import cli as cli_module
+from doppler_gen import export as export_module
 
 LIB_FILE = "templates/lib/attention_common.wgsl.j2"
 LIB_ANCHOR = "// Causal mask"
@@ -33,6 +38,17 @@ def assert_confirmed_from_memo(root: Path) -> None:
     result = run_cli(root, "check")
     assert result.exit_code == 0, result.output
     assert "unchanged since the last full check" in result.stdout
+
+
+def assert_race_not_remembered(root: Path, monkeypatch) -> None:
+    """A check that raced with the change monkeypatched in passes (the tree it compared was
+    clean) but leaves no memo; with the race undone, plain and full checks both say stale."""
+    assert run_cli(root, "check").exit_code == 0
+    monkeypatch.undo()
+    memo_saved = memo_file(root).exists()
+    plain, full = run_cli(root, "check"), run_cli(root, "check", "--full")
+    codes = (memo_saved, plain.exit_code, full.exit_code)
+    assert codes == (False, 1, 1), (codes, plain.stdout + full.stdout)
 
 
 def assert_not_up_to_date(root: Path, code: int = 1) -> str:
@@ -172,6 +188,94 @@ def test_links_to_huge_directories_outside_the_project_are_not_walked(
     assert result.exit_code == 0 and "unchanged since" not in result.stdout
 
 
+def _include_if_present(root: Path, name: str) -> None:
+    """rmsnorm's template includes ``name`` when it exists (generated/ stays as it is)."""
+    main = root / "templates/rmsnorm.wgsl.j2"
+    main.write_text(main.read_text() + f'{{% include ["{name}"] ignore missing %}}\n')
+    assert run_cli(root, "generate").exit_code == 0
+
+
+def test_absence_behind_a_link_outside_the_project_is_not_remembered(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """A template looks for ext/extra.j2, where ext links to a directory outside the project
+    that the digest does not walk: the check found it missing, but nothing in the digest would
+    change when it appears, so the clean result may not be remembered."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (fresh_project / "templates/ext").symlink_to(outside, target_is_directory=True)
+    _include_if_present(fresh_project, "ext/extra.j2")
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert not memo_file(fresh_project).exists()
+    (outside / "extra.j2").write_text("// injected\n")
+    line = assert_one_line_error(assert_not_up_to_date(fresh_project, code=2))
+    assert "outside templates/ through a symlink" in line, line
+
+
+def test_absence_in_a_directory_the_digest_could_not_list_is_not_remembered(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """The same for templates/priv, which the digest could not list (root reads anything, so
+    the permission error is simulated): its contents are unknown, not empty."""
+    priv = fresh_project / "templates/priv"
+    priv.mkdir()
+    _include_if_present(fresh_project, "priv/extra.j2")
+    real_listdir = check_memo.os.listdir
+
+    def refuse_priv(path):
+        if Path(path) == priv.resolve():
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(check_memo.os, "listdir", refuse_priv)
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert not memo_file(fresh_project).exists()
+    (priv / "extra.j2").write_text("// injected\n")
+    assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
+
+
+def test_a_long_chain_of_directory_links_is_walked_without_recursion(fresh_project: Path) -> None:
+    """600 directories, each linking to the next, once overflowed the digest's recursion
+    (exit 3); the walk is a queue now, and the tree is still remembered and confirmed."""
+    chain = fresh_project / "templates/chain"
+    for index in range(600):
+        (chain / f"d{index}").mkdir(parents=True)
+    for index in range(599):
+        (chain / f"d{index}/next").symlink_to(f"../d{index + 1}", target_is_directory=True)
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    (chain / "d599/new.j2").write_text("// reached only through the chain\n")
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 0 and "unchanged since" not in result.stdout
+
+
+def test_each_file_is_hashed_once_however_many_links_reach_it(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """200 links into a 200-deep nest once rehashed every file below each link target (50 s);
+    every directory is now walked once and every file read once."""
+    nest = fresh_project / "templates/nest"
+    deepest = nest.joinpath(*["a"] * 200)
+    deepest.mkdir(parents=True)
+    (deepest / "leaf.j2").write_text("// leaf\n")
+    links = fresh_project / "templates/links"
+    links.mkdir()
+    for depth in range(1, 201):
+        target = Path("..", "nest", *["a"] * depth)
+        (links / f"l{depth}").symlink_to(target, target_is_directory=True)
+    reads: list[str] = []
+    real_sha = check_memo._file_sha
+
+    def counted(path: str) -> str:
+        reads.append(path)
+        return real_sha(path)
+
+    monkeypatch.setattr(check_memo, "_file_sha", counted)
+    check_memo.snapshot(fresh_project)
+    assert len(reads) == len(set(reads))
+    assert str(deepest.resolve() / "leaf.j2") in reads
+
+
 # -- 2. the memo and concurrent edits --------------------------------------------------------------
 
 
@@ -276,6 +380,84 @@ def test_orphan_hidden_while_the_check_ran_is_not_remembered(
     monkeypatch.undo()
     assert not memo_file(fresh_project).exists()
     assert "orphaned: generated/old_kernel.wgsl" in run_cli(fresh_project, "check").stdout
+
+
+def test_generated_directory_gone_while_listed_is_not_remembered(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """generated/ is renamed away after the outputs were read and back after the orphan scan:
+    the check found no orphan because it found no directory, and remembers that absence."""
+    gen = fresh_project / "generated"
+    aside = fresh_project / "generated.aside"
+    (gen / "old_kernel.wgsl").write_bytes((gen / "attention.wgsl").read_bytes())
+    real_leftovers, real_orphans = outputs.leftovers, outputs.orphans
+
+    def hide(project):
+        os.rename(gen, aside)
+        return real_leftovers(project)
+
+    def restore(plan):
+        try:
+            return real_orphans(plan)
+        finally:
+            os.rename(aside, gen)
+
+    monkeypatch.setattr(outputs, "leftovers", hide)
+    monkeypatch.setattr(outputs, "orphans", restore)
+    assert_race_not_remembered(fresh_project, monkeypatch)
+
+
+def test_export_directory_gone_while_listed_is_not_remembered(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """The same for generated/doppler/ and the export orphan it holds."""
+    export = fresh_project / "generated/doppler"
+    aside = fresh_project / "doppler.aside"
+    (export / "old.json").write_text('{"generator": "doppler-gen"}\n')
+    real = export_module.orphaned_exports
+
+    def hidden(root, produced):
+        os.rename(export, aside)
+        try:
+            return real(root, produced)
+        finally:
+            os.rename(aside, export)
+
+    monkeypatch.setattr(outputs, "orphaned_exports", hidden)
+    assert_race_not_remembered(fresh_project, monkeypatch)
+
+
+def test_symlink_retargeted_and_back_while_the_check_ran_is_not_remembered(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """templates/cur.j2 -> a.j2 at the digest; -> b.j2 while the check reads it; -> a.j2 again
+    before the second digest. The bytes of b.j2 are what the digest hashed for b.j2, so the
+    check also remembers where cur.j2 led, and the digest's link said a.j2."""
+    templates = fresh_project / "templates"
+    (templates / "a.j2").write_text("// A\n")
+    (templates / "b.j2").write_text("// B\n")
+    main = templates / "rmsnorm.wgsl.j2"
+    main.write_text(main.read_text() + '{% include "cur.j2" %}\n')
+    link = templates / "cur.j2"
+    link.symlink_to("b.j2")
+    assert run_cli(fresh_project, "generate").exit_code == 0  # generated/ renders B
+    link.unlink()
+    link.symlink_to("a.j2")  # the tree now is stale (A)
+    assert run_cli(fresh_project, "check", "--full").exit_code == 1
+
+    real_plan = outputs.plan
+
+    def retarget_while_planning(project, *args, **kwargs):
+        link.unlink()
+        link.symlink_to("b.j2")
+        try:
+            return real_plan(project, *args, **kwargs)
+        finally:
+            link.unlink()
+            link.symlink_to("a.j2")
+
+    monkeypatch.setattr(outputs, "plan", retarget_while_planning)
+    assert_race_not_remembered(fresh_project, monkeypatch)  # B compared: clean at the time
 
 
 def test_unchanged_tree_during_check_is_remembered(fresh_project: Path) -> None:

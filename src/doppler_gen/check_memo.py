@@ -2,19 +2,20 @@
 
 `check` runs in pre-commit hooks and CI on trees that are almost always clean. The memo is a
 sha256 over *everything* the result depends on:
-- variants.toml;
 - what variants.toml, templates/ and generated/ are (file, directory, symlink, missing);
-- every file under templates/ and generated/, with names and contents (an orphan or a hand edit
-  changes it), and every symlink there (and variants.toml, if it is one) with its target text
-  and the content of the file or directory it resolves to (a directory only inside the
-  project). The renderer reads only files that resolve inside templates/ (``render``), so
-  hashing the tree plus its links covers all it can read;
+- every directory they lead to inside the project, each walked once, with every entry's name,
+  kind and content (an orphan or a hand edit changes it); a symlink by the real path it resolves
+  to and what lies there (a file wherever it is, a directory only inside the project). The
+  renderer reads only files that resolve inside templates/ (``render``), so this covers all it
+  can read;
 - the content of the code that renders: doppler-gen's own sources and the Jinja and MarkupSafe
   packages that Python imports (their files, not their version strings), and the Python version.
 
 A clean full check is recorded only for the tree it compared: the digest is taken before
-anything is read, every file and listing the check read (``observed``) must match what that
-digest hashed, and a second digest afterwards must equal it (``remember_clean``).
+anything is read, every question the check asked of the filesystem (``observed``) must get the
+same answer from the tree that digest describes (``Snapshot.lookup``, which resolves a path the
+way the kernel would, and says "unknown" outside what was walked), and a second digest
+afterwards must equal it (``remember_clean``).
 
 When the digest equals the one stored after the last clean full check, the tree is clean by
 construction. Any difference, or a missing or unreadable memo, means a full check. The memo lives
@@ -43,101 +44,226 @@ MEMO_NAME = "check-memo"
 CODE_PACKAGES = ("doppler_gen", "jinja2", "markupsafe")
 
 
+# what an entry of the tree is, as the snapshot saw it (``Snapshot.entries``)
+FILE, DIRECTORY, LINK, SPECIAL, UNREADABLE, MISSING = (
+    "file",
+    "directory",
+    "link",
+    "special",
+    "unreadable",
+    "missing",
+)
+# the most symlinks one link may go through before the kernel gives up (ELOOP on Linux)
+_MAX_HOPS = 40
+
+
 @dataclass
 class Snapshot:
-    """One digest of the tree, with the per-file hashes and listings it was made from.
+    """One digest of the tree, with the entries and listings it was made from.
 
-    ``files`` maps the real path of every regular file hashed to its sha256, ``listings`` the
-    real path of every directory walked to its entry names: `remember_clean` compares them with
-    what the check read (``observed``).
+    ``entries`` maps the real path of every entry seen to (kind, detail): a file's sha256, a
+    link's resolved real path ("" when it resolves nowhere). ``listings`` maps every directory
+    walked to its sorted names; the project root is listed only for the three names doppler-gen
+    reads there. `lookup` answers, from these alone, what a path led to when the digest was
+    taken, so `remember_clean` can hold each answer the check got against it.
     """
 
     digest: str
-    files: dict[str, str] = field(default_factory=dict)
+    root: str = ""  # the project root as the check names it (``observed.named``)
+    real_root: str = ""
+    entries: dict[str, tuple[str, str]] = field(default_factory=dict)
     listings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def lookup(self, path: str, *, follow: bool = True) -> tuple[str, str, str] | None:
+        """(kind, real path, detail) of ``path`` (named, not resolved) in this snapshot, the way
+        the kernel would resolve it; None when the snapshot never saw that far (outside the
+        project, a directory it did not or could not walk, above the root)."""
+        parts = self._parts(path)
+        if parts is None:
+            return None
+        current, hops = self.real_root, 0
+        while parts:
+            part = parts.pop(0)
+            if part == "..":
+                if current == self.real_root:
+                    return None
+                current = os.path.dirname(current)
+                continue
+            here = os.path.join(current, part)
+            names = self.listings.get(current)
+            if current == self.real_root and part not in _TOP_NAMES:
+                names = None  # the root is listed only for the three names
+            if names is not None:
+                if part not in names:
+                    return (MISSING, here, "")
+            elif here not in self.entries:  # an entry seen on its own: a link's target
+                return None
+            kind, detail = self.entries[here]
+            if kind == LINK and (follow or parts):
+                hops += 1
+                if not detail or hops > _MAX_HOPS:  # dangling, or a loop
+                    return (MISSING, here, "")
+                here = detail
+                kind, detail = self.entries[here]
+            if not parts:
+                return (kind, here, detail)
+            if kind != DIRECTORY:  # a file in the middle of a path: ENOTDIR, nothing there
+                return (MISSING, here, "") if kind in (FILE, SPECIAL) else None
+            current = here
+        return (DIRECTORY, current, "")
+
+    def _parts(self, path: str) -> list[str] | None:
+        """The components of ``path`` below the root, or None when it is not below it."""
+        # the longer first: a root named through a link may be a prefix of its real path
+        for prefix in sorted((self.root, self.real_root), key=len, reverse=True):
+            if path == prefix:
+                return []
+            if path.startswith(prefix.rstrip("/") + "/"):
+                rest = path[len(prefix.rstrip("/")) + 1 :]
+                return [part for part in rest.split("/") if part not in ("", ".")]
+        return None
+
+    def answers(self, question: str, path: str, answer: object) -> bool:
+        """Whether this snapshot gives ``answer`` to one question the check asked."""
+        found = self.lookup(path, follow=question != observed.LINK)
+        if found is None:
+            return False
+        kind, real, detail = found
+        if question == observed.READ:
+            return kind == FILE and detail == answer if answer != observed.ABSENT else kind != FILE
+        if question == observed.RESOLVE:
+            return kind == MISSING if answer == observed.ABSENT else real == answer
+        if question == observed.LINK:
+            return (kind == LINK) == answer
+        if answer == observed.ABSENT:  # observed.LIST of a missing or non-directory path
+            return kind != DIRECTORY
+        if kind != DIRECTORY or real == self.real_root or not isinstance(answer, tuple):
+            return False
+        if self.listings.get(real) != tuple(sorted(name for name, _ in answer)):
+            return False
+        return all(
+            ((self.lookup(os.path.join(real, name)) or ("",))[0] == FILE) == is_file
+            for name, is_file in answer
+        )
+
+
+_TOP_NAMES = (CONFIG_NAME, TEMPLATES_DIR, GENERATED_DIR)
 
 
 @dataclass
 class _Walk:
-    """The state of one digest: the hash, what it covered, and the link targets already seen."""
+    """One digest in the making: every directory reached from the three top-level names,
+    walked once each, without recursion (a chain of links is a queue, not a call stack)."""
 
-    root: Path
-    hash: Any = field(default_factory=hashlib.sha256)
-    snapshot: Snapshot = field(default_factory=lambda: Snapshot(""))
-    seen: set[Path] = field(default_factory=set)
+    snapshot: Snapshot
+    queue: list[str] = field(default_factory=list)
+    unlistable: dict[str, str] = field(default_factory=dict)
 
-    def entries(self, directory: Path, skip: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
-        """Every file and symlink under ``directory`` (links not followed), by relative name;
-        directories named in ``skip`` are left out (``__pycache__`` of the code packages)."""
-        found: list[tuple[str, Path]] = []
-        if not directory.is_dir():
-            return found
-        for parent, dirnames, filenames in os.walk(directory):
-            base = Path(parent)
-            self.snapshot.listings[observed.real(base)] = tuple(sorted(dirnames + filenames))
-            dirnames[:] = [d for d in dirnames if d not in skip]
-            # os.walk lists a symlinked directory among dirnames without entering it: record it
-            for name in [*dirnames, *filenames]:
-                path = base / name
-                if name in filenames or path.is_symlink():
-                    found.append((path.relative_to(directory).as_posix(), path))
-        return sorted(found)
-
-    def update(self, label: str, name: str, path: Path) -> None:
-        """Hash one entry by what it is; a symlink also by what it points at (`check` and
-        `generate` read variants.toml, outputs and generated/doppler/ through links)."""
-        kind, data = self.describe(path)
-        self.hash.update(
-            f"\0{label}-{kind}:{name}:{len(data)}\0".encode("utf-8", "surrogateescape")
-        )
-        self.hash.update(data)
-        if kind == "link":
-            self.update_target(f"{label}-link", name, path)
-
-    def describe(self, path: Path) -> tuple[str, bytes]:
-        """(kind, bytes to hash) of one path, never following a link and never blocking."""
+    def describe(self, real: str) -> tuple[str, str]:
+        """(kind, detail) of the entry at ``real`` (its parent resolved), never following a
+        link and never blocking; each path is read once however many links lead to it."""
+        known = self.snapshot.entries.get(real)
+        if known is not None:
+            return known
         try:
-            mode = path.lstat().st_mode
+            mode = os.lstat(real).st_mode
             if stat.S_ISLNK(mode):
-                return "link", os.fsencode(os.readlink(path))
-            if stat.S_ISDIR(mode):
-                return "directory", b""
-            if not stat.S_ISREG(mode):  # a FIFO, socket or device: reading it could block
-                return "special", b""
-            data = path.read_bytes()
+                entry = (LINK, self._link_target(real))
+            elif stat.S_ISDIR(mode):
+                entry = (DIRECTORY, "")
+            elif not stat.S_ISREG(mode):  # a FIFO, socket or device: reading it could block
+                entry = (SPECIAL, "")
+            else:
+                entry = (FILE, _file_sha(real))
         except FileNotFoundError:
-            return "missing", b""
+            entry = (MISSING, "")
         except OSError as exc:  # the full check that follows reports it properly
-            return "unreadable", f"{exc.errno}".encode()
-        self.snapshot.files[observed.real(path)] = hashlib.sha256(data).hexdigest()
-        return "file", data
+            entry = (UNREADABLE, str(exc.errno))
+        self.snapshot.entries[real] = entry
+        if entry[0] == LINK and entry[1]:
+            self.describe(entry[1])  # what the link leads to is part of the tree
+        if entry[0] == DIRECTORY and self._walkable(real):
+            self.queue.append(real)
+        return entry
 
-    def update_target(self, label: str, name: str, link: Path) -> None:
-        """Hash the file or directory tree a symlink resolves to (once: links may form a cycle).
-
-        A directory is walked only when it lies inside the project and does not contain the
-        link: nothing doppler-gen reads can lie in a directory outside the project (templates
-        must resolve inside templates/, generated/ and generated/doppler/ inside the project),
-        and walking a link to ``/`` or ``/proc`` would never end.
-        """
+    @staticmethod
+    def _link_target(link: str) -> str:
         try:
-            target = link.resolve(strict=True)
-        except (OSError, RuntimeError):  # dangling or a loop: the link text is hashed already
-            return
-        if target in self.seen:
-            return
-        self.seen.add(target)
-        if not target.is_dir():
-            self.update(f"{label}>", name, target)
-            return
-        inside = target.is_relative_to(self.root)
-        inside = inside and not link.parent.resolve().is_relative_to(target)
-        if not inside:
-            self.hash.update(f"\0{label}>outside:{name}\0".encode("utf-8", "surrogateescape"))
-            return
-        self.update(f"{label}>", name, target)  # the directory itself (its listing, not a link)
-        for sub, path in self.entries(target):
-            self.update(f"{label}>", f"{name}/{sub}", path)
+            return os.path.realpath(link, strict=True)
+        except (OSError, RuntimeError):  # dangling or a loop: nothing to read there
+            return ""
+
+    def _walkable(self, real: str) -> bool:
+        """Directories inside the project are walked, the root and the world outside are not:
+        templates must resolve inside templates/, generated/ and generated/doppler/ inside the
+        project, so nothing doppler-gen reads lies outside, and a link to ``/`` or ``/proc``
+        would never end. A check that reads there anyway finds `lookup` unable to answer and
+        saves no memo."""
+        root = self.snapshot.real_root
+        return real != root and real.startswith(root.rstrip("/") + "/")
+
+    def run(self) -> None:
+        """Describe the three top-level names, then walk every directory they lead to."""
+        root = self.snapshot.real_root
+        self.snapshot.listings[root] = tuple(
+            name for name in _TOP_NAMES if self.describe(os.path.join(root, name))[0] != MISSING
+        )
+        while self.queue:
+            directory = self.queue.pop(0)
+            if directory in self.snapshot.listings or directory in self.unlistable:
+                continue
+            try:
+                names = tuple(sorted(os.listdir(directory)))
+            except OSError as exc:  # `lookup` then cannot answer below it: no memo
+                self.unlistable[directory] = str(exc.errno)
+                continue
+            self.snapshot.listings[directory] = names
+            for name in names:
+                self.describe(os.path.join(directory, name))
+
+    def digest(self, sha: Any) -> None:
+        """Feed everything seen into ``sha``, sorted, so the digest is the same on every run."""
+        for real, (kind, detail) in sorted(self.snapshot.entries.items()):
+            sha.update(_line("entry", real, kind, detail))
+        for directory, names in sorted(self.snapshot.listings.items()):
+            sha.update(_line("listing", directory, *names))
+        for directory, error in sorted(self.unlistable.items()):
+            sha.update(_line("unlistable", directory, error))
+
+
+def _line(*fields: str) -> bytes:
+    return "\0".join((*fields, "\n")).encode("utf-8", "surrogateescape")
+
+
+def _file_sha(path: str) -> str:
+    """sha256 of a file, read in chunks (a large file is never held whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _hash_package(sha: Any, package: str, directory: Path) -> None:
+    """Every source file of one code package (``__pycache__`` and bytecode left out)."""
+    files: list[tuple[str, str]] = []
+    unlistable: list[str] = []
+    for parent, dirnames, filenames in os.walk(
+        directory, onerror=lambda exc: unlistable.append(f"{exc.filename} {exc.errno}")
+    ):
+        dirnames[:] = [name for name in dirnames if name != "__pycache__"]
+        for name in filenames:
+            if not name.endswith((".pyc", ".pyo")):
+                path = os.path.join(parent, name)
+                files.append((os.path.relpath(path, directory), path))
+    for name, path in sorted(files):
+        try:
+            content = _file_sha(path)
+        except OSError as exc:
+            content = f"unreadable {exc.errno}"
+        sha.update(_line(package, name, content))
+    for problem in sorted(unlistable):
+        sha.update(_line(package, "unlistable", problem))
 
 
 def _package_dir(name: str) -> Path | None:
@@ -156,27 +282,23 @@ def _package_dir(name: str) -> Path | None:
 def snapshot(root: Path) -> Snapshot:
     """The digest of every input of generation and every output, with what it was made from.
 
-    variants.toml, templates/ and generated/ are hashed by what they are (a file, a directory,
-    a symlink with its target, missing), then everything under the two directories.
+    variants.toml, templates/ and generated/ are described by what they are (a file, a
+    directory, a symlink with where it leads, missing), then every directory they lead to inside
+    the project, then the code packages.
     """
-    walk = _Walk(root.resolve())
-    walk.hash.update(f"python {sys.version} {sys.implementation.cache_tag}\n".encode())
-    for label in (CONFIG_NAME, TEMPLATES_DIR, GENERATED_DIR):
-        top = root / label
-        walk.update(label, label, top)
-        if not top.is_symlink():  # a linked one was walked (or refused) as its target
-            for name, path in walk.entries(top):
-                walk.update(label, name, path)
+    found = Snapshot("", root=observed.named(root), real_root=os.path.realpath(root))
+    walk = _Walk(found)
+    walk.run()
+    sha = hashlib.sha256(f"python {sys.version} {sys.implementation.cache_tag}\n".encode())
+    walk.digest(sha)
     for package in CODE_PACKAGES:
         directory = _package_dir(package)
         if directory is None:
-            walk.hash.update(f"\0{package}:missing\0".encode())
-            continue
-        for name, path in walk.entries(directory, skip=("__pycache__",)):
-            if not name.endswith((".pyc", ".pyo")):
-                walk.update(package, name, path)
-    walk.snapshot.digest = walk.hash.hexdigest()
-    return walk.snapshot
+            sha.update(_line(package, "missing"))
+        else:
+            _hash_package(sha, package, directory)
+    found.digest = sha.hexdigest()
+    return found
 
 
 def tree_digest(root: Path) -> str:
@@ -218,19 +340,13 @@ def remember_clean(root: Path, before: Snapshot, log: observed.ReadLog) -> bool:
 
 
 def _read_what_was_hashed(before: Snapshot, log: observed.ReadLog) -> bool:
-    """Whether each read and listing in ``log`` agrees with the snapshot ``before``."""
+    """Whether the tree ``before`` describes answers every question in ``log`` as the check
+    got it (a question it cannot answer, about a place it never saw, counts as a no)."""
     if log.inconsistent:
         return False
-    for path, sha in log.files.items():
-        if before.files.get(path, observed.ABSENT) != sha:
-            return False
-    for directory, entries in log.listings.items():
-        if before.listings.get(directory) != tuple(name for name, _ in entries):
-            return False
-        for name, is_file in entries:
-            if (observed.real(Path(directory, name)) in before.files) != is_file:
-                return False
-    return True
+    return all(
+        before.answers(question, path, answer) for (question, path), answer in log.facts.items()
+    )
 
 
 def forget(root: Path) -> None:

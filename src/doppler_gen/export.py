@@ -426,9 +426,7 @@ def orphaned_exports(root: Path, produced: Iterable[str]) -> list[str]:
     A file counts as ours only if it is a JSON object whose ``generator`` is doppler-gen, so a
     hand-made file in that directory is never reported or removed.
     """
-    directory = root / EXPORT_DIR
-    if not directory.is_dir():
-        return []
+    directory = root / EXPORT_DIR  # observed.regular_files: [] when there is no directory
     produced = set(produced)
     found = []
     for path in observed.regular_files(directory):

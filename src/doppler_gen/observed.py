@@ -1,14 +1,22 @@
-"""The bytes and directory listings one `check` actually compared, so only they are remembered.
+"""What one `check` actually looked at, so that only that is remembered as clean.
 
 `check` records a tree as clean (``check_memo``) by its digest, taken before anything is
 compared. Comparing the digests before and after the check is not enough: a file changed while
 the check read it and changed back before the second digest (A, then B, then A again) leaves
-both digests at A, though the check saw B. So every read that decides the result goes through
-this module while a check records (``recording``): ``read_bytes`` and ``missing`` for files,
-``regular_files`` for directories. ``check_memo`` then saves the memo only when each recorded read
-equals what the first digest hashed at the same real path.
+both digests at A, though the check saw B. So every filesystem question whose answer decides the
+result goes through this module while a check records (``recording``):
+- ``read_bytes`` and ``missing``: a file's bytes, or that it was not a readable regular file;
+- ``resolve``: where a path led (a symlink retargeted and restored mid-check reads the right
+  bytes at the wrong place);
+- ``is_symlink``: whether a path was a link;
+- ``regular_files``: a directory's entries and which were files, or that it was no directory.
 
-Outside ``recording`` these functions only read: generate, validate and the rest pay nothing.
+Each answer is keyed by the path as the check named it (absolute, links *not* resolved).
+``check_memo`` saves the memo only when the tree its first digest described answers every
+question the same way.
+
+Outside ``recording`` these functions only do their filesystem work: generate, validate and the
+rest pay nothing.
 """
 
 from __future__ import annotations
@@ -21,22 +29,25 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# a file that the check looked for and did not find, or found but could not read as a file
+# a file that the check looked for and did not find, or found but could not read as a file; a
+# path that did not resolve; a directory that was not there to list
 ABSENT = "absent"
+
+# the kinds of question a log holds (the first half of each key)
+READ, RESOLVE, LINK, LIST = "read", "resolve", "link", "list"
 
 
 @dataclass
 class ReadLog:
-    """What one check read: real path -> sha256 (or ABSENT), real directory -> its names."""
+    """What one check asked: (question, path as named) -> answer."""
 
-    files: dict[str, str] = field(default_factory=dict)
-    # real directory -> (name, whether it was a regular file, links followed) per entry
-    listings: dict[str, tuple[tuple[str, bool], ...]] = field(default_factory=dict)
-    # a path read twice with different results: the tree changed under the check
+    facts: dict[tuple[str, str], object] = field(default_factory=dict)
+    # the same question answered twice differently: the tree changed under the check
     inconsistent: bool = False
 
-    def note(self, table: dict, key: str, value: object) -> None:
-        if table.setdefault(key, value) != value:
+    def note(self, question: str, path: Path, answer: object) -> None:
+        key = (question, named(path))
+        if self.facts.setdefault(key, answer) != answer:
             self.inconsistent = True
 
 
@@ -45,7 +56,7 @@ _LOG: ContextVar[ReadLog | None] = ContextVar("doppler_gen_read_log", default=No
 
 @contextlib.contextmanager
 def recording() -> Iterator[ReadLog]:
-    """Record every read made through this module until the block ends."""
+    """Record every question asked through this module until the block ends."""
     log = ReadLog()
     token = _LOG.set(log)
     try:
@@ -54,39 +65,62 @@ def recording() -> Iterator[ReadLog]:
         _LOG.reset(token)
 
 
-def real(path: Path) -> str:
-    """The key of ``path`` in a log and in ``check_memo``'s snapshot: its real path."""
-    return os.path.realpath(path)
+def named(path: Path | str) -> str:
+    """``path`` made absolute from the working directory, with no link resolved: the key under
+    which a log and ``check_memo``'s snapshot meet."""
+    return os.path.join(os.getcwd(), os.fspath(path))
+
+
+def _note(question: str, path: Path, answer: object) -> None:
+    log = _LOG.get()
+    if log is not None:
+        log.note(question, path, answer)
 
 
 def read_bytes(path: Path) -> bytes:
-    """``path.read_bytes()``, noted while recording (a failed read notes the file ABSENT)."""
-    log = _LOG.get()
+    """``path.read_bytes()``; a failed read is noted as ABSENT."""
     try:
         data = path.read_bytes()
     except OSError:
-        if log is not None:
-            log.note(log.files, real(path), ABSENT)
+        _note(READ, path, ABSENT)
         raise
-    if log is not None:
-        log.note(log.files, real(path), hashlib.sha256(data).hexdigest())
+    _note(READ, path, hashlib.sha256(data).hexdigest())
     return data
 
 
 def missing(path: Path) -> None:
-    """Note that the check relied on ``path`` not being a readable file."""
-    log = _LOG.get()
-    if log is not None:
-        log.note(log.files, real(path), ABSENT)
+    """Note that the check relied on ``path`` not being a readable regular file."""
+    _note(READ, path, ABSENT)
+
+
+def resolve(path: Path) -> Path:
+    """``path.resolve(strict=True)``; FileNotFoundError (a missing path or dangling link) is
+    noted as ABSENT and raised."""
+    try:
+        resolved = path.resolve(strict=True)
+    except FileNotFoundError:
+        _note(RESOLVE, path, ABSENT)
+        raise
+    _note(RESOLVE, path, str(resolved))
+    return resolved
+
+
+def is_symlink(path: Path) -> bool:
+    """``path.is_symlink()``, noted."""
+    answer = path.is_symlink()
+    _note(LINK, path, answer)
+    return answer
 
 
 def regular_files(directory: Path) -> list[Path]:
-    """The regular files (links followed) in ``directory``, sorted; noted while recording with
-    every entry's name and whether it counted, since a check's verdict rests on both (an orphan
-    swapped for a directory of the same name is no longer seen)."""
-    entries = [(path, path.is_file()) for path in sorted(directory.iterdir())]
-    log = _LOG.get()
-    if log is not None:
-        names = tuple((path.name, is_file) for path, is_file in entries)
-        log.note(log.listings, real(directory), names)
+    """The regular files (links followed) in ``directory``, sorted; [] when it is missing or
+    not a directory. Noted with every entry's name and whether it counted, since a check's
+    verdict rests on both (an orphan swapped for a directory of the same name is no longer
+    seen), or as ABSENT."""
+    try:
+        entries = [(path, path.is_file()) for path in sorted(directory.iterdir())]
+    except (FileNotFoundError, NotADirectoryError):
+        _note(LIST, directory, ABSENT)
+        return []
+    _note(LIST, directory, tuple((path.name, is_file) for path, is_file in entries))
     return [path for path, is_file in entries if is_file]

@@ -173,9 +173,13 @@ def _recorded_entries(project: Project) -> dict[str, dict[str, Any]]:
     path = project.root / MANIFEST_PATH
     try:
         if not stat.S_ISREG(path.stat().st_mode):
+            observed.missing(path)
             return {}
         document = json.loads(observed.read_bytes(path).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
+    except OSError:
+        observed.missing(path)  # the verdict rests on there being no manifest to read
+        return {}
+    except (ValueError, RecursionError):
         return {}
     variants = document.get("variants") if isinstance(document, dict) else None
     if not isinstance(variants, dict):
@@ -289,15 +293,12 @@ def compare(plan: Plan, *, diffs: bool = False) -> Status:
 
 
 def _top_level_files(project: Project) -> list[Path]:
-    directory = project.generated_dir
-    if not directory.is_dir():
-        return []
-    return observed.regular_files(directory)
+    return observed.regular_files(project.generated_dir)  # [] when there is no directory
 
 
 def _export_files(project: Project) -> list[Path]:
     directory = project.root / EXPORT_DIR
-    if directory.is_symlink() or not directory.is_dir():
+    if observed.is_symlink(directory):
         return []
     return observed.regular_files(directory)
 

@@ -551,10 +551,10 @@ def _read_template(templates_dir: Path, name: str) -> str:
     shown = f"{TEMPLATES_DIR}/{relative}"
     path = templates_dir.joinpath(*pieces)
     try:
-        resolved = path.resolve(strict=True)
-        inside = resolved.is_relative_to(templates_dir.resolve(strict=True))
+        # through `observed`: a check remembers where each name led, not only the bytes there
+        resolved = observed.resolve(path)
+        inside = resolved.is_relative_to(observed.resolve(templates_dir))
     except FileNotFoundError:
-        observed.missing(path)  # a check whose result rests on an absence remembers it
         raise jinja2.TemplateNotFound(name) from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
         raise TemplateError(f"cannot read: {exc}", location=shown) from None
