@@ -14,15 +14,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, edit, run_cli
 
-from doppler_gen import check_memo, outputs, render
+from doppler_gen import check_memo, observed, outputs, render
 from doppler_gen import cli as cli_module
 from doppler_gen import export as export_module
 
@@ -40,15 +42,16 @@ def assert_confirmed_from_memo(root: Path) -> None:
     assert "unchanged since the last full check" in result.stdout
 
 
-def assert_race_not_remembered(root: Path, monkeypatch) -> None:
+def assert_race_not_remembered(root: Path, monkeypatch, code: int = 1) -> None:
     """A check that raced with the change monkeypatched in passes (the tree it compared was
-    clean) but leaves no memo; with the race undone, plain and full checks both say stale."""
+    clean) but leaves no memo; with the race undone, plain and full checks both fail with
+    ``code`` (1: stale, 2: an error)."""
     assert run_cli(root, "check").exit_code == 0
     monkeypatch.undo()
     memo_saved = memo_file(root).exists()
     plain, full = run_cli(root, "check"), run_cli(root, "check", "--full")
     codes = (memo_saved, plain.exit_code, full.exit_code)
-    assert codes == (False, 1, 1), (codes, plain.stdout + full.stdout)
+    assert codes == (False, code, code), (codes, plain.output + full.output)
 
 
 def assert_not_up_to_date(root: Path, code: int = 1) -> str:
@@ -276,6 +279,142 @@ def test_each_file_is_hashed_once_however_many_links_reach_it(
     assert str(deepest.resolve() / "leaf.j2") in reads
 
 
+def test_one_long_chain_of_links_is_resolved_in_linear_time(fresh_project: Path) -> None:
+    """3,000 links, each to the next, once made the digest quadratic (os.path.realpath
+    re-resolves the rest of the chain for every link) and, past Python's recursion limit,
+    dependent on the stack depth: the second digest never matched the first and no memo was
+    ever saved. Each link now follows at most 40 others, as the kernel does."""
+    chain = fresh_project / "templates/chain"
+    chain.mkdir()
+    (chain / "end").mkdir()
+    (chain / "l3000").symlink_to("end", target_is_directory=True)
+    for index in range(2999, -1, -1):
+        (chain / f"l{index}").symlink_to(f"l{index + 1}", target_is_directory=True)
+    started = time.monotonic()
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    assert time.monotonic() - started < 30
+
+
+def test_a_link_out_of_the_project_is_not_read(fresh_project: Path) -> None:
+    """templates/notes.j2 -> /proc/self/pagemap (never included) was read whole by every
+    digest: a hang. What a link leads to outside the project is not read; were it read, the
+    alarm ends the test instead of the suite."""
+    (fresh_project / "templates/notes.j2").symlink_to("/proc/self/pagemap")
+
+    def timeout(signum, frame):
+        raise TimeoutError("the digest read /proc/self/pagemap")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(30)
+    try:
+        assert run_cli(fresh_project, "check").exit_code == 0
+        assert_confirmed_from_memo(fresh_project)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _zoo(root: Path, outside: Path) -> list[Path]:
+    """Every kind of path a read can meet, under templates/: the paths to ask about."""
+    zoo = root / "templates/zoo"
+    (zoo / "dir/sub").mkdir(parents=True)
+    (zoo / "file.j2").write_text("// file\n")
+    (zoo / "dir/sub/deep.j2").write_text("// deep\n")
+    os.mkfifo(zoo / "fifo")
+    outside.mkdir()
+    (outside / "far.j2").write_text("// far\n")
+    links = {
+        "to_file": "file.j2",
+        "to_dir": "dir",
+        "to_sub_up": "dir/sub/..",
+        "through_file": "file.j2/../file.j2",
+        "dangling": "nothing",
+        "loop_a": "loop_b",
+        "loop_b": "loop_a",
+        "out_file": str(outside / "far.j2"),
+        "out_dir": str(outside),
+        "to_root": "../..",
+        "chain0": "chain1",
+    }
+    for index in range(1, 45):
+        links[f"chain{index}"] = f"chain{index + 1}"
+    links["chain45"] = "file.j2"
+    links["chain39"] = "chain40"  # chain5 is 40 links from file.j2, chain4 one more
+    for name, target in links.items():
+        (zoo / name).symlink_to(target)
+    names = [*links, "file.j2", "dir", "fifo", "missing.j2"]
+    paths = [zoo / name for name in names]
+    paths += [zoo / "to_dir/sub/deep.j2", zoo / "to_dir/missing", zoo / "file.j2/x"]
+    paths += [zoo / "to_sub_up/sub/deep.j2", zoo / "to_root/variants.toml", zoo / "dir/.."]
+    paths += [zoo / "chain5", zoo / "chain4", zoo / "out_dir/far.j2", zoo / "fifo/x"]
+    return paths
+
+
+def _other_answers(question: str, answer: object) -> list[object]:
+    """Answers a racing check could have got instead of ``answer``."""
+    if question == observed.READ:
+        return [observed.ABSENT, "0" * 64] if answer != observed.ABSENT else ["0" * 64]
+    if question == observed.RESOLVE:
+        return ["/elsewhere", observed.ABSENT] if answer != observed.ABSENT else ["/elsewhere"]
+    if question == observed.LINK:
+        return [not answer]
+    if answer == observed.ABSENT:
+        return [()]
+    assert isinstance(answer, tuple)
+    flipped = tuple((name, not is_file) for name, is_file in answer)
+    return [observed.ABSENT, (*answer, ("extra", True)), *([flipped] if answer else [])]
+
+
+def test_the_digest_answers_every_question_as_the_filesystem_does(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """For each path in a zoo of links (dangling, looping, 40 and 41 deep, through a file,
+    out of the project), files, a FIFO and missing names, the snapshot's answer to each
+    question `check` asks is the one the filesystem gives, or "unknown" (no memo): never a
+    different one. The memo's soundness rests on exactly this."""
+    paths = _zoo(fresh_project, tmp_path / "outside")
+    before = check_memo.snapshot(fresh_project)
+    known = 0
+    for path in paths:
+        for question in (observed.READ, observed.RESOLVE, observed.LINK, observed.LIST):
+            with observed.recording() as log:
+                try:
+                    if question == observed.READ:
+                        if path.name != "fifo":  # reading a FIFO blocks; `check` stats first
+                            observed.read_bytes(path)
+                    elif question == observed.RESOLVE:
+                        observed.resolve(path)
+                    elif question == observed.LINK:
+                        observed.is_symlink(path)
+                    else:
+                        observed.regular_files(path)
+                except OSError:
+                    pass
+            for (asked, named), answer in log.facts.items():
+                found = before.lookup(named, follow=asked != observed.LINK)
+                if found is None:
+                    continue
+                known += 1
+                # what no read gets through (a loop, a file used as a directory) agrees with
+                # nothing ("absent" there is not what the renderer saw), nor does a listing of
+                # the root (the digest lists only its three names)
+                listed_root = asked == observed.LIST and found[1] == before.real_root
+                # a listing holding a link out of the project: whether that is a file is
+                # unknown to the digest
+                listed_out = asked == observed.LIST and found[1].endswith("/zoo")
+                if found[0] != check_memo.UNREADABLE and not (listed_root or listed_out):
+                    assert before.answers(asked, named, answer), (asked, path, answer, found)
+                for wrong in _other_answers(asked, answer):
+                    assert not before.answers(asked, named, wrong), (asked, path, wrong, found)
+    assert known > 3 * len(paths)  # most questions were answered, not just "unknown"
+    assert before.lookup(observed.named(paths[0].parent / "chain4")) == (
+        check_memo.UNREADABLE,
+        str(paths[0].parent / "chain4"),
+        f"!{errno.ELOOP}",
+    )
+
+
 # -- 2. the memo and concurrent edits --------------------------------------------------------------
 
 
@@ -458,6 +597,68 @@ def test_symlink_retargeted_and_back_while_the_check_ran_is_not_remembered(
 
     monkeypatch.setattr(outputs, "plan", retarget_while_planning)
     assert_race_not_remembered(fresh_project, monkeypatch)  # B compared: clean at the time
+
+
+@pytest.mark.parametrize("route", ["a chain of 46 links", "a file stepped out of with .."])
+def test_output_no_read_can_open_is_not_remembered_when_a_copy_stood_in(
+    fresh_project: Path, monkeypatch, route: str
+) -> None:
+    """generated/rmsnorm.wgsl leads, in the digest's tree, where the kernel opens nothing
+    (more than 40 links: ELOOP; ``afile/..``: ENOTDIR), though os.path.realpath resolves both
+    to a file with the right bytes. A plain copy stands in while the check reads: that read
+    may not be taken for the tree's."""
+    output = fresh_project / "generated/rmsnorm.wgsl"
+    kept = fresh_project / "kept/rmsnorm.wgsl"
+    kept.parent.mkdir()
+    data = output.read_bytes()
+    kept.write_bytes(data)
+    chain = fresh_project / "chain"
+    chain.mkdir()
+    if route == "a chain of 46 links":
+        (chain / "l46").symlink_to(kept)
+        for index in range(45, -1, -1):
+            (chain / f"l{index}").symlink_to(f"l{index + 1}")
+        target = chain / "l0"
+    else:
+        target = Path("../kept/afile/../rmsnorm.wgsl")
+        (fresh_project / "kept/afile").write_text("a file, not a directory\n")
+    output.unlink()
+    output.symlink_to(target)
+    assert run_cli(fresh_project, "check", "--full").exit_code == 2  # no read gets through
+    real_compare = outputs.compare
+
+    def copy_while_comparing(*args, **kwargs):
+        output.unlink()
+        output.write_bytes(data)
+        try:
+            return real_compare(*args, **kwargs)
+        finally:
+            output.unlink()
+            output.symlink_to(target)
+
+    monkeypatch.setattr(outputs, "compare", copy_while_comparing)
+    assert_race_not_remembered(fresh_project, monkeypatch, code=2)
+
+
+@pytest.mark.parametrize("where", ["generated", "generated/doppler"])
+def test_a_directory_of_outputs_that_cannot_be_listed_is_one_error_line(
+    fresh_project: Path, monkeypatch, where: str
+) -> None:
+    """generated/ or generated/doppler/ searchable but not listable (mode 111 for a user; root
+    reads anything, so the refusal is simulated) once ended `check` in a traceback (exit 3)."""
+    refused = fresh_project / where
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self == refused:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    result = run_cli(fresh_project, "check", "--full")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line == f"error: {where}: cannot list: Permission denied", line
 
 
 def test_unchanged_tree_during_check_is_remembered(fresh_project: Path) -> None:

@@ -26,6 +26,7 @@ means no memo.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import os
@@ -53,8 +54,6 @@ FILE, DIRECTORY, LINK, SPECIAL, UNREADABLE, MISSING = (
     "unreadable",
     "missing",
 )
-# the most symlinks one link may go through before the kernel gives up (ELOOP on Linux)
-_MAX_HOPS = 40
 
 
 @dataclass
@@ -81,7 +80,7 @@ class Snapshot:
         parts = self._parts(path)
         if parts is None:
             return None
-        current, hops = self.real_root, 0
+        current = self.real_root
         while parts:
             part = parts.pop(0)
             if part == "..":
@@ -100,15 +99,18 @@ class Snapshot:
                 return None
             kind, detail = self.entries[here]
             if kind == LINK and (follow or parts):
-                hops += 1
-                if not detail or hops > _MAX_HOPS:  # dangling, or a loop
+                if not detail:  # dangling
                     return (MISSING, here, "")
+                if detail.startswith("!"):  # a loop, or a file used as a directory
+                    return (UNREADABLE, here, detail)
                 here = detail
+                if here not in self.entries:  # outside the project: never read, never known
+                    return None
                 kind, detail = self.entries[here]
             if not parts:
                 return (kind, here, detail)
-            if kind != DIRECTORY:  # a file in the middle of a path: ENOTDIR, nothing there
-                return (MISSING, here, "") if kind in (FILE, SPECIAL) else None
+            if kind != DIRECTORY:  # a file in the middle of a path: ENOTDIR, no read gets on
+                return (UNREADABLE, here, f"!{errno.ENOTDIR}") if kind in (FILE, SPECIAL) else None
             current = here
         return (DIRECTORY, current, "")
 
@@ -130,7 +132,9 @@ class Snapshot:
             return False
         kind, real, detail = found
         if question == observed.READ:
-            return kind == FILE and detail == answer if answer != observed.ABSENT else kind != FILE
+            if answer == observed.ABSENT:  # what the renderer treats as "no such template"
+                return kind in (MISSING, DIRECTORY, SPECIAL)
+            return kind == FILE and detail == answer
         if question == observed.RESOLVE:
             return kind == MISSING if answer == observed.ABSENT else real == answer
         if question == observed.LINK:
@@ -180,27 +184,36 @@ class _Walk:
         except OSError as exc:  # the full check that follows reports it properly
             entry = (UNREADABLE, str(exc.errno))
         self.snapshot.entries[real] = entry
-        if entry[0] == LINK and entry[1]:
-            self.describe(entry[1])  # what the link leads to is part of the tree
+        target = entry[1]
+        if entry[0] == LINK and target and not target.startswith("!") and self._inside(target):
+            self.describe(target)  # what the link leads to is part of the tree
         if entry[0] == DIRECTORY and self._walkable(real):
             self.queue.append(real)
         return entry
 
     @staticmethod
     def _link_target(link: str) -> str:
+        """Where a link leads, as a read would find it (``observed.real_path``): its real path,
+        "" when it dangles, "!errno" when no read could get through (a loop, ENOTDIR)."""
         try:
-            return os.path.realpath(link, strict=True)
-        except (OSError, RuntimeError):  # dangling or a loop: nothing to read there
+            return observed.real_path(link)
+        except FileNotFoundError:
             return ""
+        except OSError as exc:
+            return f"!{exc.errno}"
+
+    def _inside(self, real: str) -> bool:
+        """Whether ``real`` lies in the project (the root included). What a link leads to
+        outside is neither read nor walked: templates must resolve inside templates/,
+        generated/ and generated/doppler/ inside the project, and reading a link to
+        /proc/self/pagemap or walking one to ``/`` would never end. A check that reads there
+        anyway finds `lookup` unable to answer and saves no memo."""
+        root = self.snapshot.real_root
+        return real == root or real.startswith(root.rstrip("/") + "/")
 
     def _walkable(self, real: str) -> bool:
-        """Directories inside the project are walked, the root and the world outside are not:
-        templates must resolve inside templates/, generated/ and generated/doppler/ inside the
-        project, so nothing doppler-gen reads lies outside, and a link to ``/`` or ``/proc``
-        would never end. A check that reads there anyway finds `lookup` unable to answer and
-        saves no memo."""
-        root = self.snapshot.real_root
-        return real != root and real.startswith(root.rstrip("/") + "/")
+        """Directories inside the project are walked; the root is not (only its three names)."""
+        return real != self.snapshot.real_root and self._inside(real)
 
     def run(self) -> None:
         """Describe the three top-level names, then walk every directory they lead to."""

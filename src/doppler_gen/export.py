@@ -429,7 +429,11 @@ def orphaned_exports(root: Path, produced: Iterable[str]) -> list[str]:
     directory = root / EXPORT_DIR  # observed.regular_files: [] when there is no directory
     produced = set(produced)
     found = []
-    for path in observed.regular_files(directory):
+    try:
+        files = observed.regular_files(directory)
+    except OSError as exc:  # an unlistable directory: one line, as for generated/ (outputs)
+        raise DopplerGenError(f"cannot list: {exc.strerror or exc}", location=EXPORT_DIR) from None
+    for path in files:
         relative = path.relative_to(root).as_posix()
         # an interrupted generate's temporary files are leftovers, reported as such; any other
         # file, hidden or not, that says doppler-gen wrote it is an orphan (a hidden copy of

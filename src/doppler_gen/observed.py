@@ -22,8 +22,10 @@ rest pay nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -35,6 +37,8 @@ ABSENT = "absent"
 
 # the kinds of question a log holds (the first half of each key)
 READ, RESOLVE, LINK, LIST = "read", "resolve", "link", "list"
+# the most symlinks one path lookup may follow (Linux's MAXSYMLINKS; ELOOP past it)
+MAX_LINKS = 40
 
 
 @dataclass
@@ -94,15 +98,49 @@ def missing(path: Path) -> None:
 
 
 def resolve(path: Path) -> Path:
-    """``path.resolve(strict=True)``; FileNotFoundError (a missing path or dangling link) is
-    noted as ABSENT and raised."""
+    """The real path ``path`` leads to (``real_path``); FileNotFoundError (a missing path or a
+    dangling link) is noted as ABSENT and raised, any other OSError raised."""
     try:
-        resolved = path.resolve(strict=True)
+        resolved = Path(real_path(path))
     except FileNotFoundError:
         _note(RESOLVE, path, ABSENT)
         raise
     _note(RESOLVE, path, str(resolved))
     return resolved
+
+
+def real_path(path: Path | str) -> str:
+    """Where ``path`` leads, resolved component by component as the kernel opens it: at most
+    MAX_LINKS links (ELOOP), and nothing below a file, not even ``..`` (ENOTDIR).
+
+    Not ``os.path.realpath``: it follows any number of links, recursively, and steps back out of
+    a file through ``..``, so a path it resolves may be one no read can open, and the memo
+    (``check_memo``) must answer exactly as the reads would.
+    """
+    pending = named(path).split("/")[::-1]  # a stack: the next component last
+    current, links = "/", 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        here = os.path.join(current, part)
+        mode = os.lstat(here).st_mode
+        if stat.S_ISLNK(mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path))
+            target = os.readlink(here)
+            if target.startswith("/"):
+                current = "/"
+            pending.extend(target.split("/")[::-1])
+            continue
+        if pending and not stat.S_ISDIR(mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), here)
+        current = here
+    return current
 
 
 def is_symlink(path: Path) -> bool:
@@ -114,13 +152,14 @@ def is_symlink(path: Path) -> bool:
 
 def regular_files(directory: Path) -> list[Path]:
     """The regular files (links followed) in ``directory``, sorted; [] when it is missing or
-    not a directory. Noted with every entry's name and whether it counted, since a check's
-    verdict rests on both (an orphan swapped for a directory of the same name is no longer
-    seen), or as ABSENT."""
+    not a directory (OSError when it cannot be listed). Noted with every entry's name and
+    whether it counted, since a check's verdict rests on both (an orphan swapped for a
+    directory of the same name is no longer seen), or as ABSENT."""
     try:
         entries = [(path, path.is_file()) for path in sorted(directory.iterdir())]
     except (FileNotFoundError, NotADirectoryError):
         _note(LIST, directory, ABSENT)
         return []
+    # any other OSError (a directory that cannot be listed) is the caller's to report
     _note(LIST, directory, tuple((path.name, is_file) for path, is_file in entries))
     return [path for path, is_file in entries if is_file]

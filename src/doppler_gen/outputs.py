@@ -293,14 +293,22 @@ def compare(plan: Plan, *, diffs: bool = False) -> Status:
 
 
 def _top_level_files(project: Project) -> list[Path]:
-    return observed.regular_files(project.generated_dir)  # [] when there is no directory
+    return _files_in(project.generated_dir, GENERATED_DIR)  # [] when there is no directory
 
 
 def _export_files(project: Project) -> list[Path]:
     directory = project.root / EXPORT_DIR
     if observed.is_symlink(directory):
         return []
-    return observed.regular_files(directory)
+    return _files_in(directory, EXPORT_DIR)
+
+
+def _files_in(directory: Path, location: str) -> list[Path]:
+    """The regular files in a directory of outputs; one error line when it cannot be listed."""
+    try:
+        return observed.regular_files(directory)
+    except OSError as exc:
+        raise OutputError(f"cannot list: {exc.strerror or exc}", location=location) from None
 
 
 def leftovers(project: Project) -> list[str]:

@@ -556,7 +556,7 @@ def _read_template(templates_dir: Path, name: str) -> str:
         inside = resolved.is_relative_to(observed.resolve(templates_dir))
     except FileNotFoundError:
         raise jinja2.TemplateNotFound(name) from None
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+    except OSError as exc:  # a symlink loop, a file where a directory should be, no access
         raise TemplateError(f"cannot read: {exc}", location=shown) from None
     if not inside:
         raise TemplateError(
