@@ -62,7 +62,7 @@ def test_the_integer_conversion_is_the_f16_value_times_two_to_the_minus_112() ->
     """Every finite normal f16, in either half of a word, on the adapter (f16 subnormals become
     f32 subnormals, which a driver may flush: they may read as 0 or as their value)."""
     tool = load_tool()
-    trick = tool.TWO_VALUES["trick"].replace("W", "w")
+    trick = tool.TRICK.replace("W", "w")
     wgsl = f"""
 @group(0) @binding(0) var<storage, read> words: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<vec2<f32>>;

@@ -26,17 +26,23 @@ session*).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
-from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from doppler_gen.backends.base import Step, select_adapter
 from doppler_gen.backends.wgpu_backend import WgpuBackend
+from doppler_gen.config import load_project
 from doppler_gen.errors import DopplerGenError
+from doppler_gen.render import Renderer
 from doppler_gen.runtime.measure import Settings, ramp_up
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # every kernel enables f16, `shfl` needs subgroups, and timing needs timestamps
 NEEDED_FEATURES = ("shader-f16", "subgroups", "timestamp-query")
@@ -52,95 +58,83 @@ enable f16;
 override ITERS: u32 = 256u;
 """
 
-# Two values (vec2<f32>) from word W: the modes that feed one multiply-add a value
-TWO_VALUES = {
+# Conversions written W for the word they read: two values (vec2<f32>) a word
+BITS = "vec2<f32>(bitcast<f32>(W & 0x3fffffffu), bitcast<f32>((W >> 2u) & 0x3fffffffu))"
+UNPACK = "unpack2x16float(W)"
+# the f16 conversion by integer operations (times 2^-112): sign to bit 31, the rest << 13
+TRICK = (
+    "vec2<f32>(bitcast<f32>(((W << 13u) & 0x0fffe000u) | ((W << 16u) & 0x80000000u)), "
+    "bitcast<f32>(((W >> 3u) & 0x0fffe000u) | (W & 0x80000000u)))"
+)
+
+
+class Mode(NamedTuple):
+    """One kernel: the f32 values a word becomes (an expression in W: vec2 or vec4) and the
+    multiply-adds each value feeds (vec2 only; a vec4's values feed one each)."""
+
+    expression: str
+    values: int  # per word and iteration: 2 (vec2) or 4 (vec4)
+    fmas: int = 1  # per value
+
+    @property
+    def fmas_per_word(self) -> int:
+        return self.values * self.fmas
+
+
+MODES: dict[str, Mode] = {
     # two integer operations a value: the yardstick the others are read against
-    "bits": "vec2<f32>(bitcast<f32>(W & 0x3fffffffu), bitcast<f32>((W >> 2u) & 0x3fffffffu))",
+    "bits": Mode(BITS, 2),
     # the f16 -> f32 conversion instruction, as the prefill's packed tiles use it
-    "unpack": "unpack2x16float(W)",
-    # the same conversion by integer operations (times 2^-112): sign to bit 31, the rest << 13
-    "trick": "vec2<f32>(bitcast<f32>(((W << 13u) & 0x0fffe000u) | ((W << 16u) & 0x80000000u)), "
-    "bitcast<f32>(((W >> 3u) & 0x0fffe000u) | (W & 0x80000000u)))",
+    "unpack": Mode(UNPACK, 2),
+    "trick": Mode(TRICK, 2),
     # an integer-to-float conversion a value
-    "i2f": "vec2<f32>(f32(W & 0xffffu), f32(W >> 16u))",
+    "i2f": Mode("vec2<f32>(f32(W & 0xffffu), f32(W >> 16u))", 2),
     # one subgroup shuffle a word
-    "shfl": "vec2<f32>(bitcast<f32>(W & 0x3fffffffu), "
-    "subgroupShuffleXor(bitcast<f32>((W >> 2u) & 0x3fffffffu), 1u))",
+    "shfl": Mode(
+        "vec2<f32>(bitcast<f32>(W & 0x3fffffffu), "
+        "subgroupShuffleXor(bitcast<f32>((W >> 2u) & 0x3fffffffu), 1u))",
+        2,
+    ),
     # one exp a word
-    "exp": "vec2<f32>(bitcast<f32>(W & 0x3fffffffu), "
-    "exp(bitcast<f32>((W & 0x007fffffu) | 0x3f800000u)))",
+    "exp": Mode(
+        "vec2<f32>(bitcast<f32>(W & 0x3fffffffu), "
+        "exp(bitcast<f32>((W & 0x007fffffu) | 0x3f800000u)))",
+        2,
+    ),
+    # vec4<f32>(vec4<f16>): how the decode kernels convert K and V (its own loop body, _f16vec)
+    "f16vec": Mode("", 2),
+    # the tiered cold tier's int8 decode: unpack_quant_0 of templates/lib/cold_tier.wgsl.j2
+    "int8magic": Mode("unpack_quant_0(W)", 4),
+    # four bytes by integer-to-float conversions
+    "i2f4": Mode(
+        "vec4<f32>(vec4<u32>(W & 0xffu, (W >> 8u) & 0xffu, (W >> 16u) & 0xffu, W >> 24u))", 4
+    ),
+    # four signed bytes by arithmetic shifts and conversions (int8magic's values)
+    "i2f8s": Mode(
+        "vec4<f32>(vec4<i32>("
+        + ", ".join(f"bitcast<i32>(W << {s}u)" for s in (24, 16, 8, 0))
+        + ") >> vec4<u32>(24u))",
+        4,
+    ),
+    # four multiply-adds a value (a GQA group of 4) beside each conversion
+    "fma4": Mode(UNPACK, 2, 4),
+    "fma4trick": Mode(TRICK, 2, 4),
+    "fma4bits": Mode(BITS, 2, 4),
 }
 
-# mode -> (values produced per word per iteration, multiply-adds per word per iteration)
-MODES: dict[str, tuple[int, int]] = {
-    **dict.fromkeys(TWO_VALUES, (2, 2)),
-    "f16vec": (2, 2),  # vec4<f32>(vec4<f16>): how the decode kernels convert K and V
-    "int8magic": (4, 4),  # the tiered cold tier's int8 decode (templates/lib/cold_tier.wgsl.j2)
-    "i2f4": (4, 4),  # four bytes by integer-to-float conversions
-    "i2f8s": (4, 4),  # four signed bytes by arithmetic shifts and conversions (int8magic's values)
-    "fma4": (2, 8),  # unpack2x16float feeding 4 multiply-adds a value (a GQA group of 4)
-    "fma4trick": (2, 8),  # the integer conversion feeding 4 multiply-adds a value
-    "fma4bits": (2, 8),  # the yardstick feeding 4 multiply-adds a value
-}
 
-
-def _two_values(mode: str) -> Callable[[int], list[str]]:
-    expression = TWO_VALUES[mode]
-
-    def body(j: int) -> list[str]:
-        return [
-            f"        w{j} = w{j} + 0x00010001u;",
-            f"        let v{j} = {expression.replace('W', f'w{j}')};",
-            f"        a{j} = fma(v{j}, vec2<f32>(1.0001), a{j});",
-        ]
-
-    return body
-
-
-def _four_fmas(expression: str) -> Callable[[int], list[str]]:
-    def body(j: int) -> list[str]:
-        lines = [
-            f"        w{j} = w{j} + 0x00010001u;",
-            f"        let v{j} = {expression.replace('W', f'w{j}')};",
-        ]
-        lines += [f"        a{j} = fma(v{j}, vec2<f32>({c}), a{j});" for c in FMA_CONSTANTS]
-        return lines
-
-    return body
-
-
-def _int8magic(j: int) -> list[str]:
-    bits = (
-        f"(vec4<u32>(lo{j}, lo{j}, hi{j}, hi{j}) & vec4<u32>(0xffu, 0xff00u, 0xffu, 0xff00u))"
-        " | vec4<u32>(0x4b000000u)"
-    )
-    return [
+def _loop_body(mode: Mode, j: int) -> list[str]:
+    """Word j's lines in the loop: step it, convert it, multiply-add the values."""
+    lines = [
         f"        w{j} = w{j} + 0x00010001u;",
-        f"        let lo{j} = w{j} ^ 0x80808080u; let hi{j} = lo{j} >> 16u;",
-        f"        let v{j} = fma(bitcast<vec4<f32>>({bits}), vec4<f32>(1.0, 0.00390625, 1.0, "
-        "0.00390625), vec4<f32>(-8388736.0, -32896.0, -8388736.0, -32896.0));",
-        f"        a{j} = fma(v{j}.xy, vec2<f32>(1.0001), a{j});",
-        f"        a{j} = fma(v{j}.zw, vec2<f32>(1.0001), a{j});",
+        f"        let v{j} = {mode.expression.replace('W', f'w{j}')};",
     ]
-
-
-def _i2f4(j: int) -> list[str]:
-    return [
-        f"        w{j} = w{j} + 0x00010001u;",
-        f"        let v{j} = vec4<f32>(vec4<u32>(w{j} & 0xffu, (w{j} >> 8u) & 0xffu, "
-        f"(w{j} >> 16u) & 0xffu, w{j} >> 24u));",
-        f"        a{j} = fma(v{j}.xy, vec2<f32>(1.0001), a{j});",
-        f"        a{j} = fma(v{j}.zw, vec2<f32>(1.0001), a{j});",
-    ]
-
-
-def _i2f8s(j: int) -> list[str]:
-    shifted = ", ".join(f"bitcast<i32>(w{j} << {s}u)" for s in (24, 16, 8, 0))
-    return [
-        f"        w{j} = w{j} + 0x00010001u;",
-        f"        let v{j} = vec4<f32>(vec4<i32>({shifted}) >> vec4<u32>(24u));",
-        f"        a{j} = fma(v{j}.xy, vec2<f32>(1.0001), a{j});",
-        f"        a{j} = fma(v{j}.zw, vec2<f32>(1.0001), a{j});",
+    if mode.values == 4:
+        return lines + [
+            f"        a{j} = fma(v{j}.{xy}, vec2<f32>(1.0001), a{j});" for xy in ("xy", "zw")
+        ]
+    return lines + [
+        f"        a{j} = fma(v{j}, vec2<f32>({c}), a{j});" for c in FMA_CONSTANTS[: mode.fmas]
     ]
 
 
@@ -157,41 +151,36 @@ def _f16vec(j: int) -> list[str]:
     ]
 
 
-def _body(mode: str) -> Callable[[int], list[str]]:
-    if mode in TWO_VALUES:
-        return _two_values(mode)
-    special: dict[str, Callable[[int], list[str]]] = {
-        "int8magic": _int8magic,
-        "i2f4": _i2f4,
-        "i2f8s": _i2f8s,
-        "f16vec": _f16vec,
-        "fma4": _four_fmas(TWO_VALUES["unpack"]),
-        "fma4trick": _four_fmas(TWO_VALUES["trick"]),
-        "fma4bits": _four_fmas(TWO_VALUES["bits"]),
-    }
-    if mode not in special:
-        raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
-    return special[mode]
+@functools.cache
+def _cold_tier_decode() -> str:
+    """The int8 decode functions as the kernels' template renders them."""
+    renderer = Renderer(load_project(REPO_ROOT))
+    source = '{% import "lib/cold_tier.wgsl.j2" as cold_tier %}{{ cold_tier.unpack_quant("int8") }}'
+    return renderer.env.from_string(source).render().strip("\n")
 
 
-def kernel(mode: str) -> str:
+def kernel(name: str) -> str:
     """The WGSL of one mode's kernel."""
-    body = _body(mode)
-    lines = [
-        HEADER,
+    if name not in MODES:
+        raise ValueError(f"unknown mode {name!r} (known: {', '.join(MODES)})")
+    mode = MODES[name]
+    lines = [HEADER]
+    if name == "int8magic":
+        lines.append(_cold_tier_decode())
+    lines += [
         f"@compute @workgroup_size({WORKGROUP})",
         "fn main(@builtin(global_invocation_id) g: vec3<u32>) {",
     ]
     for j in range(WORDS):
         lines.append(f"    var w{j}: u32 = seed[(g.x * {WORDS}u + {j}u) % {SEED_WORDS}u];")
         lines.append(f"    var a{j}: vec2<f32> = vec2<f32>(0.0);")
-    if mode == "f16vec":
+    if name == "f16vec":
         for k in range(WORDS // 2):
             pair = f"unpack2x16float(w{2 * k}), unpack2x16float(w{2 * k + 1})"
             lines.append(f"    var h{k}: vec4<f16> = vec4<f16>(vec4<f32>({pair}));")
     lines.append("    for (var i: u32 = 0u; i < ITERS; i++) {")
     for j in range(WORDS):
-        lines += body(j)
+        lines += _f16vec(j) if name == "f16vec" else _loop_body(mode, j)
     lines.append("    }")
     total = " + ".join(f"a{j}.x + a{j}.y" for j in range(WORDS))
     lines.append(f"    out[g.x] = {total};")
@@ -221,8 +210,8 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     clocks_per_sm = args.ghz * 1e9 * args.sms * 1e-9  # SM-clocks per ns
     results: dict[str, list[float]] = {}
     for round_index in range(args.rounds):
-        for mode, (values, fmas) in MODES.items():
-            pipeline = device.compile(kernel(mode), constants={"ITERS": args.iters}, label=mode)
+        for name, mode in MODES.items():
+            pipeline = device.compile(kernel(name), constants={"ITERS": args.iters}, label=name)
             step = Step(pipeline, {0: seed, 1: out}, (groups, 1, 1))
             # as bench does: run until the clock has risen (an idle GPU sits at a low clock)
             ramp_up(
@@ -233,11 +222,11 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
             )
             runs = device.timed_run([step], repeats=args.repeats, warmup=10)
             ns = statistics.median(r.total_ns for r in runs)
-            results.setdefault(mode, []).append(ns)
+            results.setdefault(name, []).append(ns)
             print(
-                f"{mode:10s} round {round_index}: {ns / 1e3:9.1f} us  "
-                f"elements/clk/SM {words * values / (ns * clocks_per_sm):7.1f}  "
-                f"FMA/clk/SM {words * fmas / (ns * clocks_per_sm):7.1f}",
+                f"{name:10s} round {round_index}: {ns / 1e3:9.1f} us  "
+                f"elements/clk/SM {words * mode.values / (ns * clocks_per_sm):7.1f}  "
+                f"FMA/clk/SM {words * mode.fmas_per_word / (ns * clocks_per_sm):7.1f}",
                 flush=True,
             )
     return results
