@@ -122,6 +122,37 @@ def test_quick_tier_adds_no_size_cases_and_tiers_are_deterministic() -> None:
         tier_name(quick=True, large=True)
 
 
+SPLIT_VARIANTS = sorted(
+    name
+    for name, entry in MANIFEST.items()
+    if entry["family"] == "tiled"
+    and any(o["name"] == "KV_SPLITS" for p in entry["passes"] for o in p["overrides"])
+)
+
+
+@pytest.mark.parametrize("tier", ["default", "large"])
+@pytest.mark.parametrize("name", SPLIT_VARIANTS)
+def test_split_kernels_get_splits_longer_than_two_key_tiles(name: str, tier: str) -> None:
+    """Every split of one case holds more than two of the kernel's key tiles (its TILE_KEYS, or
+    256 keys), so rescaling across a split's tiles is judged below the bench shapes."""
+    entry = MANIFEST[name]
+    splits = entry["pipeline_constants"].get("KV_SPLITS")
+    tile = 256
+    for record in entry["passes"]:
+        splits = splits or next(
+            (o["default"] for o in record["overrides"] if o["name"] == "KV_SPLITS"), None
+        )
+        tile = max(tile, record["constants"].get("TILE_KEYS", 0))
+    long = [s for s in size_specs(entry, tier, 0) if s.kv_len > 2 * tile * splits]
+    assert long and all(s.query_len == 1 and s.num_heads == 4 for s in long)
+    assert max(s.head_dim for s in long) == entry["metadata"]["max_head_dim"]
+
+
+def test_kernels_without_splits_get_no_long_split_case() -> None:
+    names = [s.name for s in size_specs(MANIFEST["attention"], "default", 0)]
+    assert names and not any(n.startswith("long splits") for n in names)
+
+
 def test_head_dims_cover_small_and_model_sizes_up_to_the_maximum() -> None:
     assert head_dims(64) == [1, 8, 13, 16, 24, 32, 40, 48, 56, 64]
     assert head_dims(100)[-1] == 100 and 96 in head_dims(100)

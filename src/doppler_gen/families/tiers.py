@@ -111,7 +111,7 @@ def tiled_sizes(entry: Mapping[str, Any], tier: str, seed: int) -> list[CaseSpec
     hd = int(meta["max_head_dim"])
     rng = np.random.default_rng([seed, 10])
     sizes = _within_max_kv_len(SIZES[tier], meta.get("max_kv_len"))
-    specs = tiled_size_specs(hd, sizes)
+    specs = tiled_size_specs(hd, sizes) + _long_splits(entry)
     specs += [_random_tiled(rng, i, hd, sizes) for i in range(sizes.random_cases)]
     return _seeded(specs, seed)
 
@@ -244,6 +244,38 @@ def tiled_size_specs(max_head_dim: int, s: TierSizes) -> list[CaseSpec]:
         ),
     ]
     return specs + _tiled_model(hd, s)
+
+
+def _long_splits(entry: Mapping[str, Any]) -> list[CaseSpec]:
+    """A split-KV kernel (one whose passes read a KV_SPLITS override) decoding a cache long
+    enough that every split holds more than two of its key tiles (TILE_KEYS, at least 256).
+
+    The tiers' other lengths put ~64 keys in each of 33 splits, so a split's key loop would
+    run once and its online-softmax rescaling across tiles or iterations would never be
+    checked below the bench shapes.
+    """
+    splits, tile = None, 0
+    for record in entry.get("passes", []):
+        for override in record.get("overrides", []):
+            if override["name"] == "KV_SPLITS":
+                splits = int(override["default"])
+        tile = max(tile, int(record.get("constants", {}).get("TILE_KEYS", 0)))
+    if splits is None:
+        return []
+    splits = int(entry.get("pipeline_constants", {}).get("KV_SPLITS", splits))
+    per_split = 2 * max(tile, 256) + 37
+    kv_len = splits * per_split
+    return [
+        CaseSpec(
+            f"long splits: {kv_len} keys, {per_split} in each of {splits} splits",
+            num_heads=4,
+            num_kv_heads=1,
+            head_dim=int(entry["metadata"]["max_head_dim"]),
+            query_len=1,
+            kv_len=kv_len,
+            start_pos=kv_len - 1,
+        )
+    ]
 
 
 def _tiled_heads(hd: int) -> list[CaseSpec]:
