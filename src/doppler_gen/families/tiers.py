@@ -18,6 +18,7 @@ offset beyond some value dropped) pass every small case.
 | tiered cold_len | MAX_KV_LEN - hot, capped at 16384 | MAX_KV_LEN - hot |
 | cold K/V magnitudes | rows spanning 4 decades (int8/int4 scales too) | same |
 | model shapes | 64/8 tiled and 32/8 tiered decodes of 1031 keys | 8219 keys; 32/8 prefill |
+| split-KV splits | > 2 key tiles (TILE_KEYS or 256 keys) in each of KV_SPLITS | same |
 | random mixtures | 4 seeded (heads, lengths, offsets, layouts, windows, softcap) | 8 |
 
 Everything comes from the manifest entry's metadata (``max_head_dim``, ``max_kv_len``, the cold
