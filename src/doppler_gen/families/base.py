@@ -219,3 +219,16 @@ def element_types(entry: Mapping[str, Any]) -> dict[str, str]:
         for b in p["bindings"]
         if b["element_type"]
     }
+
+
+def constant_values(
+    entry: Mapping[str, Any], pipeline_constants: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Every pass's constants and override defaults, then ``pipeline_constants`` set on them:
+    the values a variant's kernel runs with (the manifest entry's, or a run's own)."""
+    values: dict[str, float] = {}
+    for record in entry["passes"]:
+        values.update(record["constants"])
+        values.update({o["name"]: o["default"] for o in record["overrides"]})
+    values.update(pipeline_constants or {})
+    return values

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.families.attention import CaseSpec
+from doppler_gen.families.base import constant_values
 
 # Head dims every kernel is swept over (those up to its max_head_dim, plus the max itself):
 # each multiple of 8 to 128, then each multiple of 32 (the head sizes of real models: 64, 80,
@@ -255,15 +256,10 @@ def _long_splits(entry: Mapping[str, Any]) -> list[CaseSpec]:
     run once and its online-softmax rescaling across tiles or iterations would never be
     checked below the bench shapes.
     """
-    splits, tile = None, 0
-    for record in entry.get("passes", []):
-        for override in record.get("overrides", []):
-            if override["name"] == "KV_SPLITS":
-                splits = int(override["default"])
-        tile = max(tile, int(record.get("constants", {}).get("TILE_KEYS", 0)))
-    if splits is None:
+    if not any(o["name"] == "KV_SPLITS" for p in entry.get("passes", []) for o in p["overrides"]):
         return []
-    splits = int(entry.get("pipeline_constants", {}).get("KV_SPLITS", splits))
+    values = constant_values(entry, entry.get("pipeline_constants"))
+    splits, tile = int(values["KV_SPLITS"]), int(values.get("TILE_KEYS", 0))
     per_split = 2 * max(tile, 256) + 37
     kv_len = splits * per_split
     return [

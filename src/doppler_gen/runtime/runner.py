@@ -33,6 +33,7 @@ from doppler_gen.families.base import (
     UNIFORM,
     CaseData,
     Family,
+    constant_values,
 )
 from doppler_gen.render import RenderedKernel, RenderedPass
 from doppler_gen.sampling import judge_sampled
@@ -200,12 +201,7 @@ class KernelRunner:
 
     def constant_values(self) -> dict[str, float]:
         """Override defaults of every pass, then the pipeline constants set on them."""
-        values: dict[str, float] = {}
-        for record in self.entry["passes"]:
-            values.update(record["constants"])
-            values.update({o["name"]: o["default"] for o in record["overrides"]})
-        values.update(self.constants)
-        return values
+        return constant_values(self.entry, self.constants)
 
     # -- prepare ------------------------------------------------------------------------------
 
