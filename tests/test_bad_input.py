@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, edit, line_of, run_cli, run_process, snapshot
+from conftest import (
+    assert_one_line_error,
+    edit,
+    line_of,
+    project_snapshot,
+    run_cli,
+    run_process,
+    snapshot,
+)
 
 Where = Callable[[str], int]
 
@@ -389,6 +397,15 @@ CASES: list[tuple[str, Mutation, str]] = [
         "name too long: the file name of generated/",
     ),
     (
+        "override-breaking-a-family-constraint",
+        toml_at(
+            'output = "generated/rmsnorm.wgsl"',
+            'output = "generated/rmsnorm.wgsl"\noverrides = { WORKGROUP_SIZE = 0x200 }',
+            "overrides = { WORKGROUP_SIZE = 0x200 }",
+        ),
+        "WORKGROUP_SIZE 512 must be a power of two <= MAX_WORKGROUP_SIZE 256 (a constraint of",
+    ),
+    (
         "missing-included-file",
         Mutation(LIB, DELETE, MAIN, at('"lib/attention_common.wgsl.j2"')),
         "included template 'lib/attention_common.wgsl.j2' not found",
@@ -495,6 +512,21 @@ def test_bad_input(fresh_project: Path, mutation: Mutation, expected: str) -> No
         assert snapshot(fresh_project / "generated") == before
     assert not (fresh_project / "evil.wgsl").exists()
     assert not (fresh_project.parent / "evil.wgsl").exists()
+
+
+def test_a_variants_toml_that_is_not_utf8_names_the_line_and_column(fresh_project: Path) -> None:
+    """A Latin-1 comment was reported as a byte offset into the file."""
+    path = fresh_project / "variants.toml"
+    data = path.read_bytes()
+    at = data.index(b"[[variant]]", 2000)
+    path.write_bytes(data[:at] + "# é ".encode() + b"caf\xe9\n" + data[at:])
+    where = data.count(b"\n", 0, at) + 1
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        assert location_of(line) == f"variants.toml:{where}", line
+        assert "not valid UTF-8: byte 0xe9 at column 8" in line, line  # characters: é is one
 
 
 def test_cases_have_unique_ids() -> None:
@@ -856,6 +888,24 @@ def test_a_template_source_that_is_not_a_file_says_what_it_is(
     )
 
 
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [(os.mkfifo, "is a FIFO in templates/, not a file"), (os.mkdir, "is a directory in")],
+    ids=["fifo", "directory"],
+)
+def test_an_included_template_that_is_not_a_file_says_what_it_is(
+    fresh_project: Path, make: Callable[[Path], None], expected: str
+) -> None:
+    """An include of a FIFO or a directory said "not found" though something was there."""
+    lib = fresh_project / "templates/lib/attention_common.wgsl.j2"
+    lib.unlink()
+    make(lib)
+    result = run_process(fresh_project, "check")  # a real process: reading a FIFO would hang
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = assert_one_line_error(result.stderr)
+    assert f"included template 'lib/attention_common.wgsl.j2' {expected}" in line, line
+
+
 # -- templates that break Jinja itself ------------------------------------------------------------
 
 
@@ -948,16 +998,48 @@ def _check_stale_then_generate_repairs(root: Path) -> None:
 def test_malformed_manifest_entries_count_as_absent(
     fresh_project: Path, key: str, value: object
 ) -> None:
-    """A partial generate keeps the other variants' recorded entries: a damaged one is dropped
-    (as if absent), never a crash; check then calls the manifest stale and generate repairs it."""
+    """A partial generate keeps the other variants' recorded entries, never a crash. One
+    damaged where doppler-gen reads it counts as absent, and the partial generate refuses (it
+    would drop that variant from the manifest); one damaged elsewhere (``file``,
+    ``bindings``) is carried over as recorded. Either way check calls the manifest stale and a
+    full generate repairs it."""
+    from doppler_gen.manifest import well_formed_entry
+
     _damage_entries(fresh_project, key, value)
+    recorded = json.loads((fresh_project / "generated/manifest.json").read_text())["variants"]
+    before = project_snapshot(fresh_project)
     partial = run_cli(fresh_project, "generate", "attention_small_f16kv")
-    assert partial.exit_code == 0, partial.output + partial.stderr
+    if well_formed_entry(recorded["attention"]):
+        assert partial.exit_code == 0, partial.output + partial.stderr
+    else:
+        assert partial.exit_code == 2, partial.output + partial.stderr
+        line = assert_one_line_error(partial.stderr)
+        assert "generated/manifest.json: no usable entry for 2 variant(s) not named" in line
+        assert project_snapshot(fresh_project) == before
     _check_stale_then_generate_repairs(fresh_project)
 
 
-def test_a_manifest_nested_too_deeply_is_stale_not_a_crash(fresh_project: Path) -> None:
-    (fresh_project / "generated/manifest.json").write_text("[" * 100_000 + "]" * 100_000)
-    assert run_cli(fresh_project, "generate", "attention").exit_code == 0
-    (fresh_project / "generated/manifest.json").write_text("[" * 100_000 + "]" * 100_000)
-    _check_stale_then_generate_repairs(fresh_project)
+@pytest.mark.parametrize(
+    "manifest",
+    ["[" * 100_000 + "]" * 100_000, "{garbage", "[1]", '{"variants": 5}', None],
+)
+def test_a_partial_generate_refuses_a_manifest_it_cannot_keep_entries_from(
+    fresh_project: Path, manifest: str | None
+) -> None:
+    """Unreadable, nested too deeply for the decoder, of the wrong shape, or missing: a
+    partial generate once wrote a manifest and export of the named variant alone (exit 0)."""
+    path = fresh_project / "generated/manifest.json"
+    if manifest is None:
+        path.unlink()
+    else:
+        path.write_text(manifest, encoding="utf-8")
+    edit(fresh_project / "templates/rmsnorm.wgsl.j2", "one row per workgroup", "one row per WG")
+    before = project_snapshot(fresh_project)
+    partial = run_cli(fresh_project, "generate", "rmsnorm")
+    assert partial.exit_code == 2, partial.output + partial.stderr
+    line = assert_one_line_error(partial.stderr)
+    assert "generated/manifest.json: no usable entry for" in line, line
+    assert "run `doppler-gen generate` without names" in line
+    assert project_snapshot(fresh_project) == before
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert run_cli(fresh_project, "check").exit_code == 0

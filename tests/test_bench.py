@@ -681,3 +681,26 @@ def test_every_measurement_runs_on_a_device_of_its_own(monkeypatch: pytest.Monke
     assert [r["status"] for r in rows] == ["ok"] * 4
     assert len(opened) == 1 + 4
     assert len({id(d) for d in opened}) == 5
+
+
+@needs_cpu_adapter
+def test_a_bench_that_timed_nothing_exits_1() -> None:
+    """rmsnorm asked for a decode shape only: every row n/a, nothing measured (once exit 0)."""
+    result = run_cli(
+        REPO_ROOT,
+        "bench",
+        "rmsnorm",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--copy-mib",
+        "0",
+        "--no-baseline",
+        "--shape",
+        "decode:kv=64",
+        "--json",
+    )
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert document["ok"] is False
+    assert [row["status"] for row in document["rows"]] == ["n/a"]

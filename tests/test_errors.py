@@ -140,7 +140,12 @@ def test_json_usage_errors_are_a_json_object_on_stdout(fresh_project: Path) -> N
         (("check", "--no-such-option"), "error: No such option '--no-such-option'."),
         (("--no-such-option", "check"), "error: No such option '--no-such-option'."),
         (("no-such-command",), "error: No such command 'no-such-command'."),
-        (("validate", "--quick", "--large"), "error: --quick and --large are exclusive"),
+        (("validate", "--quick", "--large"), "error: tiers large and quick asked at once"),
+        (("validate", "--quick", "--tier", "large"), "error: tiers large and quick asked at once"),
+        (("validate", "--large", "--tier", "quick"), "error: tiers large and quick asked at once"),
+        (("tune", "x", "--time-limit", "nan"), "error: Invalid value for '--time-limit': nan is"),
+        (("tune", "x", "--time-limit", "inf"), "error: Invalid value for '--time-limit': inf is"),
+        (("tune", "x", "--shape", "a", "--shape", "b"), "error: --shape given 2 times: tune"),
         (("bench", "--warmup", "-1"), "error: Invalid value for '--warmup': -1 is not in"),
     ],
 )
@@ -158,6 +163,12 @@ def test_usage_errors_are_one_line(
 def test_help_is_still_help() -> None:
     result = CliRunner().invoke(cli, ["check", "--help"], prog_name="doppler-gen")
     assert result.exit_code == 0 and result.stdout.startswith("Usage: doppler-gen check")
+
+
+@pytest.mark.parametrize(("command", "how_often"), [("bench", "repeatable"), ("tune", "once")])
+def test_shape_help_says_how_often_shape_may_be_given(command: str, how_often: str) -> None:
+    result = CliRunner().invoke(cli, [command, "--help"], prog_name="doppler-gen")
+    assert f"Shapes (--shape KIND[:key=value,...], {how_often};" in result.stdout
 
 
 # -- control characters in what the user wrote --------------------------------------------------------
@@ -500,3 +511,20 @@ def test_cpu_bench_estimates_its_duration_and_batches_warmups(fresh_project: Pat
     )
     rows = json.loads(result.stdout)["rows"]
     assert rows[0]["status"] == "ok" and rows[0]["timing"]["runs"] == 20
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (("show", "attention_f16kvv"), "(did you mean attention_f16kv, "),
+        (("generate", "zzz*"), "(`doppler-gen list` shows the "),
+    ],
+)
+def test_an_unknown_variant_gets_a_short_hint_not_every_name(
+    fresh_project: Path, args: tuple[str, ...], hint: str
+) -> None:
+    """Every name on one line was some 3,000 characters."""
+    result = run_cli(fresh_project, *args)
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert hint in line and len(line) < 200, line

@@ -394,6 +394,92 @@ def test_interrupt_in_the_middle_restores_the_old_tree(fresh_project: Path, monk
     assert generated_tree(fresh_project) == before
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a terminal: a shell's background job (the test
+    slices of .ci/test) starts with SIGINT ignored, and a held Ctrl-C then rightly does
+    nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
+def test_ctrl_c_right_after_a_rename_waits_for_a_consistent_tree(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """A SIGINT that landed after a rename and before its undo record left that file new and
+    every other old (and, elsewhere, a backup or a staged file behind). It now waits."""
+    grow_every_kernel(fresh_project, 1)
+    real_replace = os.replace
+    calls = []
+
+    def replace_then_ctrl_c(source, destination):
+        real_replace(source, destination)
+        calls.append(destination)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(outputs.os, "replace", replace_then_ctrl_c)
+    result = run_cli(fresh_project, "generate")
+    monkeypatch.undo()
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.stderr
+    assert len(calls) > 2  # the transaction went on to its end
+    assert not list((fresh_project / "generated").rglob("*.tmp"))
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0  # all new
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
+def test_signals_held_during_a_transaction_act_after_it() -> None:
+    from doppler_gen.interrupts import deferred_signals
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with deferred_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            assert seen == []  # held
+        assert seen == [signal.SIGTERM]  # delivered to the handler that was in place
+        with pytest.raises(KeyboardInterrupt), deferred_signals():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
+def test_a_failure_while_a_signal_is_held_is_what_is_reported() -> None:
+    """A rollback that could not restore a file says so; the Ctrl-C held meanwhile must not
+    turn that into a bare "interrupted"."""
+    from doppler_gen.errors import DopplerGenError
+    from doppler_gen.interrupts import deferred_signals
+
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    with pytest.raises(DopplerGenError, match="COULD NOT RESTORE"), deferred_signals():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        raise DopplerGenError("cannot write: EIO; COULD NOT RESTORE generated/x.wgsl")
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_an_ignored_sigterm_stays_ignored() -> None:
+    from doppler_gen.interrupts import sigterm_raises
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with sigterm_raises():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def read_only(directory: Path) -> Iterator[None]:
     """Make ``directory`` read-only: a read-only bind mount as root (which ignores modes)."""
@@ -439,8 +525,13 @@ def test_read_only_project_that_is_up_to_date(fresh_project: Path) -> None:
 
 
 @pytest.mark.skipif(not ROOT, reason="chattr +i needs root")
-@pytest.mark.parametrize("immutable", ["generated/attention_f16.wgsl", "generated"])
-def test_immutable_kernel_or_directory(fresh_project: Path, immutable: str) -> None:
+@pytest.mark.parametrize(
+    ("immutable", "named"),
+    [("generated/attention_f16.wgsl", "generated/attention_f16.wgsl"), ("generated", "generated/")],
+)
+def test_immutable_kernel_or_directory(fresh_project: Path, immutable: str, named: str) -> None:
+    """The error names what refused: the kernel, or the directory (whose first staged file,
+    the manifest, was once named instead)."""
     target = fresh_project / immutable
     if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not supported here")
@@ -450,8 +541,7 @@ def test_immutable_kernel_or_directory(fresh_project: Path, immutable: str) -> N
         result = run_cli(fresh_project, "generate")
         assert result.exit_code == 2, result.output
         line = assert_one_line_error(result.stderr)
-        assert line.startswith("error: generated/attention"), line
-        assert ": cannot write: Operation not permitted" in line, line
+        assert line.startswith(f"error: {named}: cannot write: Operation not permitted"), line
         assert "nothing was changed" in line
         assert generated_tree(fresh_project) == before
     finally:

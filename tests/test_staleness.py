@@ -5,10 +5,13 @@
    and a template found missing in a directory the digest never walked (behind a link out of
    the project, or unlistable); with them, link chains that crashed or slowed the digest;
 2. a tree that changed while `check` ran (the memo recorded the digest of a tree it never saw),
-   or changed and changed back (a file, a symlink's target, a directory moved away), and a
-   failing full check that left the old memo in place;
+   or changed and changed back (a file, a symlink's target, a directory moved away), a tree
+   edited in two places while the memo's one walk passed (it hashed as the clean tree), a link
+   out of the project whose target turned from a directory into a file, and a failing full
+   check that left the old memo in place;
 3. code that changed under an unchanged version string (the Jinja bytecode cache, and the memo,
-   were keyed on versions);
+   were keyed on versions), a subpackage behind a symlink (not hashed), and bytecode that
+   Python ran though its source had changed at the same size in the same second;
 4. templates that run Python or read the environment (the memo cannot see what they read).
 """
 
@@ -172,18 +175,25 @@ def test_template_included_from_a_pycache_directory_is_hashed(fresh_project: Pat
     assert "generated/ is out of date" in assert_not_up_to_date(fresh_project)
 
 
-@pytest.mark.parametrize(("where", "target"), [("templates", "/"), ("generated", "/proc/self")])
+@pytest.mark.parametrize(
+    ("where", "target", "remembered"),
+    [("templates", "/", True), ("generated", "/proc/self", False)],
+)
 def test_links_to_huge_directories_outside_the_project_are_not_walked(
-    fresh_project: Path, where: str, target: str
+    fresh_project: Path, where: str, target: str, remembered: bool
 ) -> None:
     """A link to / or /proc inside templates/ or generated/ once made the digest walk the
     whole filesystem (a hang); nothing doppler-gen reads can lie there, so only the link
-    text counts."""
+    text counts. In generated/ the check still asks whether the link leads to a file (an
+    orphan): the digest never looked, so no memo is saved
+    (`test_a_link_out_of_the_project_that_turned_into_a_file_is_seen`)."""
     link = fresh_project / where / "everything"
     link.symlink_to(target, target_is_directory=True)
     started = time.monotonic()
     assert run_cli(fresh_project, "check").exit_code == 0
-    assert_confirmed_from_memo(fresh_project)
+    assert memo_file(fresh_project).exists() == remembered
+    if remembered:
+        assert_confirmed_from_memo(fresh_project)
     assert time.monotonic() - started < 30
     link.unlink()
     link.symlink_to("/usr", target_is_directory=True)  # retargeted: the memo no longer holds
@@ -661,6 +671,44 @@ def test_a_directory_of_outputs_that_cannot_be_listed_is_one_error_line(
     assert line == f"error: {where}: cannot list: Permission denied", line
 
 
+def test_a_tree_mixed_by_one_walk_is_not_confirmed_from_the_memo(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """The memo's walk read templates/ before a template was edited and generated/ after a
+    hand edit there was reverted: a tree stale throughout hashed as the clean one. The
+    snapshot below stands in for that walk; the second walk sees the edit."""
+    assert run_cli(fresh_project, "check").exit_code == 0
+    clean = check_memo.snapshot(fresh_project)
+    edit(fresh_project / LIB_FILE, LIB_ANCHOR, "// causal mask")
+    real_snapshot = check_memo.snapshot
+    walks = []
+
+    def mixed_then_real(root):
+        walks.append(root)
+        return clean if len(walks) == 1 else real_snapshot(root)
+
+    monkeypatch.setattr(check_memo, "snapshot", mixed_then_real)
+    assert_not_up_to_date(fresh_project)
+    assert len(walks) >= 2
+
+
+def test_a_link_out_of_the_project_that_turned_into_a_file_is_seen(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """generated/extra.wgsl -> a directory outside the project: the check found no orphan
+    there (a directory is not an output), and the memo, which never looks outside, took that
+    for a fact of the tree. Then the directory became a copy of a kernel."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (fresh_project / "generated/extra.wgsl").symlink_to(outside)
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert not memo_file(fresh_project).exists()  # what lay outside was never in the digest
+    outside.rmdir()
+    shutil.copy(fresh_project / "generated/attention.wgsl", outside)
+    assert_not_up_to_date(fresh_project)
+    assert "orphaned: generated/extra.wgsl" in run_cli(fresh_project, "check").stdout
+
+
 def test_unchanged_tree_during_check_is_remembered(fresh_project: Path) -> None:
     assert run_cli(fresh_project, "check").exit_code == 0
     assert memo_file(fresh_project).is_file()
@@ -728,6 +776,143 @@ def test_memo_is_keyed_on_the_code_not_on_versions(
     source = sorted(copy.glob("*.py"))[-1]
     source.write_bytes(source.read_bytes() + b"\n# an edit that keeps the version\n")
     assert check_memo.tree_digest(fresh_project) != before
+
+
+def _package_copy(tmp_path: Path, monkeypatch, package: str = "doppler_gen") -> Path:
+    """A copy of ``package`` that the digest hashes in its place."""
+    real = check_memo._package_dir(package)
+    assert real is not None
+    copy = Path(shutil.copytree(real, tmp_path / "code" / package))
+    monkeypatch.setattr(
+        check_memo,
+        "_package_dir",
+        lambda name, real_dir=check_memo._package_dir: copy if name == package else real_dir(name),
+    )
+    return copy
+
+
+def test_a_subpackage_behind_a_symlink_is_hashed(
+    fresh_project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """src/doppler_gen/families as a link to the real directory: Python imports through it,
+    and the digest walked past it."""
+    copy = _package_copy(tmp_path, monkeypatch)
+    real = copy.parent / "families_real"
+    (copy / "families").rename(real)
+    (copy / "families").symlink_to(real)
+    before = check_memo.tree_digest(fresh_project)
+    module = real / "rmsnorm.py"
+    module.write_bytes(module.read_bytes() + b"\n# an edit behind the link\n")
+    assert check_memo.tree_digest(fresh_project) != before
+
+
+def test_a_link_back_up_a_package_is_walked_once(
+    fresh_project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    copy = _package_copy(tmp_path, monkeypatch)
+    (copy / "families" / "loop").symlink_to(copy)
+    first = check_memo.tree_digest(fresh_project)
+    assert check_memo.tree_digest(fresh_project) == first  # ends, and the same every time
+    module = copy / "render.py"
+    module.write_bytes(module.read_bytes() + b"\n# an edit\n")
+    assert check_memo.tree_digest(fresh_project) != first
+
+
+def test_a_compile_time_warning_is_not_taken_for_stale_bytecode(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Under -W error, compiling a source with an invalid escape raises SyntaxError, which
+    read as "no longer compiles": a sound cache was refused."""
+    import warnings
+
+    from doppler_gen import bytecode
+
+    _stale_module(tmp_path, monkeypatch, "warning_pkg", "PATTERN = '\\d'\n", edit=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bytecode.running_code_is_on_disk(("warning_pkg",))
+
+
+def test_a_package_walk_neither_blocks_on_a_fifo_nor_walks_a_huge_tree(
+    fresh_project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Following links, the package walk could open a FIFO (a read that never ends) or walk
+    all of / through a link. A FIFO is recorded by its kind; a tree too large for a package
+    gets a digest of its own every time, so no memo is confirmed with it."""
+    copy = _package_copy(tmp_path, monkeypatch)
+    os.mkfifo(copy / "families" / "pipe.py")
+    first = check_memo.tree_digest(fresh_project)
+    assert check_memo.tree_digest(fresh_project) == first
+    monkeypatch.setattr(check_memo, "_PACKAGE_ENTRIES_MAX", 10)
+    assert check_memo.tree_digest(fresh_project) != check_memo.tree_digest(fresh_project)
+
+
+def _stale_module(
+    tmp_path: Path, monkeypatch, name: str, text: str = "VALUE = 1\n", *, edit: bool = True
+) -> Path:
+    """Package ``name`` whose module ``text`` Python runs from its cache: compiled and
+    imported, then (``edit``) changed at the same size with its time put back (as `touch -r`
+    does), so that the cache holds other code than the source."""
+    import importlib
+    import py_compile
+    import sys
+    import warnings
+
+    package = tmp_path / "importable" / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    source = package / "settings.py"
+    source.write_text(text, encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delitem(sys.modules, f"{name}.settings", raising=False)
+    importlib.import_module(f"{name}.settings")
+    if not edit:
+        return source
+    assert sys.modules[f"{name}.settings"].VALUE == 1
+    times = source.stat()
+    source.write_text("VALUE = 2\n", encoding="utf-8")
+    os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns))
+    return source
+
+
+def test_bytecode_of_other_code_than_its_source_is_refused(tmp_path: Path, monkeypatch) -> None:
+    from doppler_gen import bytecode
+    from doppler_gen.errors import DopplerGenError
+
+    source = _stale_module(tmp_path, monkeypatch, "stale_code_pkg")
+    with pytest.raises(DopplerGenError) as error:
+        bytecode.running_code_is_on_disk(("stale_code_pkg",))
+    assert error.value.location == str(source)
+    assert "delete that cache" in str(error.value)
+    bytecode.running_code_is_on_disk(("doppler_gen",))  # the real package runs its sources
+
+
+def test_bytecode_python_did_not_accept_is_not_held_against_it(tmp_path: Path, monkeypatch) -> None:
+    """A source whose size or time no longer matches its cache was compiled afresh on
+    import (the stale cache stays when bytecode is not written): nothing to refuse."""
+    from doppler_gen import bytecode
+
+    source = _stale_module(tmp_path, monkeypatch, "recompiled_pkg")
+    source.write_text("VALUE = 22\n", encoding="utf-8")  # another size
+    bytecode.running_code_is_on_disk(("recompiled_pkg",))
+
+
+def test_check_and_generate_refuse_to_run_on_bytecode_of_other_code(
+    fresh_project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The first check on such bytecode found the tree clean by the old code, and the memo
+    kept that verdict under the new sources' digest."""
+    _stale_module(tmp_path, monkeypatch, "stale_render_pkg")
+    monkeypatch.setattr(outputs, "EDITED_PACKAGES", ("doppler_gen", "stale_render_pkg"))
+    for command in ("check", "generate"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, result.output
+        assert "settings.py: Python ran" in assert_one_line_error(result.stderr)
+    assert not memo_file(fresh_project).exists()
 
 
 def test_memo_lives_in_the_project(fresh_project: Path, tmp_path: Path, monkeypatch) -> None:

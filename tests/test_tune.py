@@ -565,7 +565,8 @@ def test_tune_of_an_unknown_variant_is_one_line() -> None:
     [
         ("bogus=1", "bogus is neither a tunable parameter of template attention_decode_split"),
         ("unroll=maybe", "'maybe' is not true or false"),
-        ("kv_splits=many", "'many' is not a number"),
+        ("kv_splits=many", "'many' is not an integer"),
+        ("kv_splits=1.5", "'1.5' is not an integer"),
         ("kv_splits", "expected NAME=V1,V2,..."),
     ],
 )

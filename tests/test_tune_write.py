@@ -80,6 +80,72 @@ def test_a_refused_write_still_prints_and_writes_the_report(
     assert json.loads(as_json.stdout)["written"]["refused"] is True  # one document on stdout
 
 
+def test_an_unwritable_variants_toml_is_refused_in_one_line_with_the_report(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`chattr +i variants.toml` (or a full disk) made --write exit 3 and lose the report."""
+    import errno
+
+    def refuse(path: Path, text: str) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    run = _synthetic_run(fresh_project, full_validation="PASS")
+    monkeypatch.setattr("doppler_gen.tune.run_tune", lambda *args, **kwargs: run)
+    monkeypatch.setattr("doppler_gen.tune._atomic", refuse)
+    before = project_snapshot(fresh_project)
+    output = tmp_path / "tune.json"
+    result = run_cli(fresh_project, "tune", VARIANT, "--write", "--output", str(output))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert "variants.toml: Operation not permitted; nothing written" in line
+    assert "winner: block_size=32 HEAD_TILE=32" in result.stdout
+    assert json.loads(output.read_text(encoding="utf-8"))["written"]["refused"] is True
+    assert project_snapshot(fresh_project) == before
+
+
+def test_a_variants_toml_that_cannot_be_restored_says_so(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """generated/ refused the winner, and variants.toml then refused its old text."""
+    from doppler_gen import tune
+    from doppler_gen.errors import DopplerGenError
+    from doppler_gen.outputs import OutputError
+
+    def refuse(plan: Any) -> Any:
+        raise OutputError("planted failure", location="generated/")
+
+    writes = []
+
+    def second_write_fails(path: Path, text: str) -> None:
+        writes.append(text)
+        if len(writes) == 2:
+            raise OSError(28, "No space left on device")
+        real_atomic(path, text)
+
+    real_atomic = tune._atomic
+    monkeypatch.setattr("doppler_gen.outputs.write", refuse)
+    monkeypatch.setattr(tune, "_atomic", second_write_fails)
+    with pytest.raises(DopplerGenError) as error:
+        write_winner(load_project(fresh_project), _synthetic_run(fresh_project, "PASS"))
+    assert "No space left on device; it holds the winner, but generated/ does not" in str(
+        error.value
+    )
+    assert str(error.value).endswith("(generated/: planted failure)")  # why generated/ failed
+
+
+def test_ctrl_c_while_generated_is_written_restores_variants_toml(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(plan: Any) -> Any:
+        raise KeyboardInterrupt
+
+    before = (fresh_project / "variants.toml").read_bytes()
+    monkeypatch.setattr("doppler_gen.outputs.write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_winner(load_project(fresh_project), _synthetic_run(fresh_project, "PASS"))
+    assert (fresh_project / "variants.toml").read_bytes() == before
+
+
 MULTILINE = '''description = """attention_f16kv tiled 16 x 64
 [not a table header: a line of the description]
 [[nor this]]

@@ -216,7 +216,11 @@ class BenchRun:
 
     @property
     def ok(self) -> bool:
-        return not any(row.status == "FAIL" for row in self.rows)
+        """No output was wrong, and something was timed: a run of nothing but n/a rows (no
+        variant selected runs any shape asked for) measured nothing, as `validate` with no
+        case run checked nothing."""
+        statuses = [row.status for row in self.rows]
+        return "FAIL" not in statuses and "ok" in statuses
 
     def baseline_for(self, row: BenchRow) -> BaselineResult | None:
         return self.baselines.get((row.shape, row.baseline_dtype or ""))
@@ -683,8 +687,9 @@ def _pct(value: float | None) -> str:
 def _summary(run: BenchRun, baseline_ok: bool) -> str:
     counts = {s: sum(r.status == s for r in run.rows) for s in ("ok", "n/a", "FAIL")}
     ratio = "; ×torch > 1 is slower than torch" if baseline_ok else ""
+    nothing = "" if counts["ok"] else " Nothing was timed (exit 1)."
     return (
-        f"{counts['ok']} timed, {counts['n/a']} n/a, {counts['FAIL']} failed. "
+        f"{counts['ok']} timed, {counts['n/a']} n/a, {counts['FAIL']} failed.{nothing} "
         "bytes: bound buffers read once + output written once; FLOPs: the useful operations "
         f"of each shape, as its family counts them (JSON methodology){ratio}."
     )

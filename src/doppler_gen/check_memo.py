@@ -17,9 +17,12 @@ same answer from the tree that digest describes (``Snapshot.lookup``, which reso
 way the kernel would, and says "unknown" outside what was walked), and a second digest
 afterwards must equal it (``remember_clean``).
 
-When the digest equals the one stored after the last clean full check, the tree is clean by
-construction. Any difference, or a missing or unreadable memo, means a full check. The memo lives
-in the project's ``.doppler-gen/`` (``state``); it is safe to lose, and a full filesystem only
+When the digest equals the one stored after the last clean full check, and a second digest
+taken after the memo was read equals it too (one walk of a tree being edited can mix two
+states), the tree is clean by construction. The full check also refuses to run on bytecode
+that is not its source (``bytecode``), so what it found clean was found by the code hashed.
+Any difference, or a missing or unreadable memo, means a full check. The memo lives in the
+project's ``.doppler-gen/`` (``state``); it is safe to lose, and a full filesystem only
 means no memo.
 """
 
@@ -37,12 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from doppler_gen import observed
+from doppler_gen.bytecode import CODE_PACKAGES
 from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, TEMPLATES_DIR
 from doppler_gen.state import ensure_state_dir, read_state_file, state_dir, write_state_file
 
 MEMO_NAME = "check-memo"
-# the packages whose code shapes what `check` and `generate` produce
-CODE_PACKAGES = ("doppler_gen", "jinja2", "markupsafe")
 
 
 # what an entry of the tree is, as the snapshot saw it (``Snapshot.entries``)
@@ -145,10 +147,13 @@ class Snapshot:
             return False
         if self.listings.get(real) != tuple(sorted(name for name, _ in answer)):
             return False
-        return all(
-            ((self.lookup(os.path.join(real, name)) or ("",))[0] == FILE) == is_file
-            for name, is_file in answer
-        )
+        for name, is_file in answer:
+            entry = self.lookup(os.path.join(real, name))
+            # a link out of the project leads where the snapshot never looked: no answer,
+            # not "not a file" (what lies there may have been a directory then, a file now)
+            if entry is None or (entry[0] == FILE) != is_file:
+                return False
+        return True
 
 
 _TOP_NAMES = (CONFIG_NAME, TEMPLATES_DIR, GENERATED_DIR)
@@ -257,26 +262,55 @@ def _file_sha(path: str) -> str:
     return digest.hexdigest()
 
 
+# a code package walked past this many entries is not one (a link to / or /usr): its digest is
+# made unique, so no memo is ever confirmed with it, and the walk stops
+_PACKAGE_ENTRIES_MAX = 20_000
+
+
 def _hash_package(sha: Any, package: str, directory: Path) -> None:
-    """Every source file of one code package (``__pycache__`` and bytecode left out)."""
+    """Every source file of one code package (``__pycache__`` and bytecode left out).
+
+    A subpackage that is a symlink to a directory is imported like any other, so links are
+    followed; a directory reached a second time (a link back up the tree) is walked once, in
+    name order, so that the path that reaches it first is the same on every run. What is not a
+    regular file (a FIFO, a device) is recorded by its kind and never opened.
+    """
     files: list[tuple[str, str]] = []
-    unlistable: list[str] = []
+    problems: list[str] = []  # directories not listed, and directories reached again
+    walked: set[str] = set()
     for parent, dirnames, filenames in os.walk(
-        directory, onerror=lambda exc: unlistable.append(f"{exc.filename} {exc.errno}")
+        directory,
+        followlinks=True,
+        onerror=lambda exc: problems.append(f"unlistable {exc.filename} {exc.errno}"),
     ):
-        dirnames[:] = [name for name in dirnames if name != "__pycache__"]
+        real = os.path.realpath(parent)
+        if real in walked:
+            dirnames[:] = []
+            problems.append(f"again {os.path.relpath(parent, directory)} {real}")
+            continue
+        walked.add(real)
+        dirnames[:] = sorted(name for name in dirnames if name != "__pycache__")
         for name in filenames:
             if not name.endswith((".pyc", ".pyo")):
                 path = os.path.join(parent, name)
                 files.append((os.path.relpath(path, directory), path))
+        if len(files) + len(walked) > _PACKAGE_ENTRIES_MAX:
+            sha.update(_line(package, "too large to hash", os.urandom(16).hex()))
+            return
     for name, path in sorted(files):
-        try:
-            content = _file_sha(path)
-        except OSError as exc:
-            content = f"unreadable {exc.errno}"
-        sha.update(_line(package, name, content))
-    for problem in sorted(unlistable):
-        sha.update(_line(package, "unlistable", problem))
+        sha.update(_line(package, name, _source_content(path)))
+    for problem in sorted(problems):
+        sha.update(_line(package, problem))
+
+
+def _source_content(path: str) -> str:
+    """sha256 of a package file, or what it is instead (never blocking on a FIFO or device)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return "not a regular file"
+        return _file_sha(path)
+    except OSError as exc:
+        return f"unreadable {exc.errno}"
 
 
 def _package_dir(name: str) -> Path | None:
@@ -323,10 +357,18 @@ def _memo_path(root: Path) -> Path:
     return state_dir(root) / MEMO_NAME
 
 
-def is_known_clean(root: Path, digest: str) -> bool:
-    """True when ``digest`` (of the tree now) is the one a full `check` found clean."""
+def is_known_clean(root: Path, before: Snapshot) -> bool:
+    """True when the tree is the one a full `check` found clean: ``before`` (taken first) has
+    the digest the memo holds, and a second digest taken now is the same.
+
+    One walk is not a snapshot: an edit to a file it had already passed and a revert of one
+    it had not yet reached can make a tree that was stale throughout hash as the clean one.
+    The second walk reads every entry again after both, so it sees the first edit.
+    """
     data = read_state_file(_memo_path(root), limit=256)
-    return data is not None and data.strip() == digest.encode()
+    if data is None or data.strip() != before.digest.encode():
+        return False
+    return snapshot(root).digest == before.digest
 
 
 def remember_clean(root: Path, before: Snapshot, log: observed.ReadLog) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 import traceback
@@ -305,7 +306,7 @@ def check(state: State, as_json: bool, full: bool) -> None:
     with observed.recording() as reads:
         # a config error is reported the same way with or without the memo
         project = load_project(root)
-        if not full and check_memo.is_known_clean(root, before.digest):
+        if not full and check_memo.is_known_clean(root, before):
             if as_json:
                 click.echo(json.dumps(_check_json(None, fix, memo=True), indent=2, sort_keys=True))
             else:
@@ -627,8 +628,9 @@ def validate(
     from doppler_gen.validate import backend_names, format_report, validate_all
     from doppler_gen.validate import validate as validate_one
 
-    if quick and large:
-        raise click.UsageError("--quick and --large are exclusive")
+    asked = {name for name, on in (("quick", quick), ("large", large), (tier, tier)) if on}
+    if len(asked) > 1:  # --tier once won silently over --quick / --large
+        raise click.UsageError(f"tiers {' and '.join(sorted(asked))} asked at once: pick one")
     backends = backend_names(backend)
     show_bar = sys.stderr.isatty() and not as_json
     bar = None
@@ -728,6 +730,22 @@ def _format_doctor(report: dict[str, Any]) -> str:
     if not report["available"]:
         return f"backend: {report['backend']} — unavailable: {report['error']}"
     return format_doctor(report)
+
+
+def _one_shape(texts: tuple[str, ...]) -> str:
+    """tune's --shape: one (a second one was once taken silently instead of the first)."""
+    if len(texts) > 1:
+        raise click.UsageError(
+            f"--shape given {len(texts)} times: tune times its candidates on one shape"
+        )
+    return texts[0]
+
+
+def _finite(value: float | None) -> float | None:
+    """A float option's value, refusing nan and inf (click's ranges let nan through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value:g} is not a finite number.")
+    return value
 
 
 def _timing_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -846,18 +864,26 @@ class ShapesCommand(click.Command):
     The kinds come from the family registry when help is shown, so the CLI names none itself.
     """
 
+    shapes_repeatable = True
+
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from doppler_gen.shapes import describe_kinds
 
+        once = "repeatable" if self.shapes_repeatable else "once"
         formatter.write_paragraph()
         formatter.write_text(
-            "Shapes (--shape KIND[:key=value,...], repeatable; omitted keys take the defaults "
-            "shown):"
+            f"Shapes (--shape KIND[:key=value,...], {once}; omitted keys take the defaults shown):"
         )
         with formatter.indentation():
             for line in describe_kinds():
                 formatter.write_text(line)
         formatter.write_text("A shape a variant cannot run is reported n/a (reason).")
+
+
+class OneShapeCommand(ShapesCommand):
+    """The same help for a command that takes one --shape."""
+
+    shapes_repeatable = False
 
 
 @cli.command(cls=ShapesCommand)
@@ -926,7 +952,8 @@ def bench(
     device profile's peak bandwidth (or of a measured copy), and the ratio to the family's torch
     baseline (SDPA for attention) when torch with CUDA is importable. Refuses a CPU adapter
     unless --allow-cpu. Each output is judged before timing (NaN/Inf anywhere, sampled rows
-    against float64): a wrong one is FAIL, not timed, and the exit status is 1.
+    against float64): a wrong one is FAIL, not timed, and the exit status is 1; so it is when
+    nothing was timed (every row n/a).
     """
     from doppler_gen.bench import (
         BenchRequest,
@@ -968,14 +995,14 @@ def bench(
     sys.exit(0 if run.ok else 1)
 
 
-@cli.command(cls=ShapesCommand)
+@cli.command(cls=OneShapeCommand)
 @click.argument("name", shell_complete=complete_variants)
 @click.option(
     "--shape",
-    "shape_text",
-    default=None,
+    "shape_texts",
+    multiple=True,  # so that a second --shape is refused, not silently taken instead
     metavar="KIND:k=v,...",
-    help="The shape candidates are timed on. Default: the family's default bench shape.",
+    help="The shape candidates are timed on (one). Default: the family's default bench shape.",
 )
 @click.option(
     "--max-candidates",
@@ -987,6 +1014,7 @@ def bench(
 @click.option(
     "--time-limit",
     type=click.FloatRange(min=0, min_open=True),
+    callback=lambda _ctx, _param, value: _finite(value),
     default=None,
     metavar="SECONDS",
     help="Start no candidate after SECONDS (the current configuration always runs); the report, "
@@ -1019,7 +1047,7 @@ def bench(
 def tune(
     state: State,
     name: str,
-    shape_text: str | None,
+    shape_texts: tuple[str, ...],
     max_candidates: int,
     time_limit: float | None,
     space: tuple[str, ...],
@@ -1054,7 +1082,7 @@ def tune(
     _check_writable("--output", output)  # before measuring, and before --write changes files
     request = TuneRequest(
         name=name,
-        shape=parse_shape(shape_text) if shape_text else None,
+        shape=parse_shape(_one_shape(shape_texts)) if shape_texts else None,
         backend=backend,
         adapter=adapter,
         limits=limits,

@@ -9,6 +9,7 @@ validation can trust it. Errors name the file and, where the TOML text lets us f
 from __future__ import annotations
 
 import bisect
+import difflib
 import errno
 import io
 import math
@@ -23,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from doppler_gen import observed
-from doppler_gen.errors import ConfigError
+from doppler_gen.errors import ConfigError, not_utf8
 from doppler_gen.expressions import Expression, ExpressionError
 from doppler_gen.expressions import parse as parse_expression
 
@@ -253,8 +254,16 @@ class Project:
         for variant in self.variants:
             if variant.name == name:
                 return variant
-        known = ", ".join(v.name for v in self.variants)
-        raise ConfigError(f"unknown variant {name!r} (known: {known})")
+        raise ConfigError(f"unknown variant {name!r} ({self.name_hint(name)})")
+
+    def name_hint(self, name: str) -> str:
+        """The nearest variant names, or where to find them all: a list of every name (over 70,
+        some 3,000 characters) buried the one the user meant."""
+        names = [v.name for v in self.variants]
+        near = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        if near:
+            return f"did you mean {', '.join(near)}?"
+        return f"`doppler-gen list` shows the {len(names)} variants"
 
 
 def find_root(start: Path) -> Path:
@@ -281,11 +290,17 @@ def read_config(root: Path, *, newline: str | None) -> str:
             raise ConfigError(f"{path}: not a regular file; doppler-gen refuses to read it")
         # through `observed`, so a check remembers the exact bytes it parsed
         data = observed.read_bytes(path)
-        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline=newline).read()
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # where it is, not a byte offset into the file
+        line, message = not_utf8(data, exc)
+        where = f"{CONFIG_NAME}:{line}"
+        raise ConfigError(f"{message}; TOML files are UTF-8", location=where) from None
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline=newline).read()
 
 
 def parse_project(root: Path, text: str) -> Project:

@@ -21,6 +21,15 @@ def printable(text: str) -> str:
     return _CONTROL_RE.sub(lambda match: repr(match.group())[1:-1], text)
 
 
+def not_utf8(data: bytes, error: UnicodeDecodeError) -> tuple[int, str]:
+    """(line, message) for bytes that are not UTF-8: the line and the column as an editor
+    counts them (characters, not bytes, before the bad one)."""
+    line = data.count(b"\n", 0, error.start) + 1
+    before = data[data.rfind(b"\n", 0, error.start) + 1 : error.start]
+    column = len(before.decode("utf-8", "replace")) + 1
+    return line, f"not valid UTF-8: byte 0x{data[error.start]:02x} at column {column}"
+
+
 class DopplerGenError(Exception):
     """A problem with the user's input or environment, reported as one line."""
 

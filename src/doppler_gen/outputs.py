@@ -8,12 +8,15 @@ Writing is one transaction under the project's generate lock (``state.generate_l
 2. each old file is hard-linked to a backup name of the same shape, then the temporary file is
    renamed over it; kernels first, then orphans are renamed to backup names, the manifest last;
 3. on success the backups are deleted; on any failure (a full disk, a read-only or immutable
-   file, an interrupt) every renamed file is put back from its backup, so the tree is all old
-   or all new, and the error is one line.
-A process killed with SIGKILL can still stop between two renames; every file is then its old or
-its new version, and the backups are still there: `check` names the stale files and reports the
-temporary files (``leftovers``) as the sign of an interrupted run, and the next `generate`
-finishes the job and deletes them.
+   file) every renamed file is put back from its backup, so the tree is all old or all new,
+   and the error is one line.
+Ctrl-C and SIGTERM are held while the transaction runs (``interrupts``): one that landed
+between a rename and the record of it could leave that file new and the rest old. They act
+once the tree is all new (or, after a failure, all old). A process killed with SIGKILL can
+still stop between two renames; every file is then its old or its new version, and the backups
+are still there: `check` names the stale files and reports the temporary files
+(``leftovers``) as the sign of an interrupted run, and the next `generate` finishes the job
+and deletes them.
 
 A file in ``generated/`` that no variant produces is removed only when it is a ``*.wgsl`` file
 whose bytes are exactly what the manifest records doppler-gen wrote at that path. Any other file
@@ -36,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from doppler_gen import observed
-from doppler_gen.config import GENERATED_DIR, Project, Variant
+from doppler_gen.bytecode import EDITED_PACKAGES, running_code_is_on_disk
+from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, Project, Variant
 from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.export import EXPORT_DIR, export_files, orphaned_exports
+from doppler_gen.interrupts import deferred_signals
 from doppler_gen.manifest import (
     MANIFEST_PATH,
     build_manifest,
@@ -95,8 +100,7 @@ def select(project: Project, patterns: tuple[str, ...]) -> list[Variant]:
     for pattern in patterns:
         matched = [v for v in project.variants if fnmatch.fnmatchcase(v.name, pattern)]
         if not matched:
-            known = ", ".join(v.name for v in project.variants)
-            raise ConfigError(f"no variant matches {pattern!r} (known: {known})")
+            raise ConfigError(f"no variant matches {pattern!r} ({project.name_hint(pattern)})")
         chosen.extend(v for v in matched if v not in chosen)
     return [v for v in project.variants if v in chosen]
 
@@ -115,6 +119,7 @@ def plan(
         check_metadata(variant, module)
         kernels[variant.name] = kernel
         entries[variant.name] = variant_entry(kernel, module)
+        _check_family_constraints(variant, entries[variant.name])
     files = {
         rendered.output: rendered.text
         for name, kernel in kernels.items()
@@ -125,7 +130,28 @@ def plan(
     result = Plan(project, kernels, files, full, entries, selected)
     files[MANIFEST_PATH] = build_manifest(entries) if full else partial_manifest(result)
     files.update(plan_exports(result))
+    running_code_is_on_disk(EDITED_PACKAGES)  # what rendered is what the sources say
     return result
+
+
+def _check_family_constraints(variant: Variant, entry: dict[str, Any]) -> None:
+    """A variant's override values meet its family's constraints, the ones `tune` prunes its
+    candidates by (``Family.constraints``): rmsnorm with WORKGROUP_SIZE = 512 over its
+    256-slot reduction once generated, then failed validation by its numbers alone."""
+    if not variant.overrides:
+        return
+    from doppler_gen.families import get_family
+
+    constants = {o["name"]: o["default"] for p in entry["passes"] for o in p["overrides"]}
+    constants.update(variant.overrides)
+    unmet = get_family(entry["family"]).constraints(entry, constants)
+    if unmet:
+        named = [name for name in variant.overrides if re.search(rf"\b{re.escape(name)}\b", unmet)]
+        line = variant.override_lines.get(named[0], variant.line) if named else variant.line
+        raise ConfigError(
+            f"variant {variant.name!r}: {unmet} (a constraint of the {entry['family']} family)",
+            location=f"{CONFIG_NAME}:{line}" if line else CONFIG_NAME,
+        )
 
 
 def plan_exports(plan: Plan) -> dict[str, str]:
@@ -159,8 +185,24 @@ def partial_manifest(plan: Plan) -> str:
     entries of the selected variants replaced. The others keep the sha256 (and the rest) of
     what was last written for them, since their files are not touched."""
     entries = dict(_recorded_entries(plan.project))
+    _refuse_unrecorded(plan, entries)
     entries.update({name: plan.entries[name] for name in plan.selected})
     return build_manifest(entries)
+
+
+def _refuse_unrecorded(plan: Plan, recorded: dict[str, dict[str, Any]]) -> None:
+    """A partial generate takes every other variant's entry from the manifest on disk; one
+    without a usable entry (a missing, unreadable or damaged manifest, a variant never
+    generated) would silently drop out of the manifest and the export: refuse instead."""
+    absent = [v.name for v in plan.project.variants if v.name not in plan.selected]
+    absent = [name for name in absent if name not in recorded]
+    if absent:
+        raise OutputError(
+            f"no usable entry for {len(absent)} variant(s) not named ({absent[0]}"
+            f"{', ...' if len(absent) > 1 else ''}), which a partial generate keeps from it; "
+            "run `doppler-gen generate` without names to rebuild it",
+            location=MANIFEST_PATH,
+        )
 
 
 def _recorded_entries(project: Project) -> dict[str, dict[str, Any]]:
@@ -459,6 +501,10 @@ class Transaction:
         disk still records every orphan, so a run killed half-way leaves orphans that the next
         run may remove.
         """
+        with deferred_signals():  # a Ctrl-C between a rename and its undo record: module doc
+            self._run(changes, removals)
+
+    def _run(self, changes: dict[str, str], removals: list[str]) -> None:
         current = ""
         kernels = [r for r in changes if r != MANIFEST_PATH]
         steps = [
@@ -468,7 +514,9 @@ class Transaction:
         ]
         try:
             for relative, text in changes.items():
-                current = relative
+                # a temporary file is created in the directory: a failure there (immutable,
+                # read-only, full) is the directory's, not the file's it was for
+                current = f"{Path(relative).parent.as_posix()}/"
                 self.staged[self.root / relative] = stage(self.root / relative, text)
             for step, relative in steps:
                 current = relative
@@ -553,10 +601,12 @@ def stage(path: Path, content: str | bytes) -> Path:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory and rename over the target."""
-    temporary = stage(path, text)
-    try:
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    """Write via a temporary file in the same directory and rename over the target (signals
+    held until the temporary file is renamed or gone)."""
+    with deferred_signals():
+        temporary = stage(path, text)
+        try:
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise

@@ -30,6 +30,7 @@ import math
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 import time
@@ -46,7 +47,7 @@ import jinja2.sandbox
 
 from doppler_gen import observed
 from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant
-from doppler_gen.errors import TemplateError
+from doppler_gen.errors import TemplateError, not_utf8
 from doppler_gen.formats import QUANT_BITS
 
 HEADER_MARK = "AUTO-GENERATED from"
@@ -293,8 +294,9 @@ class Renderer:
         except jinja2.TemplateSyntaxError as exc:
             raise _syntax_error(exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
+            missing = _not_a_template(self.project.templates_dir, exc.name)
             raise TemplateError(
-                f"template {exc.name!r} not found in {TEMPLATES_DIR}/ (variant {variant.name})",
+                f"template {exc.name!r} {missing} (variant {variant.name})",
                 location=spec.source_path,
             ) from None
         try:
@@ -303,8 +305,9 @@ class Renderer:
             raise _syntax_error(exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
             where = _template_frame(sys.exc_info()[2], self.project.templates_dir)
+            missing = _not_a_template(self.project.templates_dir, exc.name)
             raise TemplateError(
-                f"included template {exc.name!r} not found in {TEMPLATES_DIR}/ (variant {variant.name})",
+                f"included template {exc.name!r} {missing} (variant {variant.name})",
                 location=where,
             ) from None
         except _TemplateFailure as exc:
@@ -542,6 +545,25 @@ def normalize(lines: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 # -- template helpers -----------------------------------------------------------------------
 
 
+def _not_a_template(templates_dir: Path, name: object) -> str:
+    """Why ``name`` gave no template, for the error: absent, or something that is no file (a
+    directory or FIFO, which the loader treats as absent so that ``ignore missing`` holds)."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    pieces = str(name).replace("\\", "/").split("/")
+    if str(name).startswith("/") or ".." in pieces:  # refused by the loader, whatever is there
+        return f"not found in {TEMPLATES_DIR}/"
+    try:
+        mode = templates_dir.joinpath(*pieces).stat().st_mode
+    except (OSError, ValueError):
+        return f"not found in {TEMPLATES_DIR}/"
+    what = next((kind for test, kind in kinds if test(mode)), None)
+    if what is None and not stat.S_ISREG(mode):
+        what = "a device"
+    return (
+        f"is {what} in {TEMPLATES_DIR}/, not a file" if what else f"not found in {TEMPLATES_DIR}/"
+    )
+
+
 def _read_template(templates_dir: Path, name: str) -> str:
     """Read ``templates/NAME``, refusing anything outside templates/ (see ``Renderer._read``)."""
     pieces = [piece for piece in name.replace("\\", "/").split("/") if piece not in ("", ".")]
@@ -574,12 +596,8 @@ def _read_template(templates_dir: Path, name: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise TemplateError(
-            f"not valid UTF-8: byte 0x{data[exc.start]:02x} at column {column}",
-            location=f"{shown}:{line}",
-        ) from None
+        line, message = not_utf8(data, exc)
+        raise TemplateError(message, location=f"{shown}:{line}") from None
 
 
 class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):

@@ -23,8 +23,10 @@ regenerated so ``doppler-gen check`` stays clean.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+import math
 import os
 import stat
 import time
@@ -409,6 +411,12 @@ class TuneRequest:
     space: tuple[str, ...] = ()  # --space NAME=V1,V2,...: sweep only these knobs
     from_templates: bool = False  # the current configuration from a fresh render, not generated/
 
+    def __post_init__(self) -> None:
+        # nan would never expire (every comparison is false) and would make --json invalid
+        limit = self.time_limit
+        if limit is not None and not (math.isfinite(limit) and limit > 0):
+            raise DopplerGenError(f"--time-limit {limit:g}: a finite number of seconds above 0")
+
 
 class CandidateRenderer:
     """Renders a variant with candidate template parameters, once per parameter set."""
@@ -483,7 +491,8 @@ def _space_value(text: str, item: str, kind: type) -> ParamValue:
         try:
             return kind(item)
         except ValueError:
-            raise DopplerGenError(f"--space {text!r}: {item!r} is not a number") from None
+            what = "an integer" if kind is int else "a number"
+            raise DopplerGenError(f"--space {text!r}: {item!r} is not {what}") from None
     return item
 
 
@@ -772,11 +781,12 @@ def write_winner(
         outcome = plan(reloaded)
     except DopplerGenError as error:
         raise _edit_error(error, variant) from None
-    _atomic(path, edited)
+    _write_config(path, edited, "nothing written")
     try:
         result = write(outcome)
-    except DopplerGenError:
-        _atomic(path, original)
+    except BaseException as error:  # Ctrl-C too: variants.toml must not keep the winner alone
+        why = f" ({error})" if isinstance(error, DopplerGenError) else ""
+        _write_config(path, original, f"it holds the winner, but generated/ does not{why}")
         raise
     summary = " ".join(f"{k}={v}" for k, v in {**params, **overrides}.items())
     if not overrides and variant.overrides:
@@ -791,6 +801,16 @@ def write_winner(
     }
 
 
+def _write_config(path: Path, text: str, if_it_fails: str) -> None:
+    """Replace variants.toml's text, or refuse in one line saying what state it is left in
+    (an unwritable file or directory, a full disk: the report is still printed)."""
+    try:
+        _atomic(path, text)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise DopplerGenError(f"--write: cannot write {path}: {reason}; {if_it_fails}") from None
+
+
 def _atomic(path: Path, text: str) -> None:
     """Replace the file's text atomically, through a symlink (the link stays a link) and keeping
     the file's permission bits."""
@@ -799,7 +819,8 @@ def _atomic(path: Path, text: str) -> None:
     target = path.resolve()
     mode = stat.S_IMODE(target.stat().st_mode)
     atomic_write(target, text)
-    os.chmod(target, mode)
+    with contextlib.suppress(OSError):  # the text is written; a filesystem without modes
+        os.chmod(target, mode)  # (vfat, some network mounts) refuses this, and it changes nothing
 
 
 def _universal_newlines(text: str) -> str:

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.backends import Device, get_backend
-from doppler_gen.errors import DopplerGenError, Terminated
+from doppler_gen.errors import DopplerGenError
+from doppler_gen.interrupts import sigterm_raises
 from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import CaseSpec, VariantReport, case_specs, validate_variant
@@ -57,20 +58,6 @@ def _init_worker(parent: int) -> None:
     threading.Thread(
         target=_exit_when_orphaned, args=(parent,), name="orphan-watch", daemon=True
     ).start()
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated(f"signal {signum}")
-
-
-def _terminate_as_interrupt() -> tuple[bool, Any]:
-    """Make SIGTERM raise in the main thread while workers run, so the run stops them before
-    this process ends. Returns (installed, the handler to restore); nothing is installed off
-    the main thread, where Python cannot set a handler (the workers' orphan watch still ends
-    them)."""
-    if threading.current_thread() is not threading.main_thread():
-        return False, None
-    return True, signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 @contextlib.contextmanager
@@ -146,36 +133,35 @@ def validate_in_workers(
     pool = ProcessPoolExecutor(
         max_workers=workers, mp_context=context, initializer=_init_worker, initargs=(os.getpid(),)
     )
-    term_installed, previous_term = _terminate_as_interrupt()
-    try:
-        with _workers_born_deaf_to_ctrl_c():  # submit starts the workers
-            pending: dict[Future, int] = {
-                pool.submit(_validate_in_worker, device_args, k, e, options, outputs is not None): i
-                for i, (k, e) in enumerate(zip(kernels, entries, strict=True))
-            }
-        for future in as_completed(pending):
-            index = pending[future]
-            name = kernels[index].variant.name
-            try:
-                report, kept, described = future.result()
-            except BrokenProcessPool as error:
-                raise DopplerGenError(
-                    f"a validation worker process died while validating {name} (--jobs "
-                    f"{jobs}); run without --jobs to see where: {error}"
-                ) from None
-            reports[index] = report
-            if outputs is not None:
-                outputs[name] = kept or {}
-            if progress:
-                progress(
-                    name,
-                    len(case_specs(entries[index], tier=options["tier"], seed=options["seed"])),
-                )
-    except BaseException:  # Ctrl-C, SIGTERM, a dead worker: the others stop too
-        _stop_workers(pool)
-        raise
-    finally:
-        if term_installed:  # None: a handler set outside Python, restored as the default
-            signal.signal(signal.SIGTERM, previous_term or signal.SIG_DFL)
+    with sigterm_raises():  # SIGTERM stops the workers too, as Ctrl-C does
+        try:
+            with _workers_born_deaf_to_ctrl_c():  # submit starts the workers
+                pending: dict[Future, int] = {
+                    pool.submit(
+                        _validate_in_worker, device_args, k, e, options, outputs is not None
+                    ): i
+                    for i, (k, e) in enumerate(zip(kernels, entries, strict=True))
+                }
+            for future in as_completed(pending):
+                index = pending[future]
+                name = kernels[index].variant.name
+                try:
+                    report, kept, described = future.result()
+                except BrokenProcessPool as error:
+                    raise DopplerGenError(
+                        f"a validation worker process died while validating {name} (--jobs "
+                        f"{jobs}); run without --jobs to see where: {error}"
+                    ) from None
+                reports[index] = report
+                if outputs is not None:
+                    outputs[name] = kept or {}
+                if progress:
+                    progress(
+                        name,
+                        len(case_specs(entries[index], tier=options["tier"], seed=options["seed"])),
+                    )
+        except BaseException:  # Ctrl-C, SIGTERM, a dead worker: the others stop too
+            _stop_workers(pool)
+            raise
     pool.shutdown()
     return [r for r in reports if r is not None], described, workers
