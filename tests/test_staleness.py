@@ -10,9 +10,12 @@
    out of the project whose target turned from a directory into a file, and a failing full
    check that left the old memo in place;
 3. code that changed under an unchanged version string (the Jinja bytecode cache, and the memo,
-   were keyed on versions), a subpackage behind a symlink (not hashed), and bytecode that
-   Python ran though its source had changed at the same size in the same second;
-4. templates that run Python or read the environment (the memo cannot see what they read).
+   were keyed on versions), a subpackage behind a symlink, a module without source or a
+   package in a zip (not hashed), interpreter settings that change rendering, and bytecode
+   that Python ran though its source had changed (same size, same second; or a hash cache
+   it was told not to check);
+4. templates that run Python, read the environment (the memo cannot see what they read) or
+   render another text every time (`random`, `lipsum`).
 """
 
 from __future__ import annotations
@@ -206,6 +209,28 @@ def _include_if_present(root: Path, name: str) -> None:
     main = root / "templates/rmsnorm.wgsl.j2"
     main.write_text(main.read_text() + f'{{% include ["{name}"] ignore missing %}}\n')
     assert run_cli(root, "generate").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        '{% include "lib/later.j2" ignore missing %}',
+        '{% if false %}{% include "lib/later.j2" %}{% endif %}',
+    ],
+)
+def test_a_literal_include_the_render_did_not_need_is_not_an_error(
+    fresh_project: Path, statement: str
+) -> None:
+    """The scan for a template's sources refused a missing literal name that the render had
+    skipped (`ignore missing`, a branch not taken); once the file appears, the kernel is
+    stale."""
+    main = fresh_project / "templates/rmsnorm.wgsl.j2"
+    main.write_text(main.read_text() + statement + "\n")
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    assert run_cli(fresh_project, "check").exit_code == 0
+    assert_confirmed_from_memo(fresh_project)
+    (fresh_project / "templates/lib/later.j2").write_text("// later\n")
+    assert_not_up_to_date(fresh_project)
 
 
 def test_absence_behind_a_link_outside_the_project_is_not_remembered(
@@ -845,6 +870,102 @@ def test_a_package_walk_neither_blocks_on_a_fifo_nor_walks_a_huge_tree(
     assert check_memo.tree_digest(fresh_project) == first
     monkeypatch.setattr(check_memo, "_PACKAGE_ENTRIES_MAX", 10)
     assert check_memo.tree_digest(fresh_project) != check_memo.tree_digest(fresh_project)
+
+
+def test_a_module_without_source_beside_the_sources_is_hashed(
+    fresh_project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """``render.pyc`` with no ``render.py`` (``compileall -b``) is what Python imports; the
+    walk skipped every ``.pyc``."""
+    copy = _package_copy(tmp_path, monkeypatch)
+    sourceless = copy / "legacy.pyc"
+    sourceless.write_bytes(b"one build")
+    before = check_memo.tree_digest(fresh_project)
+    sourceless.write_bytes(b"another build")
+    assert check_memo.tree_digest(fresh_project) != before
+
+
+def test_a_package_imported_from_a_zip_never_confirms_a_memo(
+    fresh_project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A zip file's inside cannot be walked: its digest once stayed the same whatever the zip
+    held."""
+    inside = tmp_path / "code.zip" / "doppler_gen"
+    (tmp_path / "code.zip").write_bytes(b"PK")
+    monkeypatch.setattr(
+        check_memo,
+        "_package_dir",
+        lambda name, real_dir=check_memo._package_dir: (
+            inside if name == "doppler_gen" else real_dir(name)
+        ),
+    )
+    assert check_memo.tree_digest(fresh_project) != check_memo.tree_digest(fresh_project)
+
+
+def test_the_interpreter_settings_that_change_rendering_are_in_the_digest(
+    fresh_project: Path,
+) -> None:
+    """Jinja's `int` filter falls back to a float past the int-to-str digit limit, and -O
+    strips its asserts: both change what renders without any hashed file changing."""
+    import sys
+
+    before = check_memo.tree_digest(fresh_project)
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0 if limit else 4300)
+    try:
+        assert check_memo.tree_digest(fresh_project) != before
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert check_memo.tree_digest(fresh_project) == before
+
+
+@pytest.mark.parametrize("call", ["{{ [0, 1] | random }}", "{{ lipsum(1, false, 5, 6) }}"])
+def test_templates_cannot_render_another_text_every_time(fresh_project: Path, call: str) -> None:
+    """`random` and `lipsum` made a file differ from one render to the next, and a check that
+    matched by luck was remembered as clean."""
+    edit(
+        fresh_project / "templates/rmsnorm.wgsl.j2",
+        "// RMSNorm Kernel (",
+        f"// {call}\n// RMSNorm Kernel (",
+    )
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert "random" in line or "lipsum" in line, line
+    assert not memo_file(fresh_project).exists()
+
+
+def test_a_checked_hash_cache_run_unchecked_is_compared(tmp_path: Path, monkeypatch) -> None:
+    """Under --check-hash-based-pycs never, Python runs a checked hash cache without reading
+    the source; the check took every checked hash cache for validated."""
+    import _imp
+    import importlib
+    import py_compile
+    import sys
+
+    from doppler_gen import bytecode
+    from doppler_gen.errors import DopplerGenError
+
+    package = tmp_path / "importable" / "hash_cache_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    source = package / "settings.py"
+    source.write_text("VALUE = 1\n", encoding="utf-8")
+    py_compile.compile(
+        str(source),
+        cfile=importlib.util.cache_from_source(str(source)),
+        invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+    )
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setattr(_imp, "check_hash_based_pycs", "never")
+    monkeypatch.delitem(sys.modules, "hash_cache_pkg", raising=False)
+    monkeypatch.delitem(sys.modules, "hash_cache_pkg.settings", raising=False)
+    importlib.import_module("hash_cache_pkg.settings")
+    source.write_text("VALUE = 2\n", encoding="utf-8")
+    with pytest.raises(DopplerGenError, match="which is not this file's code"):
+        bytecode.running_code_is_on_disk(("hash_cache_pkg",))
+    monkeypatch.setattr(_imp, "check_hash_based_pycs", "default")
+    bytecode.running_code_is_on_disk(("hash_cache_pkg",))  # checked on import: consistent
 
 
 def _stale_module(

@@ -16,6 +16,7 @@ a file changes.
 
 from __future__ import annotations
 
+import _imp
 import importlib.machinery
 import importlib.util
 import marshal
@@ -65,7 +66,7 @@ def _stale_cache(module: object) -> tuple[str, str] | None:
     if not source or not cached:
         return None
     try:
-        key = (source, cached, _identity(source), _identity(cached))
+        key = (source, cached, _identity(source), _identity(cached), _imp.check_hash_based_pycs)
     except OSError:  # no cache: the source itself was compiled when it was imported
         return None
     if key not in _VERDICTS:
@@ -111,13 +112,15 @@ def _read(path: str) -> bytes:
 
 def _accepted_by_time_and_size(data: bytes, status: os.stat_result) -> bool:
     """Whether Python takes this cache for the source without reading the source: a
-    timestamp cache that records the source's time and size, or a hash cache it is told not
-    to check. (A checked hash cache is validated against the source's bytes on import.)"""
+    timestamp cache that records the source's time and size, or a hash cache it does not
+    check (an unchecked one, or any under ``--check-hash-based-pycs never``). A hash cache it
+    checks is validated against the source's bytes on import."""
     if len(data) < _HEADER or data[:4] != importlib.util.MAGIC_NUMBER:
         return False
     flags = int.from_bytes(data[4:8], "little")
-    if flags & 0b1:  # hash-based: bit 1 says whether the import checks it
-        return not flags & 0b10
+    if flags & 0b1:  # hash-based: bit 1 says whether the import checks it, unless the
+        checking = _imp.check_hash_based_pycs  # interpreter was told otherwise
+        return checking == "never" or (checking == "default" and not flags & 0b10)
     recorded_time = int.from_bytes(data[8:12], "little")
     recorded_size = int.from_bytes(data[12:16], "little")
     return (

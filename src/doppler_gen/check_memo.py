@@ -268,20 +268,26 @@ _PACKAGE_ENTRIES_MAX = 20_000
 
 
 def _hash_package(sha: Any, package: str, directory: Path) -> None:
-    """Every source file of one code package (``__pycache__`` and bytecode left out).
+    """Every file of one code package but its ``__pycache__`` (whose entries `bytecode`
+    compares with their sources). A ``.pyc`` beside the sources is a module without source,
+    which Python imports: it is hashed like a source.
 
     A subpackage that is a symlink to a directory is imported like any other, so links are
     followed; a directory reached a second time (a link back up the tree) is walked once, in
     name order, so that the path that reaches it first is the same on every run. What is not a
-    regular file (a FIFO, a device) is recorded by its kind and never opened.
+    regular file (a FIFO, a device) is recorded by its kind and never opened. A package that
+    cannot be walked whole (imported from a zip file, a directory Python can read from but
+    not list) gets a digest of its own every time, so no memo is ever confirmed with it.
     """
+    if not directory.is_dir():  # a zip file's inside, say: os.walk would see nothing
+        sha.update(_line(package, "not a directory", os.urandom(16).hex()))
+        return
     files: list[tuple[str, str]] = []
-    problems: list[str] = []  # directories not listed, and directories reached again
+    problems: list[str] = []  # directories reached again
+    unlisted: list[OSError] = []
     walked: set[str] = set()
     for parent, dirnames, filenames in os.walk(
-        directory,
-        followlinks=True,
-        onerror=lambda exc: problems.append(f"unlistable {exc.filename} {exc.errno}"),
+        directory, followlinks=True, onerror=unlisted.append
     ):
         real = os.path.realpath(parent)
         if real in walked:
@@ -291,12 +297,13 @@ def _hash_package(sha: Any, package: str, directory: Path) -> None:
         walked.add(real)
         dirnames[:] = sorted(name for name in dirnames if name != "__pycache__")
         for name in filenames:
-            if not name.endswith((".pyc", ".pyo")):
-                path = os.path.join(parent, name)
-                files.append((os.path.relpath(path, directory), path))
+            path = os.path.join(parent, name)
+            files.append((os.path.relpath(path, directory), path))
         if len(files) + len(walked) > _PACKAGE_ENTRIES_MAX:
-            sha.update(_line(package, "too large to hash", os.urandom(16).hex()))
-            return
+            break
+    if unlisted or len(files) + len(walked) > _PACKAGE_ENTRIES_MAX:
+        sha.update(_line(package, "not walked whole", os.urandom(16).hex()))
+        return
     for name, path in sorted(files):
         sha.update(_line(package, name, _source_content(path)))
     for problem in sorted(problems):
@@ -336,7 +343,10 @@ def snapshot(root: Path) -> Snapshot:
     found = Snapshot("", root=observed.named(root), real_root=os.path.realpath(root))
     walk = _Walk(found)
     walk.run()
-    sha = hashlib.sha256(f"python {sys.version} {sys.implementation.cache_tag}\n".encode())
+    # the interpreter's settings that change what Jinja renders: -O strips its asserts, and
+    # the limit on int-to-str digits moves its `int` filter to a float path
+    settings = f"{sys.flags!r} {sys.get_int_max_str_digits()} {sys.implementation.cache_tag}"
+    sha = hashlib.sha256(f"python {sys.version} {settings}\n".encode())
     walk.digest(sha)
     for package in CODE_PACKAGES:
         directory = _package_dir(package)
