@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import (
+    REPO_ROOT,
     assert_one_line_error,
     doppler_gen_command,
     edit,
@@ -528,3 +529,61 @@ def test_an_unknown_variant_gets_a_short_hint_not_every_name(
     assert result.exit_code == 2, result.output
     line = assert_one_line_error(result.stderr)
     assert hint in line and len(line) < 200, line
+
+
+# -- standard output that cannot take the output --------------------------------------------------
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [("list",), ("check", "--json", "--full"), ("show", "rmsnorm")])
+def test_a_full_stdout_is_an_environment_error_not_a_bug(args: tuple[str, ...]) -> None:
+    """stdout on /dev/full (a full disk) was exit 3, "a bug in doppler-gen"."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [*doppler_gen_command(), "--root", str(REPO_ROOT), *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 2, result.stderr
+    line = assert_one_line_error(result.stderr)
+    assert line == "error: cannot write to standard output: No space left on device", line
+
+
+def test_a_closed_stdout_is_refused_not_silently_empty() -> None:
+    """`doppler-gen list >&-` printed nothing and exited 0."""
+    result = subprocess.run(
+        [*doppler_gen_command(), "--root", str(REPO_ROOT), "list"],
+        stdout=None,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: standard output is closed; nothing could be printed\n"
+
+
+def test_ctrl_c_under_json_still_prints_a_json_document(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("doppler_gen.outputs.plan", interrupted)
+    result = run_cli(fresh_project, "check", "--json", "--full")
+    assert result.exit_code == 130
+    document = json.loads(result.stdout)
+    assert document["ok"] is False and document["error"]["type"] == "Interrupted"
+    assert result.stderr == "interrupted\n"
+
+
+def test_a_huge_value_echoed_back_is_cut_in_the_middle(fresh_project: Path) -> None:
+    """A 100,000-character name made a 100 KB error line."""
+    result = run_cli(fresh_project, "show", "x" * 100_000)
+    assert result.exit_code == 2
+    line = assert_one_line_error(result.stderr)
+    assert len(line) < 1_100 and "characters left out" in line, len(line)

@@ -623,6 +623,10 @@ def test_check_against_a_fifo_is_one_line_not_a_hang(
             lambda d: (d / "registry.json").write_text("[" * 100_000 + "]" * 100_000),
             "registry.json: invalid JSON: nested too deeply",
         ),
+        (
+            lambda d: (d / "registry.json").write_text('{"a": ' + "1" * 5000 + "}"),
+            "registry.json: invalid JSON: Exceeds the limit (4300 digits)",
+        ),
     ],
     ids=[
         "no-dir",
@@ -636,6 +640,7 @@ def test_check_against_a_fifo_is_one_line_not_a_hang(
         "pass-uniform-field-not-an-object",
         "pass-binding-index-not-an-integer",
         "registry-nested-too-deeply",
+        "registry-integer-past-the-digit-limit",
     ],
 )
 def test_check_against_unreadable_input_is_one_line_exit_2(
@@ -648,6 +653,18 @@ def test_check_against_unreadable_input_is_one_line_exit_2(
     line = assert_one_line_error(result.stderr)
     assert message in line and str(directory) in line, line
     assert result.stdout == ""
+
+
+def test_a_json_file_nested_too_deeply_in_the_export_directory_is_not_a_crash(
+    fresh_project: Path,
+) -> None:
+    """Deciding whether a file in generated/doppler/ is an old export of ours decoded it
+    without catching RecursionError: check and generate exited 3."""
+    (fresh_project / "generated/doppler/extra.json").write_text("[" * 200_000 + "]" * 200_000)
+    for command in ("check", "generate"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 0, result.output + result.stderr  # not ours: left alone
+    assert (fresh_project / "generated/doppler/extra.json").exists()
 
 
 # -- operations with differing layouts, and multi-pass variants ------------------------------------

@@ -1036,6 +1036,19 @@ def test_check_and_generate_refuse_to_run_on_bytecode_of_other_code(
     assert not memo_file(fresh_project).exists()
 
 
+def test_show_refuses_to_print_what_bytecode_of_other_code_renders(
+    fresh_project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from doppler_gen import bytecode
+
+    _stale_module(tmp_path, monkeypatch, "stale_show_pkg")
+    monkeypatch.setattr(bytecode, "EDITED_PACKAGES", ("doppler_gen", "stale_show_pkg"))
+    result = run_cli(fresh_project, "show", "rmsnorm")
+    assert result.exit_code == 2, result.output
+    assert "settings.py: Python ran" in assert_one_line_error(result.stderr)
+    assert result.stdout == ""
+
+
 def test_memo_lives_in_the_project(fresh_project: Path, tmp_path: Path, monkeypatch) -> None:
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))

@@ -133,6 +133,30 @@ def test_a_variants_toml_that_cannot_be_restored_says_so(
     assert str(error.value).endswith("(generated/: planted failure)")  # why generated/ failed
 
 
+def test_ctrl_c_held_while_the_winner_is_written_restores_variants_toml(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C held while variants.toml was renamed is raised as the write returns, before
+    generated/ is written: the winner stayed in variants.toml alone (exit 130)."""
+    from doppler_gen import tune
+
+    real_atomic = tune._atomic
+    calls = []
+
+    def write_then_ctrl_c(path: Path, text: str) -> None:
+        real_atomic(path, text)
+        calls.append(text)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    before = (fresh_project / "variants.toml").read_bytes()
+    monkeypatch.setattr(tune, "_atomic", write_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        write_winner(load_project(fresh_project), _synthetic_run(fresh_project, "PASS"))
+    assert (fresh_project / "variants.toml").read_bytes() == before
+    assert len(calls) == 2  # the winner, then the original back
+
+
 def test_ctrl_c_while_generated_is_written_restores_variants_toml(
     fresh_project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,6 +300,28 @@ def test_an_unwritable_output_is_refused_before_tune_changes_anything(
     line = assert_one_line_error(result.stderr)
     assert line == f"error: --output {output}: cannot write: no directory {output.parent}"
     assert result.stdout == ""
+    assert project_snapshot(fresh_project) == before
+
+
+@pytest.mark.parametrize(
+    ("command", "target"),
+    [
+        ("bench", "variants.toml"),
+        ("bench", "templates/rmsnorm.wgsl.j2"),
+        ("tune", "generated/rmsnorm.wgsl"),
+        ("tune", ".doppler-gen/report.json"),
+    ],
+)
+def test_a_report_is_never_written_over_the_project_s_own_files(
+    fresh_project: Path, command: str, target: str
+) -> None:
+    """`--output variants.toml` replaced the config with JSON (exit 0); with `tune --write`
+    after the winner had been recorded in it."""
+    before = project_snapshot(fresh_project)
+    result = run_cli(fresh_project, command, "rmsnorm", "--output", str(fresh_project / target))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert "cannot write: it is the project's own" in line, line
     assert project_snapshot(fresh_project) == before
 
 

@@ -11,6 +11,7 @@ for a pre-commit hook.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -66,16 +67,19 @@ def _internal_error(error: Exception, as_json: bool) -> None:
 
 
 def _quiet_broken_pipe() -> None:
-    """The reader closed stdout (``show | head``): stop quietly with 0, as Unix tools do.
+    """The reader closed stdout (``show | head``): stop quietly with 0, as Unix tools do."""
+    _stdout_to_devnull()
+    sys.exit(0)
 
-    stdout is pointed at /dev/null so that the interpreter's final flush does not fail again.
-    """
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail again
+    (and print a second error)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # no real file descriptor (e.g. an in-process test runner)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test runner)
         pass
-    sys.exit(0)
 
 
 def _current_state() -> State | None:
@@ -96,18 +100,60 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             _fail(error, as_json)
         except BrokenPipeError:
             _quiet_broken_pipe()
-        except Terminated:
-            click.echo("terminated", err=True)
-            sys.exit(Terminated.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as stop:  # Terminated (SIGTERM) included
+            said, code = (
+                ("terminated", Terminated.exit_code)
+                if isinstance(stop, Terminated)
+                else ("interrupted", 130)
+            )
+            if as_json:  # stdout is never empty under --json
+                _quietly(lambda: click.echo(error_document("Interrupted", said, None, code)))
+            click.echo(said, err=True)
+            sys.exit(code)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
             raise  # click's own control flow (usage errors, ctx.exit)
+        except OSError as error:
+            if not _stdout_failed(error):
+                _internal_error(error, as_json)
+            reason = error.strerror or str(error)
+            _stdout_to_devnull()
+            click.echo(f"error: cannot write to standard output: {reason}", err=True)
+            sys.exit(2)
         except Exception as error:
             _internal_error(error, as_json)
 
     return wrapper
+
+
+def _quietly(write: Callable[[], Any]) -> None:
+    """A write to stdout that may fail (a closed pipe) without adding a second error."""
+    with contextlib.suppress(OSError):
+        write()
+
+
+def _stdout_failed(error: OSError) -> bool:
+    """Whether ``error`` is standard output refusing its bytes (a full disk, /dev/full, an I/O
+    error): an environment error to report in one line, not a bug. Told by where it was
+    raised: writing or flushing (click's ``echo``) a stream on stdout's file descriptor."""
+    if isinstance(error, BrokenPipeError) or sys.stdout is None:
+        return False
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    stream = trace.tb_frame.f_locals.get("file") if trace is not None else None
+    try:
+        return stream is not None and stream.fileno() == sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test runner)
+        return False
+
+
+def _refuse_closed_stdout() -> None:
+    """A command run with stdout closed (``>&-``) printed nothing and exited 0: Python sets
+    ``sys.stdout`` to None and click drops what it is given."""
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            sys.stderr.write("error: standard output is closed; nothing could be printed\n")
+        sys.exit(2)
 
 
 class State:
@@ -459,10 +505,12 @@ def show(state: State, name: str, raw: bool, origins: bool, pass_name: str | Non
 
     A multi-pass variant prints each pass after a `// == pass NAME (FILE)` line.
     """
+    from doppler_gen.bytecode import EDITED_PACKAGES, running_code_is_on_disk
     from doppler_gen.render import Renderer
 
     variant = state.project.variant(name)
     kernel = Renderer(state.project).render(variant, with_origins=origins)
+    running_code_is_on_disk(EDITED_PACKAGES)  # what it prints is what the sources render
     passes = [r for r in kernel.passes if pass_name in (None, r.spec.name)]
     if not passes:
         known = ", ".join(r.spec.name for r in kernel.passes)
@@ -505,6 +553,7 @@ def main() -> None:
     Commands handle their own errors (handle_errors); this catches what escapes outside any
     command (option callbacks, completion), so no traceback ever reaches a user without --debug.
     """
+    _refuse_closed_stdout()
     try:
         cli.main(prog_name="doppler-gen")
     except BrokenPipeError:
@@ -812,11 +861,14 @@ def _emit(result: dict[str, Any], text: str, as_json: bool, output: Path | None)
     the report is printed all the same (minutes of measurements must not vanish), then the
     error line, and the exit status is 2.
     """
+    from doppler_gen.outputs import atomic_write
+
     document = json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False)
     failure = None
     if output is not None:
-        try:
-            output.write_text(document + "\n", encoding="utf-8")
+        try:  # atomic: a failure or Ctrl-C leaves the old file, never half a document
+            atomic_write(output, document + "\n", make_parent=False)  # a report's directory
+            # is the user's: one gone since it was checked is an error, not made again
         except OSError as error:
             failure = DopplerGenError(f"--output {output}: cannot write: {error.strerror or error}")
     click.echo(document if as_json else text)
@@ -831,14 +883,29 @@ def _late_error(error: DopplerGenError) -> None:
     sys.exit(error.exit_code)
 
 
-def _check_writable(option: str, path: Path | None) -> None:
+def _check_writable(option: str, path: Path | None, root: Path | None = None) -> None:
     """Refuse an --output or --plot FILE that cannot be written before anything is measured or
-    changed: a bench or tune run takes minutes, and its report would be lost at the end."""
+    changed: a bench or tune run takes minutes, and its report would be lost at the end. Also
+    one of the project's own files (``root``): a report written over variants.toml, a template
+    or a generated kernel would destroy it."""
     if path is None:
         return
-    reason = _unwritable(path)
+    reason = (_projects_own(path, root) if root is not None else None) or _unwritable(path)
     if reason is not None:
         raise DopplerGenError(f"{option} {path}: cannot write: {reason}")
+
+
+def _projects_own(path: Path, root: Path) -> str | None:
+    """Why ``path`` is one of the project's inputs, outputs or state (None: it is not)."""
+    from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, TEMPLATES_DIR
+    from doppler_gen.state import STATE_DIR
+
+    target = Path(os.path.realpath(path))
+    for name in (CONFIG_NAME, TEMPLATES_DIR, GENERATED_DIR, STATE_DIR):
+        own = Path(os.path.realpath(root / name))
+        if target == own or own in target.parents:
+            return f"it is the project's own {name}{'' if target == own else '/ file'}"
+    return None
 
 
 def _unwritable(path: Path) -> str | None:
@@ -965,8 +1032,8 @@ def bench(
     from doppler_gen.bench import plot as write_plot
     from doppler_gen.shapes import parse_shapes
 
-    _check_writable("--output", output)
-    _check_writable("--plot", plot)
+    _check_writable("--output", output, state.root)
+    _check_writable("--plot", plot, state.root)
     if plot is not None:
         require_matplotlib()
     request = BenchRequest(
@@ -1079,7 +1146,9 @@ def tune(
     from doppler_gen.shapes import parse_shape
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
 
-    _check_writable("--output", output)  # before measuring, and before --write changes files
+    _check_writable(
+        "--output", output, state.root
+    )  # before measuring, and before --write changes files
     request = TuneRequest(
         name=name,
         shape=parse_shape(_one_shape(shape_texts)) if shape_texts else None,

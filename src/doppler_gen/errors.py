@@ -21,6 +21,16 @@ def printable(text: str) -> str:
     return _CONTROL_RE.sub(lambda match: repr(match.group())[1:-1], text)
 
 
+_LONGEST = 1_000
+
+
+def _shortened(text: str) -> str:
+    if len(text) <= _LONGEST:
+        return text
+    left_out = len(text) - 800
+    return f"{text[:600]} ... ({left_out} characters left out) ... {text[-200:]}"
+
+
 def not_utf8(data: bytes, error: UnicodeDecodeError) -> tuple[int, str]:
     """(line, message) for bytes that are not UTF-8: the line and the column as an editor
     counts them (characters, not bytes, before the bad one)."""
@@ -41,9 +51,10 @@ class DopplerGenError(Exception):
         self.location = location
 
     def __str__(self) -> str:
-        """``location: message`` as one printable line (see ``printable``)."""
+        """``location: message`` as one printable line (see ``printable``), cut in the middle
+        past 1,000 characters: a 100,000-character name echoed back is no message."""
         text = f"{self.location}: {self.message}" if self.location else self.message
-        return printable(text)
+        return _shortened(printable(text))
 
 
 class Terminated(KeyboardInterrupt):

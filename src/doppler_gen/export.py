@@ -447,8 +447,8 @@ def orphaned_exports(root: Path, produced: Iterable[str]) -> list[str]:
 def _is_ours(path: Path) -> bool:
     try:
         document = json.loads(observed.read_bytes(path).decode("utf-8"))
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
-        return False
+    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON, an int
+        return False  # past Python's digit limit; RecursionError: nested too deeply
     return isinstance(document, dict) and document.get("generator") == GENERATOR
 
 
@@ -476,6 +476,9 @@ def load_json(path: Path) -> Any:
         ) from None
     except RecursionError:
         raise ExportInputError("invalid JSON: nested too deeply", location=str(path)) from None
+    except ValueError as exc:  # an integer past Python's int-to-str digit limit
+        reason = str(exc).split(";")[0]
+        raise ExportInputError(f"invalid JSON: {reason}", location=str(path)) from None
 
 
 def load_doppler_dir(directory: Path) -> tuple[dict[str, Any], dict[str, str]]:

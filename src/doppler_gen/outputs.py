@@ -582,12 +582,13 @@ def _spare_name(target: Path) -> Path:
             return candidate
 
 
-def stage(path: Path, content: str | bytes) -> Path:
+def stage(path: Path, content: str | bytes, *, make_parent: bool = True) -> Path:
     """Write ``content`` to a new temporary file next to ``path``; returns its path."""
     import tempfile  # only writing needs it, not `check`
 
     # generated/doppler/ is created on first use (an empty one left by a rollback is harmless)
-    path.parent.mkdir(exist_ok=True)
+    if make_parent:
+        path.parent.mkdir(exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     data = content.encode("utf-8") if isinstance(content, str) else content
     try:
@@ -600,11 +601,11 @@ def stage(path: Path, content: str | bytes) -> Path:
     return Path(temporary)
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str, *, make_parent: bool = True) -> None:
     """Write via a temporary file in the same directory and rename over the target (signals
     held until the temporary file is renamed or gone)."""
     with deferred_signals():
-        temporary = stage(path, text)
+        temporary = stage(path, text, make_parent=make_parent)
         try:
             os.replace(temporary, path)
         except BaseException:

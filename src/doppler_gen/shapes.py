@@ -25,6 +25,7 @@ family's word (``shape_zero_keys``, ``shape_flag_keys``).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from doppler_gen.errors import DopplerGenError
@@ -112,11 +113,16 @@ def _key_values(text: str, kind: str, body: str, allowed: Any, family: Any) -> d
     return values
 
 
+_INTEGER_RE = re.compile(r"-?[0-9][0-9_]*")  # ASCII digits: int() takes any script's (٤ is 4)
+_MAX_DIGITS = 18
+
+
 def _integer(text: str, key: str, raw: str, family: Any) -> int:
-    try:
-        value = int(raw.replace("_", ""))
-    except ValueError:
-        raise _error(text, f"{key}={raw!r} is not an integer") from None
+    if not _INTEGER_RE.fullmatch(raw):
+        raise _error(text, f"{key}={raw!r} is not an integer")
+    if len(raw.replace("_", "").lstrip("-")) > _MAX_DIGITS:
+        raise _error(text, f"{key} has more than {_MAX_DIGITS} digits")
+    value = int(raw.replace("_", ""))
     if key in family.shape_flag_keys:
         if value not in (0, 1):
             raise _error(text, f"{key}={raw} must be 0 or 1")

@@ -781,12 +781,20 @@ def write_winner(
         outcome = plan(reloaded)
     except DopplerGenError as error:
         raise _edit_error(error, variant) from None
-    _write_config(path, edited, "nothing written")
+    edited_written = False
     try:
+        _write_config(path, edited, "nothing written")
+        edited_written = True
         result = write(outcome)
-    except BaseException as error:  # Ctrl-C too: variants.toml must not keep the winner alone
-        why = f" ({error})" if isinstance(error, DopplerGenError) else ""
-        _write_config(path, original, f"it holds the winner, but generated/ does not{why}")
+    except DopplerGenError as error:
+        if edited_written:  # else the edit itself failed, and nothing was written
+            why = f"it holds the winner, but generated/ does not ({error})"
+            _write_config(path, original, why)
+        raise
+    except BaseException:  # Ctrl-C: it may come as the edit lands (held while the file is
+        # renamed, then raised), before ``edited_written`` is set; writing the original back
+        # is right either way: variants.toml must not keep the winner alone
+        _write_config(path, original, "it holds the winner, but generated/ does not")
         raise
     summary = " ".join(f"{k}={v}" for k, v in {**params, **overrides}.items())
     if not overrides and variant.overrides:
