@@ -789,14 +789,8 @@ def test_memo_is_keyed_on_the_code_not_on_versions(
 ) -> None:
     """An edit of any file of doppler-gen, Jinja or MarkupSafe, with the same version string,
     changes the digest: the code that runs is hashed, not its package metadata."""
-    real = check_memo._package_dir(package)
-    assert real is not None and (real / "__init__.py").is_file()
-    copy = Path(shutil.copytree(real, tmp_path / package))
-    monkeypatch.setattr(
-        check_memo,
-        "_package_dir",
-        lambda name, real_dir=check_memo._package_dir: copy if name == package else real_dir(name),
-    )
+    copy = _package_copy(tmp_path, monkeypatch, package)
+    assert (copy / "__init__.py").is_file()
     before = check_memo.tree_digest(fresh_project)
     source = sorted(copy.glob("*.py"))[-1]
     source.write_bytes(source.read_bytes() + b"\n# an edit that keeps the version\n")
@@ -808,12 +802,19 @@ def _package_copy(tmp_path: Path, monkeypatch, package: str = "doppler_gen") -> 
     real = check_memo._package_dir(package)
     assert real is not None
     copy = Path(shutil.copytree(real, tmp_path / "code" / package))
+    _hash_package_at(monkeypatch, package, copy)
+    return copy
+
+
+def _hash_package_at(monkeypatch, package: str, directory: Path) -> None:
+    """The digest takes ``package`` to be imported from ``directory``."""
     monkeypatch.setattr(
         check_memo,
         "_package_dir",
-        lambda name, real_dir=check_memo._package_dir: copy if name == package else real_dir(name),
+        lambda name, real_dir=check_memo._package_dir: (
+            directory if name == package else real_dir(name)
+        ),
     )
-    return copy
 
 
 def test_a_subpackage_behind_a_symlink_is_hashed(
@@ -890,15 +891,8 @@ def test_a_package_imported_from_a_zip_never_confirms_a_memo(
 ) -> None:
     """A zip file's inside cannot be walked: its digest once stayed the same whatever the zip
     held."""
-    inside = tmp_path / "code.zip" / "doppler_gen"
     (tmp_path / "code.zip").write_bytes(b"PK")
-    monkeypatch.setattr(
-        check_memo,
-        "_package_dir",
-        lambda name, real_dir=check_memo._package_dir: (
-            inside if name == "doppler_gen" else real_dir(name)
-        ),
-    )
+    _hash_package_at(monkeypatch, "doppler_gen", tmp_path / "code.zip" / "doppler_gen")
     assert check_memo.tree_digest(fresh_project) != check_memo.tree_digest(fresh_project)
 
 

@@ -286,6 +286,7 @@ def _hash_package(sha: Any, package: str, directory: Path) -> None:
     problems: list[str] = []  # directories reached again
     unlisted: list[OSError] = []
     walked: set[str] = set()
+    too_large = False
     for parent, dirnames, filenames in os.walk(
         directory, followlinks=True, onerror=unlisted.append
     ):
@@ -299,9 +300,10 @@ def _hash_package(sha: Any, package: str, directory: Path) -> None:
         for name in filenames:
             path = os.path.join(parent, name)
             files.append((os.path.relpath(path, directory), path))
-        if len(files) + len(walked) > _PACKAGE_ENTRIES_MAX:
+        too_large = len(files) + len(walked) > _PACKAGE_ENTRIES_MAX
+        if too_large:
             break
-    if unlisted or len(files) + len(walked) > _PACKAGE_ENTRIES_MAX:
+    if unlisted or too_large:
         sha.update(_line(package, "not walked whole", os.urandom(16).hex()))
         return
     for name, path in sorted(files):

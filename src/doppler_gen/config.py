@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from doppler_gen import observed
-from doppler_gen.errors import ConfigError, not_utf8
+from doppler_gen.errors import ConfigError, file_kind, not_utf8
 from doppler_gen.expressions import Expression, ExpressionError
 from doppler_gen.expressions import parse as parse_expression
 
@@ -376,11 +376,7 @@ def _source_problem(path: Path) -> str | None:
         return f"cannot be read: {exc.strerror or exc}"
     if stat.S_ISREG(mode):
         return None
-    if stat.S_ISDIR(mode):
-        return "is a directory, not a template file"
-    if stat.S_ISFIFO(mode):
-        return "is a FIFO, not a template file"
-    return "is not a regular file"
+    return f"is {file_kind(mode)}, not a template file"
 
 
 class _Locator:

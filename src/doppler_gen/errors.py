@@ -8,6 +8,7 @@ in doppler-gen itself.
 from __future__ import annotations
 
 import re
+import stat
 
 # C0 and C1 control characters, DEL and the Unicode line and paragraph separators (any of them in
 # a message would break "one line per error", or the terminal), and lone surrogates (which no
@@ -29,6 +30,21 @@ def _shortened(text: str) -> str:
         return text
     left_out = len(text) - 800
     return f"{text[:600]} ... ({left_out} characters left out) ... {text[-200:]}"
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words, for an error ("a FIFO")."""
+    for test, word in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return word
+    return "not a regular file"
 
 
 def not_utf8(data: bytes, error: UnicodeDecodeError) -> tuple[int, str]:

@@ -38,18 +38,27 @@ def _main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises ``Terminated`` for the duration of the block, unless it is ignored (a
-    parent that set SIGTERM to be ignored meant it); the handler before is put back after."""
-    if not _main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+def handled_by(signum: int, handler: Any) -> Iterator[None]:
+    """``handler`` takes ``signum`` for the duration of the block; the one before is put back
+    after. Off the main thread nothing changes."""
+    if not _main_thread():
         yield
         return
-    previous = [(signal.SIGTERM, signal.getsignal(signal.SIGTERM))]
+    previous = [(signum, signal.getsignal(signum))]
     try:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signum, handler)
         yield
     finally:
         _restore(previous)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` for the duration of the block, unless it is ignored (a
+    parent that set SIGTERM to be ignored meant it)."""
+    ignored = signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    with contextlib.nullcontext() if ignored else handled_by(signal.SIGTERM, _raise_terminated):
+        yield
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ from typing import Any
 from doppler_gen import observed
 from doppler_gen.bytecode import EDITED_PACKAGES, running_code_is_on_disk
 from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, Project, Variant
-from doppler_gen.errors import ConfigError, DopplerGenError
+from doppler_gen.errors import ConfigError, DopplerGenError, file_kind
 from doppler_gen.export import EXPORT_DIR, export_files, orphaned_exports
 from doppler_gen.interrupts import deferred_signals
 from doppler_gen.manifest import (
@@ -269,18 +269,7 @@ def _refuse_outside(project: Project, directory: Path, location: str) -> None:
 
 def _kind(path: Path) -> str:
     """What a non-regular file is, in words."""
-    mode = path.stat().st_mode
-    for test, word in (
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return word
-    return "not a regular file"
+    return file_kind(path.stat().st_mode)
 
 
 def read_output(root: Path, relative: str) -> bytes | None:

@@ -47,7 +47,7 @@ import jinja2.sandbox
 
 from doppler_gen import observed
 from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant
-from doppler_gen.errors import TemplateError, not_utf8
+from doppler_gen.errors import TemplateError, file_kind, not_utf8
 from doppler_gen.formats import QUANT_BITS
 
 HEADER_MARK = "AUTO-GENERATED from"
@@ -555,20 +555,15 @@ def normalize(lines: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 def _not_a_template(templates_dir: Path, name: object) -> str:
     """Why ``name`` gave no template, for the error: absent, or something that is no file (a
     directory or FIFO, which the loader treats as absent so that ``ignore missing`` holds)."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
     pieces = str(name).replace("\\", "/").split("/")
+    absent = f"not found in {TEMPLATES_DIR}/"
     if str(name).startswith("/") or ".." in pieces:  # refused by the loader, whatever is there
-        return f"not found in {TEMPLATES_DIR}/"
+        return absent
     try:
         mode = templates_dir.joinpath(*pieces).stat().st_mode
     except (OSError, ValueError):
-        return f"not found in {TEMPLATES_DIR}/"
-    what = next((kind for test, kind in kinds if test(mode)), None)
-    if what is None and not stat.S_ISREG(mode):
-        what = "a device"
-    return (
-        f"is {what} in {TEMPLATES_DIR}/, not a file" if what else f"not found in {TEMPLATES_DIR}/"
-    )
+        return absent
+    return absent if stat.S_ISREG(mode) else f"is {file_kind(mode)} in {TEMPLATES_DIR}/, not a file"
 
 
 def _read_template(templates_dir: Path, name: str) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import math
 import os
 import stat
 import time
@@ -410,12 +409,6 @@ class TuneRequest:
     settings: Settings = field(default_factory=Settings)
     space: tuple[str, ...] = ()  # --space NAME=V1,V2,...: sweep only these knobs
     from_templates: bool = False  # the current configuration from a fresh render, not generated/
-
-    def __post_init__(self) -> None:
-        # nan would never expire (every comparison is false) and would make --json invalid
-        limit = self.time_limit
-        if limit is not None and not (math.isfinite(limit) and limit > 0):
-            raise DopplerGenError(f"--time-limit {limit:g}: a finite number of seconds above 0")
 
 
 class CandidateRenderer:

@@ -17,13 +17,12 @@ went on through the variants already queued to them, each still compiling on a c
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -32,7 +31,7 @@ import numpy as np
 
 from doppler_gen.backends import Device, get_backend
 from doppler_gen.errors import DopplerGenError
-from doppler_gen.interrupts import sigterm_raises
+from doppler_gen.interrupts import handled_by, sigterm_raises
 from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import CaseSpec, VariantReport, case_specs, validate_variant
@@ -58,22 +57,6 @@ def _init_worker(parent: int) -> None:
     threading.Thread(
         target=_exit_when_orphaned, args=(parent,), name="orphan-watch", daemon=True
     ).start()
-
-
-@contextlib.contextmanager
-def _workers_born_deaf_to_ctrl_c() -> Iterator[None]:
-    """Ignore Ctrl-C in this process while it starts workers, which inherit the ignored
-    signal through exec: a worker still importing when Ctrl-C came printed a traceback before
-    its initializer could ignore it. A Ctrl-C in the few milliseconds of the spawns is lost;
-    the next one stops the run. Off the main thread nothing changes (Python cannot)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -135,7 +118,11 @@ def validate_in_workers(
     )
     with sigterm_raises():  # SIGTERM stops the workers too, as Ctrl-C does
         try:
-            with _workers_born_deaf_to_ctrl_c():  # submit starts the workers
+            # Ctrl-C is ignored while submit starts the workers, which inherit the ignored
+            # signal through exec: a worker still importing when Ctrl-C came printed a
+            # traceback before its initializer could ignore it. A Ctrl-C in the few
+            # milliseconds of the spawns is lost; the next one stops the run.
+            with handled_by(signal.SIGINT, signal.SIG_IGN):
                 pending: dict[Future, int] = {
                     pool.submit(
                         _validate_in_worker, device_args, k, e, options, outputs is not None
