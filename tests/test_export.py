@@ -527,6 +527,118 @@ def test_check_against_lists_each_planted_difference_on_its_own_line(
     assert result.stderr == f"4 difference(s) from {directory}\n"
 
 
+def _entry(registry: dict[str, Any], vid: str) -> dict[str, Any]:
+    return next(
+        op["variants"][vid] for op in registry["operations"].values() if vid in op["variants"]
+    )
+
+
+# each edit gives a registry a host would run differently; each is one line of the report
+KEYS_THE_EXPORT_DOES_NOT_WRITE_THERE = [
+    (
+        "a passes list on a one-kernel variant",
+        lambda r: _entry(r, "prefill").update(passes=[{"wgsl": "attention.wgsl"}]),
+        'attention.prefill: passes: registry [{"wgsl": "attention.wgsl"}], WGSL absent',
+    ),
+    (
+        "a top-level kernel beside the passes",
+        lambda r: _entry(r, "decode_split_d128_f16").update(
+            wgsl="attention_decode_split_d128_f16.partials.wgsl"
+        ),
+        'attention.decode_split_d128_f16: wgsl: registry "attention_decode_split_d128_f16'
+        '.partials.wgsl", WGSL absent',
+    ),
+    (
+        "dispatchFold on a kernel that does not fold",
+        lambda r: _entry(r, "prefill")["variantMetadata"].update(dispatchFold=True),
+        "attention.prefill: variantMetadata: dispatchFold: registry true, WGSL absent",
+    ),
+    (
+        "another pass encoding",
+        lambda r: _entry(r, "decode_split_d64").update(passEncoding="compute-pass-each"),
+        'attention.decode_split_d64: passEncoding: registry "compute-pass-each", WGSL '
+        '"one-compute-pass"',
+    ),
+    (
+        "a key the export writes elsewhere, in a pass",
+        lambda r: _entry(r, "decode_split_d64")["passes"][1].update(dispatchFold=True),
+        "attention.decode_split_d64: pass 1: dispatchFold: registry true, WGSL absent",
+    ),
+    (
+        "another split count for the dispatch rule",
+        lambda r: _entry(r, "decode_split_d64_f16")["constants"].update(KV_SPLITS=32),
+        'attention.decode_split_d64_f16: constants: registry {"KV_SPLITS": 32}, WGSL '
+        '{"KV_SPLITS": 64}',
+    ),
+    (
+        "an unknown id whose passes are this project's kernels",
+        lambda r: r["operations"]["attention"]["variants"].update(
+            decode_other={"passes": [{"wgsl": "attention_decode_split_d64.partials.wgsl"}]}
+        ),
+        "attention.decode_other: extra: the registry points at "
+        "attention_decode_split_d64.partials.wgsl, which doppler-gen generates, but no variant "
+        "declares doppler_id 'decode_other' in 'attention'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [c[1:] for c in KEYS_THE_EXPORT_DOES_NOT_WRITE_THERE],
+    ids=[c[0] for c in KEYS_THE_EXPORT_DOES_NOT_WRITE_THERE],
+)
+def test_check_against_reports_keys_that_change_how_a_host_runs_the_kernel(
+    pristine_project: Path, tmp_path: Path, change, line: str
+) -> None:
+    directory = checkout(pristine_project, tmp_path)
+    rewrite(directory / "registry.json", change)
+    result = run_cli(pristine_project, "export", "--check-against", str(directory))
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines() == [line]
+
+
+def test_a_multi_pass_variant_carries_its_dispatch_rules_and_their_constants(
+    pristine_project: Path,
+) -> None:
+    """A host needs each pass's workgroup count and the scratch sizes: the rules, and the
+    value of every name in them that is not a uniform field (the WGSL override defaults)."""
+    registry = json.loads(
+        (pristine_project / "generated/doppler/registry.json").read_text(encoding="utf-8")
+    )
+    manifest = json.loads(
+        (pristine_project / "generated/manifest.json").read_text(encoding="utf-8")
+    )["variants"]
+    for vid, name in [
+        ("decode_split_d64_f16", "attention_decode_split_d64_f16"),
+        ("decode_split_long_d128_f16", "attention_decode_split_long_d128_f16"),
+        ("decode_tiered_split_int4_f16kv", "attention_decode_tiered_split_int4_f16kv"),
+    ]:
+        exported = _entry(registry, vid)
+        entry = manifest[name]
+        assert [p["dispatch"] for p in exported["passes"]] == [
+            p["dispatch"] for p in entry["passes"]
+        ]
+        defaults = {o["name"]: o["default"] for o in entry["passes"][0]["overrides"]}
+        defaults.update(entry["passes"][0]["constants"])
+        assert exported["constants"] == {k: defaults[k] for k in exported["constants"]}
+        assert "KV_SPLITS" in exported["constants"]
+    assert _entry(registry, "decode_split_d64_f16")["constants"] == {"KV_SPLITS": 64}
+    assert _entry(registry, "decode_split_long_d128_f16")["constants"] == {"KV_SPLITS": 33}
+    assert _entry(registry, "decode_tiered_split_int4_f16kv")["constants"] == {
+        "HEADS_PER_WORKGROUP": 4,
+        "KV_SPLITS": 33,
+    }
+
+
+def test_a_digest_prefix_in_capitals_is_accepted(pristine_project: Path, tmp_path: Path) -> None:
+    directory = checkout(pristine_project, tmp_path)
+    digests = json.loads((directory / "digests.json").read_text())["digests"]
+    flat = {k: f"SHA256:{v.upper()}" for k, v in digests.items()}
+    (directory / "digests.json").write_text(json.dumps(flat), encoding="utf-8")
+    result = run_cli(pristine_project, "export", "--check-against", str(directory))
+    assert result.exit_code == 0, result.output
+
+
 def test_check_against_upstream_style_drift(pristine_project: Path, tmp_path: Path) -> None:
     """A hand-typed registry as Doppler had it: flat digest table, shifted names, wrong sizes."""
     directory = checkout(pristine_project, tmp_path)

@@ -29,6 +29,7 @@ from typing import Any
 
 from doppler_gen import observed
 from doppler_gen.errors import DopplerGenError, InterfaceError
+from doppler_gen.expressions import parse as parse_expression
 from doppler_gen.families import get_family
 from doppler_gen.wgsl import evaluate
 
@@ -59,7 +60,20 @@ _COMPARED_KEYS = (
     "inputDtype",
     "kvDtype",
     "wgslOverrides",
+    "constants",
+    "passEncoding",
 )
+
+
+# keys the exporter writes only for some kernels (see _Vocabulary)
+_VARIANT_KEYS = frozenset(
+    {"wgsl", "entryPoint", "workgroup", "wgslOverrides", "passes", "scratch", "passEncoding"}
+    | {"constants"}
+)
+# compared otherwise: the layout as Doppler resolves it, and free text
+_NOT_VOCABULARY = frozenset({"description", "bindingsOverride", "uniformsOverride"})
+_METADATA_KEYS = frozenset({"maxKVLen", "tier", "queryBlockSize", "dispatchFold"})
+_PASS_KEYS = frozenset({"dispatch", "dispatchFold"})
 
 
 class ExportInputError(DopplerGenError):
@@ -277,9 +291,30 @@ def export_variant(name: str, entry: Mapping[str, Any]) -> ExportedVariant | Non
 
 
 def _public_pass(pass_: Mapping[str, Any]) -> dict[str, Any]:
+    """A pass of the passes form, with its workgroup-count rule: no tier formula covers it."""
     keys = ("name", "wgsl", "entryPoint", "workgroup", "wgslOverrides", "bindings", "uniforms")
     optional = {k: pass_[k] for k in ("dispatchFold",) if k in pass_}
-    return {**{k: pass_[k] for k in keys}, "requiredShared": pass_["requiredShared"], **optional}
+    return {
+        **{k: pass_[k] for k in keys},
+        "requiredShared": pass_["requiredShared"],
+        "dispatch": pass_["dispatch"],
+        **optional,
+    }
+
+
+def _rule_constants(variant: ExportedVariant) -> dict[str, Any]:
+    """The value of every name the passes' dispatch rules and the scratch sizes read that is
+    not a uniform field: the override (as the host creates the pipeline, pipeline constants
+    included) or WGSL const it names, so that a host can evaluate both without the WGSL."""
+    rules = [p["dispatch"] for p in variant.passes] + [s["elements"] for s in variant.scratch]
+    used = set().union(*(parse_expression(str(rule)).names for rule in rules if rule))
+    fields = {f["name"] for p in variant.passes for f in p["uniforms"]["fields"]}
+    values: dict[str, Any] = {}
+    for name in sorted(used - fields):
+        known = [p["names"][name] for p in variant.passes if name in p["names"]]
+        if known:
+            values[name] = known[0]
+    return values
 
 
 # -- registry fragment -----------------------------------------------------------------------------
@@ -351,6 +386,7 @@ def _operation(variants: list[tuple[str, ExportedVariant]]) -> dict[str, Any]:
         else:
             entry["passes"] = [_public_pass(p) for p in variant.passes]
             entry["scratch"] = variant.scratch
+            entry["constants"] = _rule_constants(variant)
             # validated and timed as consecutive dispatches of one compute pass; a compute pass
             # each cost the H200 ~9 us more per run of a two-pass kernel (README)
             entry["passEncoding"] = PASS_ENCODING
@@ -551,7 +587,7 @@ def _digest_table(document: Any, where: str) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in table.items()
     ):
         raise _fail(where, "top level", 'an object of "file.wgsl#entry": "sha256 hex" strings')
-    return {k: v.removeprefix("sha256:").lower() for k, v in table.items() if "#" in k}
+    return {k: v.lower().removeprefix("sha256:") for k, v in table.items() if "#" in k}
 
 
 def _show(value: Any) -> str:
@@ -603,7 +639,43 @@ def _layout_differences(
     return [f"{label}: layout mismatch: {line}" for line in lines]
 
 
-def _pass_differences(label: str, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+@dataclass(frozen=True)
+class _Vocabulary:
+    """Every key the export writes somewhere: at a variant's top level, in its
+    variantMetadata, in a pass. A registry entry that has one of them where the export has
+    none (a ``passes`` list on a one-kernel variant, a ``wgsl`` beside ``passes``, a
+    ``dispatchFold``) would make a host run the kernel differently, so it is a difference."""
+
+    variant: frozenset[str]
+    metadata: frozenset[str]
+    passes: frozenset[str]
+
+    @classmethod
+    def of(cls, registry: Mapping[str, Any]) -> _Vocabulary:
+        """The keys this registry uses, and those the exporter writes where a kernel needs them
+        (an export without a folding or a multi-pass kernel still knows their keys)."""
+        variants = [v for s in registry["operations"].values() for v in s["variants"].values()]
+        passes = [p for v in variants for p in v.get("passes", [])]
+        return cls(
+            (frozenset(k for v in variants for k in v) | _VARIANT_KEYS) - _NOT_VOCABULARY,
+            frozenset(k for v in variants for k in v.get("variantMetadata", {})) | _METADATA_KEYS,
+            frozenset(k for p in passes for k in p) | _PASS_KEYS,
+        )
+
+
+def _extra_keys(
+    label: str, known: frozenset[str], theirs: Mapping[str, Any], ours: Mapping[str, Any]
+) -> list[str]:
+    """Keys of the export's vocabulary that the registry has here and the export has not."""
+    return [
+        f"{label}: {key}: registry {_show(theirs[key])}, WGSL absent"
+        for key in sorted(known & set(theirs) - set(ours))
+    ]
+
+
+def _pass_differences(
+    label: str, theirs: Mapping[str, Any], ours: Mapping[str, Any], known: frozenset[str]
+) -> list[str]:
     """A multi-pass variant: pass count, then each pass's keys in order, then the scratch list."""
     their_passes = theirs.get("passes") if isinstance(theirs.get("passes"), list) else []
     lines = []
@@ -620,6 +692,7 @@ def _pass_differences(label: str, theirs: Mapping[str, Any], ours: Mapping[str, 
                 lines.append(
                     f"{label}: pass {n} {key}: registry {_show(t.get(key))}, WGSL {_show(value)}"
                 )
+        lines += _extra_keys(f"{label}: pass {n}", known, t, o)
         resolved = {"bindings": t.get("bindings") or [], "uniforms": t.get("uniforms")}
         lines += _layout_differences(f"{label}: pass {n} ({o['name']})", resolved, o)
     if theirs.get("scratch") != ours["scratch"]:
@@ -644,8 +717,9 @@ def _variant_differences(
     theirs: Mapping[str, Any],
     our_schema: Mapping[str, Any],
     ours: Mapping[str, Any],
+    known: _Vocabulary,
 ) -> list[str]:
-    lines = []
+    lines = _extra_keys(label, known.variant, theirs, ours)
     for key in _COMPARED_KEYS:
         if key not in ours:
             continue
@@ -656,18 +730,31 @@ def _variant_differences(
             their_value = {}
         if their_value != our_value:
             lines.append(f"{label}: {key}: registry {_show(their_value)}, WGSL {_show(our_value)}")
-    their_meta = theirs.get("variantMetadata") or {}
+    their_meta = theirs.get("variantMetadata")
+    their_meta = their_meta if isinstance(their_meta, dict) else {}
     for key, value in sorted(ours["variantMetadata"].items()):
         if their_meta.get(key) != value:
             lines.append(
                 f"{label}: variantMetadata.{key}: registry {_show(their_meta.get(key))}, "
                 f"WGSL {_show(value)}"
             )
+    lines += _extra_keys(
+        f"{label}: variantMetadata", known.metadata, their_meta, ours["variantMetadata"]
+    )
     if "passes" in ours:
-        return lines + _pass_differences(label, theirs, ours)
+        return lines + _pass_differences(label, theirs, ours, known.passes)
     return lines + _layout_differences(
         label, _resolved(their_schema, theirs), _resolved(our_schema, ours)
     )
+
+
+def _registry_files(variant: Any) -> list[str]:
+    """The kernel files a registry entry points at: its ``wgsl`` and each pass's."""
+    if not isinstance(variant, dict):
+        return []
+    passes = variant.get("passes") if isinstance(variant.get("passes"), list) else []
+    entries = [variant, *(p for p in passes if isinstance(p, dict))]
+    return [e["wgsl"] for e in entries if isinstance(e.get("wgsl"), str)]
 
 
 def _digest_keys(variant: Mapping[str, Any]) -> list[str]:
@@ -690,6 +777,7 @@ def differences(
     Entries for kernels doppler-gen does not generate are not its business and are skipped.
     """
     our_table = our_digests["digests"]
+    known = _Vocabulary.of(ours)
     lines: list[str] = []
     for op, our_schema in sorted(ours["operations"].items()):
         their_schema = theirs["operations"].get(op) or {}
@@ -700,7 +788,7 @@ def differences(
                 lines.append(f"{label}: missing from the registry")
             else:
                 lines += _variant_differences(
-                    label, their_schema, their_variant, our_schema, variant
+                    label, their_schema, their_variant, our_schema, variant, known
                 )
             for key in _digest_keys(variant):
                 if key not in their_digests:
@@ -714,10 +802,10 @@ def differences(
     for op, schema in sorted(theirs["operations"].items()):
         ours_op = ours["operations"].get(op, {}).get("variants", {})
         for vid, variant in sorted((schema.get("variants") or {}).items()):
-            wgsl = variant.get("wgsl")
-            if vid not in ours_op and isinstance(wgsl, str) and PurePosixPath(wgsl).name in files:
+            ours_file = [w for w in _registry_files(variant) if PurePosixPath(w).name in files]
+            if vid not in ours_op and ours_file:
                 lines.append(
-                    f"{op}.{vid}: extra: the registry points at {wgsl}, which doppler-gen "
+                    f"{op}.{vid}: extra: the registry points at {ours_file[0]}, which doppler-gen "
                     f"generates, but no variant declares doppler_id {vid!r} in {op!r}"
                 )
     for key in sorted(set(their_digests) - set(our_table)):
