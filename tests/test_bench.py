@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, assert_one_line_error, run_cli
+from conftest import REPO_ROOT, assert_one_line_error, edit, run_cli
 
 from doppler_gen.backends import AdapterInfo
 from doppler_gen.bench import (
@@ -560,6 +560,47 @@ def test_tiny_bench_on_lavapipe_end_to_end(tmp_path: Path) -> None:
     # Q f32 + K/V f16 + output f32 + kv_len_buffer and page_table (one u32 each)
     assert prefill["bytes"] == 20 * 4 * 16 * 4 + 2 * 36 * 2 * 16 * 2 + 20 * 4 * 16 * 4 + 8
     assert prefill["flops"] == 4 * (20 * 16 + 20 * 21 // 2) * 4 * 16
+
+
+@needs_cpu_adapter
+@pytest.mark.parametrize("planted", [False, True], ids=["correct", "skips-a-written-output"])
+def test_a_run_as_timed_is_judged_after_the_timed_runs(fresh_project: Path, planted: bool) -> None:
+    """The timed runs poison nothing. A kernel that returns at once when its output already
+    holds a number is right on the judged (NaN-poisoned) run and fast on every timed one: the
+    run judged after them, its output prefilled with a finite stale value, makes it FAIL."""
+    if planted:
+        edit(
+            fresh_project / "templates/rmsnorm.wgsl.j2",
+            "    if (row >= u.num_rows) {",
+            "    if (row >= u.num_rows || bitcast<u32>(output[row * u.size]) != 0x7fc00000u) {",
+        )
+        assert run_cli(fresh_project, "generate").exit_code == 0
+    result = run_cli(
+        fresh_project,
+        "bench",
+        "rmsnorm",
+        "--adapter",
+        "cpu",
+        "--allow-cpu",
+        "--repeats",
+        "20",
+        "--warmup",
+        "1",
+        "--warmup-ms",
+        "0",
+        "--copy-mib",
+        "0",
+        "--shape",
+        "rmsnorm:rows=8,size=256",
+        "--json",
+    )
+    row = json.loads(result.stdout)["rows"][0]
+    if not planted:
+        assert result.exit_code == 0 and row["status"] == "ok", result.output
+        return
+    assert result.exit_code == 1, result.output
+    assert row["status"] == "FAIL" and row["timing"] is None
+    assert row["reason"].startswith("a run as timed (output prefilled, state kept): wrong output")
 
 
 # -- warm-up by GPU time ---------------------------------------------------------------------------

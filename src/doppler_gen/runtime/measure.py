@@ -189,7 +189,9 @@ def measure(
 
     The judged run is on NaN-poisoned outputs and scratch: every output element must be finite
     and the family's sampled rows within the validation tolerance of float64, else FAIL and no
-    time (a fast wrong kernel must never look like a win).
+    time (a fast wrong kernel must never look like a win). The timed runs poison nothing, so
+    one more run as they ran (its output prefilled with a finite stale value) is judged after
+    them: a kernel whose work depends on what earlier runs left is FAIL too.
 
     ``on_first`` receives the wall seconds of the first (checked) run, before timing.
     """
@@ -239,6 +241,12 @@ def _time(
         settings,
     )
     runs = runner.timed(prepared, repeats=settings.repeats, warmup=settings.warmup)
+    # the timed runs poisoned nothing: one more like them must still be right
+    verdict = runner.judge(prepared, runner.run_as_timed(prepared))
+    if not verdict.passed:
+        reason = wrong_output_reason(verdict, row.variant)
+        row.status, row.reason = "FAIL", f"a run as timed (output prefilled, state kept): {reason}"
+        return
     row.status, row.timing = "ok", Timing(tuple(r.total_ns for r in runs))
     names = [p["name"] for p in runner.entry["passes"]]
     if len(names) > 1:
