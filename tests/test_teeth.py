@@ -307,6 +307,13 @@ SIZE_MUTATIONS = [
         ["attention_decode_tiered_f16kv"],
     ),
     (
+        "gqa-head-map-shifts-instead-of-dividing",  # right only for power-of-two groups
+        "templates/lib/attention_common.wgsl.j2",
+        "    return query_head_idx / heads_per_kv;",
+        "    return query_head_idx >> firstTrailingBit(heads_per_kv);",
+        [SMALL, "attention_decode_tiered_f16kv"],
+    ),
+    (
         "nan-for-kv-lengths-1500-to-3000",
         TILED,
         "let inv_l_i = select(0.0, 1.0 / l_i, l_i > 0.0);",

@@ -8,7 +8,7 @@ offset beyond some value dropped) pass every small case.
 
 | dimension | default | large |
 |---|---|---|
-| query heads | 1-64: 32/8 and 64/8 GQA, 64 MHA, 64 MQA | same |
+| query heads | 1-96: 32/8 and 64/8 GQA, 40/8, 28/4 and 96/8 (groups of 5, 7, 12), 64 MHA, 64 MQA | same |
 | head_dim | ``head_dims(max_head_dim)`` | same |
 | kv_len | 2083 (>= 2048) | 8219 (>= 8192) |
 | query_len | 333 (>= 300) | 1061 (>= 1024) |
@@ -276,8 +276,8 @@ def _long_splits(entry: Mapping[str, Any]) -> list[CaseSpec]:
 
 
 def _tiled_heads(hd: int) -> list[CaseSpec]:
-    """1 to 64 query heads: 64/8 and 32/8 GQA, 64 MHA, 64 MQA (short lengths: heads are the
-    dimension under test)."""
+    """1 to 96 query heads: 64/8 and 32/8 GQA, groups of 5, 7 and 12, 64 MHA, 64 MQA (short
+    lengths: heads are the dimension under test)."""
     d = min(hd, 32)
     return [
         CaseSpec(
@@ -318,6 +318,35 @@ def _tiled_heads(hd: int) -> list[CaseSpec]:
         ),
         CaseSpec(
             "heads 1", num_heads=1, num_kv_heads=1, head_dim=d, query_len=7, kv_len=50, start_pos=43
+        ),
+        # GQA groups that are not powers of two (40/8 and 28/4 are real models'), and more
+        # than 64 heads: a head mapping that shifts instead of dividing, or wraps, fails here
+        CaseSpec(
+            "heads 40/8 (GQA 5)",
+            num_heads=40,
+            num_kv_heads=8,
+            head_dim=min(hd, 64),
+            query_len=4,
+            kv_len=70,
+            start_pos=66,
+        ),
+        CaseSpec(
+            "heads 28/4 (GQA 7)",
+            num_heads=28,
+            num_kv_heads=4,
+            head_dim=d,
+            query_len=3,
+            kv_len=51,
+            start_pos=48,
+        ),
+        CaseSpec(
+            "heads 96/8 (GQA 12)",
+            num_heads=96,
+            num_kv_heads=8,
+            head_dim=min(hd, 16),
+            query_len=2,
+            kv_len=40,
+            start_pos=38,
         ),
     ]
 
@@ -374,6 +403,9 @@ def tiered_size_specs(
             (64, 64, 16, "heads 64/64 (MHA)"),
             (64, 1, 32, "heads 64/1 (MQA)"),
             (1, 1, 32, "heads 1"),
+            (40, 8, 64, "heads 40/8 (GQA 5)"),
+            (28, 4, 32, "heads 28/4 (GQA 7)"),
+            (96, 8, 16, "heads 96/8 (GQA 12)"),
         )
     ]
     specs += [
