@@ -67,8 +67,16 @@ _COMPARED_KEYS = (
 
 # keys the exporter writes only for some kernels (see _Vocabulary)
 _VARIANT_KEYS = frozenset(
-    {"wgsl", "entryPoint", "workgroup", "wgslOverrides", "passes", "scratch", "passEncoding"}
-    | {"constants"}
+    {
+        "wgsl",
+        "entryPoint",
+        "workgroup",
+        "wgslOverrides",
+        "passes",
+        "scratch",
+        "passEncoding",
+        "constants",
+    }
 )
 # compared otherwise: the layout as Doppler resolves it, and free text
 _NOT_VOCABULARY = frozenset({"description", "bindingsOverride", "uniformsOverride"})
