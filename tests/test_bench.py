@@ -507,21 +507,19 @@ def test_bench_refuses_a_cpu_adapter_in_one_line() -> None:
     assert result.stdout == ""
 
 
+def _bench_on_lavapipe(root: Path, *args: str):
+    """`bench ARGS` on the CPU adapter, with the fewest timed runs and one warm-up."""
+    cpu = ("--adapter", "cpu", "--allow-cpu", "--repeats", "20", "--warmup", "1")
+    return run_cli(root, "bench", *args, *cpu)
+
+
 @needs_cpu_adapter
 def test_tiny_bench_on_lavapipe_end_to_end(tmp_path: Path) -> None:
     output = tmp_path / "bench.json"
-    result = run_cli(
+    result = _bench_on_lavapipe(
         REPO_ROOT,
-        "bench",
         "attention_small_f16kv",
         "attention_decode_tiered_f16",
-        "--adapter",
-        "cpu",
-        "--allow-cpu",
-        "--repeats",
-        "20",
-        "--warmup",
-        "1",
         "--copy-mib",
         "1",
         "--shape",
@@ -575,17 +573,9 @@ def test_a_run_as_timed_is_judged_after_the_timed_runs(fresh_project: Path, plan
             "    if (row >= u.num_rows || bitcast<u32>(output[row * u.size]) != 0x7fc00000u) {",
         )
         assert run_cli(fresh_project, "generate").exit_code == 0
-    result = run_cli(
+    result = _bench_on_lavapipe(
         fresh_project,
-        "bench",
         "rmsnorm",
-        "--adapter",
-        "cpu",
-        "--allow-cpu",
-        "--repeats",
-        "20",
-        "--warmup",
-        "1",
         "--warmup-ms",
         "0",
         "--copy-mib",

@@ -275,79 +275,35 @@ def _long_splits(entry: Mapping[str, Any]) -> list[CaseSpec]:
     ]
 
 
+# (label, heads, KV heads, largest head_dim, query_len, kv_len): the last query sits on the last
+# key. GQA groups that are not powers of two (40/8 and 28/4 are real models') and more than 64
+# heads catch a head mapping that shifts instead of dividing, or wraps.
+TILED_HEADS = (
+    ("heads 64/8 (GQA 8)", 64, 8, 32, 3, 45),
+    ("heads 32/8 (GQA 4)", 32, 8, 64, 20, 90),
+    ("heads 64/64 (MHA)", 64, 64, 16, 2, 33),
+    ("heads 64/1 (MQA)", 64, 1, 24, 5, 60),
+    ("heads 1", 1, 1, 32, 7, 50),
+    ("heads 40/8 (GQA 5)", 40, 8, 64, 4, 70),
+    ("heads 28/4 (GQA 7)", 28, 4, 32, 3, 51),
+    ("heads 96/8 (GQA 12)", 96, 8, 16, 2, 40),
+)
+
+
 def _tiled_heads(hd: int) -> list[CaseSpec]:
     """1 to 96 query heads: 64/8 and 32/8 GQA, groups of 5, 7 and 12, 64 MHA, 64 MQA (short
     lengths: heads are the dimension under test)."""
-    d = min(hd, 32)
     return [
         CaseSpec(
-            "heads 64/8 (GQA 8)",
-            num_heads=64,
-            num_kv_heads=8,
-            head_dim=d,
-            query_len=3,
-            kv_len=45,
-            start_pos=42,
-        ),
-        CaseSpec(
-            "heads 32/8 (GQA 4)",
-            num_heads=32,
-            num_kv_heads=8,
-            head_dim=min(hd, 64),
-            query_len=20,
-            kv_len=90,
-            start_pos=70,
-        ),
-        CaseSpec(
-            "heads 64/64 (MHA)",
-            num_heads=64,
-            num_kv_heads=64,
-            head_dim=min(hd, 16),
-            query_len=2,
-            kv_len=33,
-            start_pos=31,
-        ),
-        CaseSpec(
-            "heads 64/1 (MQA)",
-            num_heads=64,
-            num_kv_heads=1,
-            head_dim=min(hd, 24),
-            query_len=5,
-            kv_len=60,
-            start_pos=55,
-        ),
-        CaseSpec(
-            "heads 1", num_heads=1, num_kv_heads=1, head_dim=d, query_len=7, kv_len=50, start_pos=43
-        ),
-        # GQA groups that are not powers of two (40/8 and 28/4 are real models'), and more
-        # than 64 heads: a head mapping that shifts instead of dividing, or wraps, fails here
-        CaseSpec(
-            "heads 40/8 (GQA 5)",
-            num_heads=40,
-            num_kv_heads=8,
-            head_dim=min(hd, 64),
-            query_len=4,
-            kv_len=70,
-            start_pos=66,
-        ),
-        CaseSpec(
-            "heads 28/4 (GQA 7)",
-            num_heads=28,
-            num_kv_heads=4,
-            head_dim=d,
-            query_len=3,
-            kv_len=51,
-            start_pos=48,
-        ),
-        CaseSpec(
-            "heads 96/8 (GQA 12)",
-            num_heads=96,
-            num_kv_heads=8,
-            head_dim=min(hd, 16),
-            query_len=2,
-            kv_len=40,
-            start_pos=38,
-        ),
+            label,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=min(hd, largest),
+            query_len=query_len,
+            kv_len=kv_len,
+            start_pos=kv_len - query_len,
+        )
+        for label, heads, kv_heads, largest, query_len, kv_len in TILED_HEADS
     ]
 
 

@@ -135,24 +135,21 @@ def dispatch_grid(
     return (-(-count // rows), rows, 1)
 
 
+def filled_bytes(dtype: Any, count: int, value: float) -> bytes:
+    """``count`` elements of ``value`` in a float ``dtype``; all ones for an integer one."""
+    if np.issubdtype(dtype, np.floating):
+        return np.full(count, value, dtype=dtype).tobytes()
+    return np.full(count, np.iinfo(dtype).max, dtype=dtype).tobytes()
+
+
 def poison_bytes(element_type: str, count: int) -> bytes:
     """NaN for float elements, all ones for integers: a value no kernel writes by accident."""
-    dtype = NUMPY_DTYPES[element_type]
-    if np.issubdtype(dtype, np.floating):
-        return np.full(count, np.nan, dtype=dtype).tobytes()
-    return np.full(count, np.iinfo(dtype).max, dtype=dtype).tobytes()
+    return filled_bytes(NUMPY_DTYPES[element_type], count, np.nan)
 
 
 # What run_as_timed leaves in an output before the run: finite, far outside any attention
 # or RMSNorm output the cases produce, exact in f16 and f32
 STALE_OUTPUT = -4096.0
-
-
-def stale_bytes(dtype: Any, count: int) -> bytes:
-    """``count`` elements of STALE_OUTPUT (all ones for integer outputs)."""
-    if np.issubdtype(dtype, np.floating):
-        return np.full(count, STALE_OUTPUT, dtype=dtype).tobytes()
-    return np.full(count, np.iinfo(dtype).max, dtype=dtype).tobytes()
 
 
 class KernelRunner:
@@ -398,7 +395,9 @@ class KernelRunner:
         kernel that skips work when its output already holds something (or that depends on
         what an earlier run left in its scratch) is then judged wrong."""
         count = int(np.prod(prepared.output_shape))
-        self.device.write_buffer(prepared.output, stale_bytes(prepared.out_dtype, count))
+        self.device.write_buffer(
+            prepared.output, filled_bytes(prepared.out_dtype, count, STALE_OUTPUT)
+        )
         self.device.run(prepared.steps)
         return self.read_output(prepared)
 
