@@ -30,10 +30,12 @@ from doppler_gen.tune import (
     CandidateRenderer,
     CandidateResult,
     TuneRun,
+    _settle_winner,
     contract_changes,
     enumerate_candidates,
     evaluate,
     format_report,
+    nearest_candidates,
     override_sweep,
     param_grid,
     write_winner,
@@ -222,6 +224,110 @@ def test_the_real_variants_enumerate() -> None:
         assert tunable and all(set(c.params) == tunable for c in candidates)
 
 
+def _grid_entry(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A synthetic entry whose kernel ignores `unused` and whose override default follows `a`."""
+    calls.append(dict(params))
+    digest = "-".join(f"{k}{v}" for k, v in sorted(params.items()) if k != "unused")
+    return {"kernel_digest": digest, "overrides": [_override("WIDTH", 16 * params["a"])]}
+
+
+calls: list[dict[str, Any]] = []
+GRID = {name: (1, 2, 3) for name in ("a", "b", "c", "d", "unused")}  # 243 parameter sets
+GRID_CURRENT = {name: 1 for name in GRID}
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 9, 10, 30, 100, 500])
+def test_nearest_candidates_are_the_full_enumeration_s_first(limit: int) -> None:
+    """Rendering only as deep as the limit needs gives exactly the first candidates of the
+    whole grid's enumeration, in the same order."""
+    everything = enumerate_candidates(GRID_CURRENT, {}, GRID, _grid_entry)
+    calls.clear()
+    nearest = nearest_candidates(GRID_CURRENT, {}, GRID, _grid_entry, limit=limit)
+    assert [c.key for c in nearest.candidates[:limit]] == [c.key for c in everything[:limit]]
+    rendered = {tuple(sorted(c.items())) for c in calls}  # the current set is asked for twice
+    assert nearest.parameter_sets == 243 and nearest.rendered == len(rendered)
+    if nearest.complete:
+        assert [c.key for c in nearest.candidates] == [c.key for c in everything]
+    else:
+        assert nearest.rendered < 243 and len(nearest.candidates) >= limit
+
+
+def test_a_huge_grid_is_rendered_only_as_deep_as_the_cap_needs() -> None:
+    """37,000 parameter sets of the prefill template were all rendered (about 15 minutes and
+    13 GB) before `--max-candidates 1` let the first candidate run."""
+    huge = {name: tuple(range(1, 8)) for name in ("a", "b", "c", "d", "e", "f")}  # 117,649
+    calls.clear()
+    nearest = nearest_candidates(dict.fromkeys(huge, 1), {}, huge, _grid_entry, limit=32)
+    assert len(calls) <= 2 + 6 * 6 and nearest.depth == 1 and not nearest.complete
+    assert nearest.parameter_sets == 7**6 and len(nearest.candidates) >= 32
+
+
+def test_a_real_prefill_template_enumerates_quickly() -> None:
+    project = load_project(REPO_ROOT)
+    variant = project.variant("attention_prefill_large_sg_d64_f16")
+    renderer = CandidateRenderer(project, variant)
+    nearest = nearest_candidates(
+        variant.params, variant.overrides, variant.template.tunable, renderer.entry, limit=32
+    )
+    assert nearest.parameter_sets > 10_000 and nearest.rendered < 400
+    assert (
+        len(nearest.candidates) >= 32
+        and nearest.candidates[0].label(nearest.candidates[0]) == "current"
+    )
+
+
+def test_a_candidate_failing_the_full_matrix_gives_way_to_the_next(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fastest candidate failed the full matrix and was still reported as the winner (exit
+    0), while a slower one that passed was never considered."""
+    from doppler_gen import tune
+
+    project = load_project(fresh_project)
+    candidates = _small_candidates(project)
+    current = _timed(candidates[0], "current", 300.0)
+    wrong = _timed(candidates[1], "wrong", 100.0)
+    right = _timed(candidates[2], "right", 200.0)
+    verdicts = {candidates[1].key: "FAIL: 2 case(s) failed", candidates[2].key: "PASS"}
+    judged = []
+
+    def full(device: Any, renderer: Any, candidate: Candidate, settings: Any) -> str:
+        judged.append(candidate.key)
+        return verdicts[candidate.key]
+
+    monkeypatch.setattr(tune, "_full_validation", full)
+    run = TuneRun(
+        "attention_small_f16kv",
+        "prefill",
+        "synthetic",
+        False,
+        Settings(),
+        [current, wrong, right],
+        3,
+        32,
+    )
+    run.winner_full_validation = _settle_winner(None, None, run, Settings())
+    assert run.winner is right and run.winner_full_validation == "PASS"
+    assert judged == [candidates[1].key, candidates[2].key]
+    assert wrong.validation == "FAIL" and "full validation matrix: FAIL: 2 case" in wrong.reason
+    report = format_report(run)
+    assert "winner: right" in report and "full validation matrix: PASS" in report
+    verdicts[candidates[2].key] = "FAIL: 1 case(s) failed"
+    again = TuneRun(
+        "attention_small_f16kv",
+        "prefill",
+        "synthetic",
+        False,
+        Settings(),
+        [_timed(candidates[0], "current", 300.0), _timed(candidates[1], "w", 100.0)],
+        2,
+        32,
+    )
+    again.results.append(_timed(candidates[2], "r", 200.0))
+    assert _settle_winner(None, None, again, Settings()) == ""
+    assert again.winner is again.current  # every faster one failed: the current one stays
+
+
 def test_contract_changes_name_old_and_new() -> None:
     before = {"max_head_dim": 256, "q_dtype": "f16"}
     assert contract_changes(before, {"max_head_dim": 64, "q_dtype": "f16"}) == "max_head_dim 256→64"
@@ -299,6 +405,32 @@ def test_edit_refuses_forms_it_cannot_rewrite_safely() -> None:
         edit_variant_entry(dotted, "last", {"block_size": 32}, {})
     with pytest.raises(ConfigError, match="no \\[\\[variant\\]\\] entry named 'nope'"):
         edit_variant_entry(TOML, "nope", {"block_size": 32}, {})
+
+
+def test_a_description_line_that_reads_like_a_key_is_never_edited() -> None:
+    """A multi-line description with a line `overrides = { ... }` lost that line to --write
+    (and one on the string's last line made the edit fail as an unterminated string)."""
+    body = (
+        'description = """the host sets\noverrides = { WORKGROUP_SIZE = 128 }\n'
+        '(measured by hand)"""\n'
+    )
+    text = TOML.replace('name = "plain"\n', 'name = "plain"\n' + body)
+    edited = edit_variant_entry(text, "plain", {"block_size": 32}, {"WORKGROUP_SIZE": 64})
+    entry = tomllib.loads(edited)["variant"][0]
+    assert entry["description"] == tomllib.loads(text)["variant"][0]["description"]
+    assert entry["overrides"] == {"WORKGROUP_SIZE": 64} and entry["params"] == {"block_size": 32}
+    last = TOML.replace(
+        'name = "plain"\n', 'name = "plain"\ndescription = """x\noverrides = { A = 1 }"""\n'
+    )
+    entry = tomllib.loads(edit_variant_entry(last, "plain", {}, {"WORKGROUP_SIZE": 64}))
+    assert entry["variant"][0]["description"] == "x\noverrides = { A = 1 }"
+
+
+def test_a_spaced_variant_header_is_found() -> None:
+    spaced = TOML.replace('[[variant]]\nname = "plain"', '[[ variant ]]  # spaced\nname = "plain"')
+    assert spaced != TOML
+    edited = edit_variant_entry(spaced, "plain", {"block_size": 32}, {})
+    assert tomllib.loads(edited)["variant"][0]["params"] == {"block_size": 32}
 
 
 # -- on lavapipe ---------------------------------------------------------------------------------
@@ -573,6 +705,26 @@ def test_tune_of_an_unknown_variant_is_one_line() -> None:
 def test_a_bad_space_is_one_line(space: str, message: str) -> None:
     result = run_cli(
         REPO_ROOT, "tune", "attention_decode_split_d64", "--allow-cpu", "--space", space
+    )
+    assert result.exit_code == 2
+    assert message in assert_one_line_error(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ("block_order=bogus,ascending", "'bogus' is not one of the choices of block_order"),
+        ("block_k=0", "block_k must be a positive integer"),
+    ],
+)
+def test_space_values_outside_what_variants_toml_accepts_are_refused_first(
+    space: str, message: str
+) -> None:
+    """`--space block_order=bogus` was validated, timed and named the winner (the template
+    reads any other word as "ascending"), and --write would have recorded it."""
+    tiny = ("--shape", "prefill:q=8,kv=8,h=2,kvh=1,d=16", "--max-candidates", "2")
+    result = run_cli(
+        REPO_ROOT, "tune", "attention_streaming", "--allow-cpu", *tiny, "--space", space
     )
     assert result.exit_code == 2
     assert message in assert_one_line_error(result.stderr)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from conftest import assert_one_line_error, project_snapshot, run_cli
 
 from doppler_gen.config import load_project
 from doppler_gen.config_edit import edit_variant_entry, table_header_lines
-from doppler_gen.errors import ConfigError
+from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.runtime.measure import BenchRow, Settings, Timing
 from doppler_gen.tune import (
     CandidateRenderer,
@@ -133,11 +134,11 @@ def test_a_variants_toml_that_cannot_be_restored_says_so(
     assert str(error.value).endswith("(generated/: planted failure)")  # why generated/ failed
 
 
-def test_ctrl_c_held_while_the_winner_is_written_restores_variants_toml(
+def test_an_interrupt_out_of_the_variants_toml_write_restores_it(
     fresh_project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Ctrl-C held while variants.toml was renamed is raised as the write returns, before
-    generated/ is written: the winner stayed in variants.toml alone (exit 130)."""
+    """Signals are held over both writes (next test), but should a KeyboardInterrupt come out
+    of the variants.toml write itself, before generated/ is written, the original goes back."""
     from doppler_gen import tune
 
     real_atomic = tune._atomic
@@ -155,6 +156,119 @@ def test_ctrl_c_held_while_the_winner_is_written_restores_variants_toml(
         write_winner(load_project(fresh_project), _synthetic_run(fresh_project, "PASS"))
     assert (fresh_project / "variants.toml").read_bytes() == before
     assert len(calls) == 2  # the winner, then the original back
+
+
+def test_a_ctrl_c_while_generated_is_written_leaves_both_with_the_winner(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real SIGINT landing while generated/'s files are replaced: the transaction held it and
+    raised it once it committed, and --write then put the old variants.toml back over a
+    generated/ holding the winner (`check` failed). Now it is held until both hold the winner."""
+    import signal
+
+    from doppler_gen.outputs import Transaction, compare, plan
+
+    real_run = Transaction._run
+
+    def ctrl_c_midway(self: Transaction, changes: Any, removals: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        real_run(self, changes, removals)
+
+    monkeypatch.setattr(Transaction, "_run", ctrl_c_midway)
+    before = (fresh_project / "variants.toml").read_text(encoding="utf-8")
+    with pytest.raises(KeyboardInterrupt):
+        write_winner(load_project(fresh_project), _synthetic_run(fresh_project, "PASS"))
+    after = (fresh_project / "variants.toml").read_text(encoding="utf-8")
+    assert after != before and "block_size = 32" in after  # the winner, recorded
+    assert compare(plan(load_project(fresh_project))).clean  # and generated/ agrees
+
+
+def test_a_second_write_waits_for_the_lock_then_refuses_a_changed_variants_toml(
+    fresh_project: Path,
+) -> None:
+    """Two `tune --write` runs at once both reported success and one change was lost: the
+    check that variants.toml is unchanged ran outside the generate lock. Another process holds
+    the lock and edits variants.toml meanwhile; --write waits, then refuses."""
+    import subprocess
+    import sys
+    import textwrap
+
+    ready = fresh_project / "ready"
+    holder = textwrap.dedent(
+        f"""
+        import fcntl, os, pathlib, time
+        root = pathlib.Path({str(fresh_project)!r})
+        (root / ".doppler-gen").mkdir(exist_ok=True)
+        handle = os.open(root / ".doppler-gen" / "generate.lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        pathlib.Path({str(ready)!r}).write_text("1")
+        time.sleep(1.0)
+        with open(root / "variants.toml", "a", encoding="utf-8") as stream:
+            stream.write("# the other run's change\\n")
+        os.close(handle)
+        """
+    )
+    project = load_project(fresh_project)
+    run = _synthetic_run(fresh_project, "PASS")
+    other = subprocess.Popen([sys.executable, "-c", holder])
+    try:
+        for _ in range(200):
+            if ready.exists():
+                break
+            time.sleep(0.05)
+        with pytest.raises(DopplerGenError, match="changed while tune ran; nothing written"):
+            write_winner(project, run)
+    finally:
+        other.wait(timeout=30)
+    text = (fresh_project / "variants.toml").read_text(encoding="utf-8")
+    assert text.endswith("# the other run's change\n") and "block_size = 32" not in text
+
+
+def test_a_template_edited_while_tune_ran_is_not_written(fresh_project: Path) -> None:
+    """The winner was validated as rendered when tune started; --write rendered the templates
+    as they are now and recorded that kernel, never validated (and every other variant of the
+    template with it)."""
+    run = _synthetic_run(fresh_project, "PASS")
+    template = fresh_project / "templates" / "attention.wgsl.j2"
+    template.write_text(template.read_text(encoding="utf-8") + "// edited\n", encoding="utf-8")
+    before = project_snapshot(fresh_project)
+    with pytest.raises(DopplerGenError, match="renders differently now from the kernel tune"):
+        write_winner(load_project(fresh_project), run)
+    assert project_snapshot(fresh_project) == before
+
+
+def test_a_write_that_would_rewrite_another_variant_is_refused(fresh_project: Path) -> None:
+    """A stale kernel of another variant would have been regenerated, unvalidated, with the
+    winner."""
+    run = _synthetic_run(fresh_project, "PASS")
+    other = fresh_project / "generated" / "attention.wgsl"
+    other.write_text(other.read_text(encoding="utf-8") + "// by hand\n", encoding="utf-8")
+    before = project_snapshot(fresh_project)
+    with pytest.raises(DopplerGenError, match=r"would also rewrite generated/attention\.wgsl"):
+        write_winner(load_project(fresh_project), run)
+    assert project_snapshot(fresh_project) == before
+
+
+def test_the_current_configuration_writes_nothing_even_with_a_default_pinned(
+    fresh_project: Path,
+) -> None:
+    """An override that restates its default (pinned, with a comment) was removed, comment and
+    all, when the winner was the current configuration."""
+    config = fresh_project / "variants.toml"
+    text = config.read_text(encoding="utf-8")
+    pinned = 'params = { kv_dtype = "f16", block_size = 16 }\n'
+    assert text.count(pinned) == 1
+    config.write_text(
+        text.replace(pinned, pinned + "overrides = { WORKGROUP_SIZE = 16 }  # the host reads\n"),
+        encoding="utf-8",
+    )
+    run_cli(fresh_project, "generate")
+    run = _synthetic_run(fresh_project, "PASS")
+    run.results = run.results[:1]  # only the current configuration ran
+    before = project_snapshot(fresh_project)
+    written = write_winner(load_project(fresh_project), run)
+    assert written["changed"] is False and "current configuration" in written["message"]
+    assert project_snapshot(fresh_project) == before
 
 
 def test_ctrl_c_while_generated_is_written_restores_variants_toml(

@@ -43,14 +43,22 @@ def table_header_lines(lines: list[str]) -> list[int]:
     """Indices of the lines that are TOML table headers (``[x]``, ``[[x]]``).
 
     A line starting with ``[`` inside a multi-line string (a description) or a multi-line array
-    is not a header: the scan tracks strings, comments and bracket depth across lines.
+    is not a header (``toplevel_lines``).
     """
-    headers: list[int] = []
+    top = toplevel_lines(lines)
+    return [i for i, line in enumerate(lines) if top[i] and line.lstrip().startswith("[")]
+
+
+def toplevel_lines(lines: list[str]) -> list[bool]:
+    """For each line, whether it starts outside every multi-line string and array: only such a
+    line can be a header or a key. The scan tracks strings, comments and bracket depth across
+    lines, so that a description's line reading ``overrides = { ... }`` is never edited."""
+    top: list[bool] = []
     quote = ""  # the open string's delimiter: ", ', \"\"\" or '''
     depth = 0  # open [ of arrays in values
-    for index, line in enumerate(lines):
-        if not quote and depth == 0 and line.lstrip().startswith("["):
-            headers.append(index)
+    for line in lines:
+        top.append(not quote and depth == 0)
+        if top[-1] and line.lstrip().startswith("["):
             continue  # a header line holds no string or array that stays open
         position = 0
         while position < len(line):
@@ -80,14 +88,19 @@ def table_header_lines(lines: list[str]) -> list[int]:
             position += 1
         if quote in ('"', "'"):
             quote = ""  # a one-line string cannot continue (invalid TOML; tomllib reports it)
-    return headers
+    return top
+
+
+def _header(line: str) -> str:
+    """A header line without its comment and whitespace: ``[[ variant ]]`` is ``[[variant]]``."""
+    return "".join(line.split("#")[0].split())
 
 
 def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
     """[start, end) line indices of the [[variant]] entry named ``name`` (header included)."""
     headers = table_header_lines(lines)
     for position, index in enumerate(headers):
-        if lines[index].strip().split("#")[0].strip() != "[[variant]]":
+        if _header(lines[index]) != "[[variant]]":
             continue
         end = headers[position + 1] if position + 1 < len(headers) else len(lines)
         body = "".join(lines[index + 1 : end])
@@ -97,9 +110,9 @@ def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
             continue
         if entry.get("name") != name:
             continue
-        if end < len(lines) and lines[end].strip().startswith("[variant."):
+        if end < len(lines) and _header(lines[end]).startswith("[variant."):
             raise ConfigError(
-                f"--write: variant {name} uses a {lines[end].strip()} sub-table; "
+                f"--write: variant {name} uses a {_header(lines[end])} sub-table; "
                 "set the tuned values there by hand",
                 location=f"{CONFIG_NAME}:{end + 1}",
             )
@@ -110,9 +123,13 @@ def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
 def _inline_table(
     lines: list[str], start: int, end: int, key: str
 ) -> tuple[int, dict[str, Any]] | None:
-    """(line index, table) of ``key = { ... }`` within the entry, if present."""
+    """(line index, table) of ``key = { ... }`` within the entry, if present (never a line of a
+    multi-line string or array)."""
+    top = toplevel_lines(lines)
     for index in range(start + 1, end):
         stripped = lines[index].lstrip()
+        if not top[index]:
+            continue
         if not stripped.startswith(key) or stripped[len(key) :].lstrip()[:1] not in ("=", "."):
             continue
         table = _parse_inline(lines[index], key)

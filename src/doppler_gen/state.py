@@ -27,6 +27,8 @@ LOCK_NAME = "generate.lock"
 # how long a second `generate` waits for the first one before giving up (seconds)
 LOCK_WAIT_S = 10.0
 _LOCK_POLL_S = 0.05
+# projects (resolved roots) whose lock this process holds: taking it again inside is a no-op
+_HELD: set[Path] = set()
 
 
 class LockError(DopplerGenError):
@@ -107,8 +109,13 @@ def generate_lock(root: Path, wait_s: float | None = None) -> Iterator[None]:
     """Hold the project's exclusive generate lock; wait up to ``wait_s``, then exit 2.
 
     An advisory ``flock`` on ``.doppler-gen/generate.lock``: the kernel drops it when the
-    process dies, so a killed `generate` never leaves the project locked.
+    process dies, so a killed `generate` never leaves the project locked. Reentrant within a
+    process: a second ``flock`` on a new descriptor would wait for the first, its own.
     """
+    held = root.resolve()
+    if held in _HELD:  # `tune --write` holds it over its check, edit and `write` (reentrant)
+        yield
+        return
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
     where = f"{STATE_DIR}/{LOCK_NAME}"
     handle = _open_lock(root, where)
@@ -132,8 +139,10 @@ def generate_lock(root: Path, wait_s: float | None = None) -> Iterator[None]:
         with contextlib.suppress(OSError):  # who holds it: only for the message above
             os.ftruncate(handle, 0)
             os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
+        _HELD.add(held)
         yield
     finally:
+        _HELD.discard(held)
         os.close(handle)  # releases the lock
 
 

@@ -10,7 +10,8 @@ are not guessed: every other combination is enumerated, and one that fails quick
 reported "invalid" with the reason instead of being timed. Candidates are
 ordered by how far they are from the current configuration (template parameters before
 override constants, as the template's author declared those tunable), so that ``--max-candidates``
-cuts the most exotic ones first, and the report says when it cut. ``--time-limit`` cuts the same
+cuts the most exotic ones first (and only the parameter sets it can reach are rendered:
+``nearest_candidates``), and the report says when it cut. ``--time-limit`` cuts the same
 way by the clock: no candidate starts once the limit has passed (the current configuration always
 runs), so a sweep packed into a bounded GPU session still ends with its table, its winner among
 the candidates it ran and, with ``--write``, their winner recorded.
@@ -18,7 +19,10 @@ the candidates it ran and, with ``--write``, their winner recorded.
 ``--write`` records the winner in variants.toml by editing the text of the variant's entry (its
 ``params = { ... }`` and ``overrides = { ... }`` inline tables), so comments and layout survive;
 the result is re-loaded to prove it parses and means what was intended, then generated/ is
-regenerated so ``doppler-gen check`` stays clean.
+regenerated so ``doppler-gen check`` stays clean. All of it runs under the generate lock, with
+Ctrl-C held over the two writes, and only the kernel that was validated is written
+(``_refuse_unvalidated``). A winner must pass the full matrix; one that fails it gives way to the
+next fastest (``_settle_winner``).
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import math
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,7 @@ from doppler_gen.config_edit import edit_variant_entry
 from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
+from doppler_gen.interrupts import deferred_signals
 from doppler_gen.manifest import check_metadata, parse_kernel, variant_entry
 from doppler_gen.render import SOURCE_HASH_LINE, RenderedKernel, Renderer
 from doppler_gen.runtime.measure import (
@@ -58,6 +64,7 @@ from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.shapes import parse_shape
 from doppler_gen.shipped import load_committed
+from doppler_gen.state import generate_lock
 from doppler_gen.text_table import format_table
 
 MIN_SWEEP_VALUE = 16
@@ -146,16 +153,94 @@ def enumerate_candidates(
     enumeration is testable with synthetic entries. ``space`` (``--space``) narrows the sweep to
     the knobs it names, over the values it gives; every other knob keeps its current value.
     """
+    return nearest_candidates(
+        current_params, current_overrides, tunable, entry_for, space
+    ).candidates
+
+
+@dataclass(frozen=True)
+class Enumeration:
+    """The nearest candidates, and how much of the parameter grid was rendered to find them."""
+
+    candidates: list[Candidate]  # current first, then by distance (enumerate_candidates)
+    parameter_sets: int  # in the whole grid
+    rendered: int  # parameter sets rendered: all of them when ``complete``
+    depth: int  # every parameter set changing at most this many parameters was rendered
+
+    @property
+    def complete(self) -> bool:
+        return self.rendered == self.parameter_sets
+
+
+def nearest_candidates(
+    current_params: Mapping[str, ParamValue],
+    current_overrides: Mapping[str, float],
+    tunable: Mapping[str, tuple[ParamValue, ...]],
+    entry_for: EntryFor,
+    space: Space | None = None,
+    limit: int | None = None,
+) -> Enumeration:
+    """The first ``limit`` candidates of ``enumerate_candidates`` (all without a limit),
+    rendering only the parameter sets they can come from.
+
+    A candidate's distance counts its changed parameters, so one from a parameter set that
+    changes k parameters is never nearer than k: after every set within k changes is rendered,
+    the candidates within distance k are final, in their final order. A template with tens of
+    thousands of parameter sets (the prefill's) is therefore rendered only as deep as
+    ``--max-candidates`` needs, not whole before the first candidate runs.
+    """
     if space is not None:
         tunable = {name: tuple(space.get(name, ())) for name in tunable}
-    grid = param_grid(tunable, current_params)
-    current = _current(grid[0], current_overrides, entry_for)
-    found: dict[Any, Candidate] = {current.key: current}
-    for params in grid:
-        for candidate in _candidates_for(params, entry_for, space, current_overrides):
-            found.setdefault(candidate.key, candidate)
-    ranked = sorted(found.values(), key=lambda c: _rank(c, current))
-    return _distinct_kernels(ranked)
+    layers = param_layers(tunable, current_params)
+    total = param_grid_size(tunable, current_params)
+    first = next(layers)
+    current = _current(first[0][1], current_overrides, entry_for)
+    found: dict[Any, tuple[int, int, Candidate]] = {current.key: (0, 0, current)}
+    rendered, depth, ranked = 0, 0, [current]
+    for depth, layer in enumerate(itertools.chain([first], layers)):
+        for position, params in layer:
+            rendered += 1
+            made = _candidates_for(params, entry_for, space, current_overrides)
+            for order, candidate in enumerate(made):
+                found.setdefault(candidate.key, (position, order, candidate))
+        ordered = sorted(found.values(), key=lambda f: (_rank(f[2], current), f[0], f[1]))
+        ranked = _distinct_kernels([candidate for _, _, candidate in ordered])
+        final = [c for c in ranked if _rank(c, current)[1] <= depth]
+        if limit is not None and len(final) >= limit and rendered < total:
+            return Enumeration(final, total, rendered, depth)
+    return Enumeration(ranked, total, rendered, depth)
+
+
+def param_grid_size(
+    tunable: Mapping[str, tuple[ParamValue, ...]], current: Mapping[str, ParamValue]
+) -> int:
+    """How many parameter sets ``param_grid`` holds (without building it)."""
+    return math.prod(len(dict.fromkeys([current[n], *tunable[n]])) for n in tunable)
+
+
+def param_layers(
+    tunable: Mapping[str, tuple[ParamValue, ...]], current: Mapping[str, ParamValue]
+) -> Iterator[list[tuple[int, dict[str, ParamValue]]]]:
+    """``param_grid``'s sets by how many parameters they change (0, 1, 2, ...), each with its
+    position in ``param_grid``, in that order within a layer."""
+    names = sorted(tunable)
+    choices = [list(dict.fromkeys([current[n], *tunable[n]])) for n in names]
+    sizes = [len(c) for c in choices]
+    for changed in range(len(names) + 1):
+        layer = []
+        for positions in itertools.combinations(range(len(names)), changed):
+            for picks in itertools.product(*(range(1, sizes[p]) for p in positions)):
+                index = [0] * len(names)
+                for position, pick in zip(positions, picks, strict=True):
+                    index[position] = pick
+                place = 0
+                for size, pick in zip(sizes, index, strict=True):  # param_grid's order
+                    place = place * size + pick
+                params = {n: choices[i][index[i]] for i, n in enumerate(names)}
+                layer.append((place, params))
+        if not layer:
+            return
+        yield sorted(layer, key=lambda item: item[0])
 
 
 def _distinct_kernels(ranked: list[Candidate]) -> list[Candidate]:
@@ -310,12 +395,15 @@ class TuneRun:
     is_cpu: bool
     settings: Settings
     results: list[CandidateResult]
-    total: int  # candidates enumerated before the cap
+    total: int  # candidates enumerated before the cap (at least this many when not complete)
     max_candidates: int
     written: dict[str, Any] | None = None
-    winner_full_validation: str = ""  # PASS, or why the winner failed the full matrix
+    winner_full_validation: str = ""  # PASS when a winner other than the current one passed it
     time_limit: float | None = None  # --time-limit, seconds
     elapsed: float = 0.0  # seconds from the first candidate's start to the last one's end
+    parameter_sets: int = 1  # template parameter sets in the grid
+    rendered_sets: int = 1  # of them rendered to find the candidates (nearest_candidates)
+    depth: int = 0  # every parameter set changing at most this many parameters was rendered
 
     @property
     def planned(self) -> int:
@@ -323,8 +411,13 @@ class TuneRun:
         return min(self.total, self.max_candidates)
 
     @property
+    def complete(self) -> bool:
+        """Whether every parameter set was rendered, so that ``total`` is exact."""
+        return self.rendered_sets >= self.parameter_sets
+
+    @property
     def capped(self) -> bool:
-        return self.total > self.max_candidates
+        return self.total > self.max_candidates or not self.complete
 
     @property
     def time_cut(self) -> bool:
@@ -381,6 +474,9 @@ class TuneRun:
                 "seed": self.settings.seed,
             },
             "candidates_total": self.total,
+            "candidates_total_exact": self.complete,
+            "parameter_sets": self.parameter_sets,
+            "parameter_sets_rendered": self.rendered_sets,
             "candidates_run": len(self.results),
             "capped": self.capped,
             "max_candidates": self.max_candidates,
@@ -472,7 +568,28 @@ def parse_space(texts: tuple[str, ...], variant: Variant, renderer: CandidateRen
             )
         kind = type(tunable[name][0]) if tunable.get(name) else int
         space[name] = tuple(_space_value(text, item.strip(), kind) for item in values.split(","))
+        _check_space_values(text, name, space[name], variant)
     return space
+
+
+def _check_space_values(
+    text: str, name: str, values: tuple[ParamValue, ...], variant: Variant
+) -> None:
+    """A template parameter's --space values must be what variants.toml would accept for it
+    (among its declared ``choices``; an integer parameter positive): else one is validated and
+    timed, then refused by --write at the end, or, where the template does not check it,
+    recorded."""
+    if name not in variant.template.params:
+        return  # an override constant: the family's constraints judge it per candidate
+    allowed = variant.template.choices.get(name)
+    for value in values:
+        if allowed is not None and value not in allowed:
+            raise DopplerGenError(
+                f"--space {text!r}: {value!r} is not one of the choices of {name} in template "
+                f"{variant.template.name} ({', '.join(repr(a) for a in allowed)})"
+            )
+        if type(value) is int and value <= 0:
+            raise DopplerGenError(f"--space {text!r}: {name} must be a positive integer")
 
 
 def _space_value(text: str, item: str, kind: type) -> ParamValue:
@@ -514,10 +631,15 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
         committed = (kernels[0], entries[0])
     renderer = CandidateRenderer(project, variant, committed)
     space = parse_space(request.space, variant, renderer) if request.space else None
-    candidates = enumerate_candidates(
-        variant.params, variant.overrides, variant.template.tunable, renderer.entry, space
+    enumeration = nearest_candidates(
+        variant.params,
+        variant.overrides,
+        variant.template.tunable,
+        renderer.entry,
+        space,
+        limit=request.max_candidates,
     )
-    kept = candidates[: request.max_candidates]
+    kept = enumeration.candidates[: request.max_candidates]
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "tune")
     current_kernel, current_entry = renderer.render(kept[0].params)
@@ -553,12 +675,15 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             adapter.is_cpu,
             request.settings,
             results,
-            len(candidates),
+            len(enumeration.candidates),
             request.max_candidates,
             time_limit=request.time_limit,
             elapsed=time.monotonic() - started,
+            parameter_sets=enumeration.parameter_sets,
+            rendered_sets=enumeration.rendered,
+            depth=enumeration.depth,
         )
-        run.winner_full_validation = _full_validation(device, renderer, run, request.settings)
+        run.winner_full_validation = _settle_winner(device, renderer, run, request.settings)
     finally:
         device.close()
     return run
@@ -569,14 +694,27 @@ def _out_of_time(started: float, limit: float | None) -> bool:
     return limit is not None and time.monotonic() - started >= limit
 
 
-def _full_validation(
+def _settle_winner(
     device: Any, renderer: CandidateRenderer, run: TuneRun, settings: Settings
 ) -> str:
-    """Candidates were screened with the quick matrix; the winner must pass the full one."""
-    winner = run.winner
-    if winner is None or winner is run.current:
-        return ""
-    kernel, entry = renderer.render(winner.candidate.params)
+    """Candidates were screened with the quick matrix; the winner must pass the full one. One
+    that fails it is marked FAIL with the failing case, and the next fastest takes its place
+    (again on the full matrix), so a wrong kernel is never reported, or recorded, as the winner.
+    Returns "PASS" for a winner other than the current configuration, else ""."""
+    while (winner := run.winner) is not None and winner is not run.current:
+        verdict = _full_validation(device, renderer, winner.candidate, settings)
+        if verdict == "PASS":
+            return verdict
+        winner.validation = "FAIL"
+        winner.reason = f"full validation matrix: {verdict}"
+    return ""
+
+
+def _full_validation(
+    device: Any, renderer: CandidateRenderer, candidate: Candidate, settings: Settings
+) -> str:
+    """PASS, or the status and the first line of why the full matrix failed."""
+    kernel, entry = renderer.render(candidate.params)
     report = validate_variant(
         device,
         kernel,
@@ -584,7 +722,7 @@ def _full_validation(
         quick=False,
         seed=settings.seed,
         storage_overrun=settings.storage_overrun,
-        constants={k: float(v) for k, v in winner.candidate.constants.items()},
+        constants={k: float(v) for k, v in candidate.constants.items()},
     )
     return (
         "PASS" if report.status == "PASS" else f"{report.status}: {report.reason.splitlines()[0]}"
@@ -668,6 +806,11 @@ def format_report(run: TuneRun) -> str:
     if run.capped:
         lines.append(
             f"\ncapped: kept {run.planned} of {run.total} candidates (raise --max-candidates)"
+            if run.complete
+            else f"\ncapped: kept {run.planned} of the {run.total} candidates found within "
+            f"{run.depth} parameter change(s) of the current configuration; "
+            f"{run.parameter_sets - run.rendered_sets:,} of {run.parameter_sets:,} parameter sets "
+            "lie farther and were not rendered (raise --max-candidates)"
         )
     if run.time_cut:
         lines.append(
@@ -756,39 +899,44 @@ def write_winner(
     params = {k: v for k, v in winner.candidate.params.items() if variant.params[k] != v}
     unswept = {k: v for k, v in variant.overrides.items() if k not in winner.candidate.constants}
     overrides = dict(sorted({**unswept, **winner.candidate.overrides_to_record()}.items()))
-    if not params and overrides == dict(variant.overrides):
+    if winner is run.current or (not params and _same_constants(winner.candidate, variant)):
         return {
             "changed": False,
             "variant": variant.name,
             "message": "the winner is the current configuration; nothing written",
         }
-    path = project.config_path
-    original = read_config(project.root, newline="")  # CRLF stays CRLF, byte for byte
-    if project.config_text and _universal_newlines(original) != project.config_text:
-        raise DopplerGenError(
-            f"--write: {CONFIG_NAME} changed while tune ran; nothing written (run tune again)"
-        )
-    edited = edit_variant_entry(original, variant.name, params, overrides)
-    try:  # the edited file is checked and rendered in memory: an error leaves it untouched
-        reloaded = _verify(parse_project(project.root, edited), variant.name, params, overrides)
-        outcome = plan(reloaded)
-    except DopplerGenError as error:
-        raise _edit_error(error, variant) from None
-    edited_written = False
-    try:
-        _write_config(path, edited, "nothing written")
-        edited_written = True
-        result = write(outcome)
-    except DopplerGenError as error:
-        if edited_written:  # else the edit itself failed, and nothing was written
-            why = f"it holds the winner, but generated/ does not ({error})"
-            _write_config(path, original, why)
-        raise
-    except BaseException:  # Ctrl-C: it may come as the edit lands (held while the file is
-        # renamed, then raised), before ``edited_written`` is set; writing the original back
-        # is right either way: variants.toml must not keep the winner alone
-        _write_config(path, original, "it holds the winner, but generated/ does not")
-        raise
+    # under the generate lock from the read of variants.toml to the last file written: a second
+    # `tune --write` or `generate` waits, then finds variants.toml changed and refuses
+    with generate_lock(project.root):
+        path = project.config_path
+        original = read_config(project.root, newline="")  # CRLF stays CRLF, byte for byte
+        if project.config_text and _universal_newlines(original) != project.config_text:
+            raise DopplerGenError(
+                f"--write: {CONFIG_NAME} changed while tune ran; nothing written (run tune again)"
+            )
+        edited = edit_variant_entry(original, variant.name, params, overrides)
+        try:  # the edited file is checked and rendered in memory: an error leaves it untouched
+            reloaded = _verify(parse_project(project.root, edited), variant.name, params, overrides)
+            outcome = plan(reloaded)
+        except DopplerGenError as error:
+            raise _edit_error(error, variant) from None
+        _refuse_unvalidated(outcome, variant, winner.candidate)
+        # Ctrl-C is held until variants.toml and generated/ both hold the winner, or neither
+        with deferred_signals():
+            edited_written = False
+            try:
+                _write_config(path, edited, "nothing written")
+                edited_written = True
+                result = write(outcome)
+            except DopplerGenError as error:
+                if edited_written:  # else the edit itself failed, and nothing was written
+                    why = f"it holds the winner, but generated/ does not ({error})"
+                    _write_config(path, original, why)
+                raise
+            except BaseException:  # not a signal (held): variants.toml must not keep the
+                # winner alone, whether or not the edit had landed
+                _write_config(path, original, "it holds the winner, but generated/ does not")
+                raise
     summary = " ".join(f"{k}={v}" for k, v in {**params, **overrides}.items())
     if not overrides and variant.overrides:
         summary += " (overrides removed)"
@@ -857,3 +1005,40 @@ def _verify(
             location=CONFIG_NAME,
         )
     return project
+
+
+def _same_constants(candidate: Candidate, variant: Variant) -> bool:
+    """Whether the candidate's constants are those the variant runs with now: its overrides,
+    else the defaults (an override that only restates its default counts as the default)."""
+    running = {**candidate.defaults, **variant.overrides}
+    return all(running.get(name) == value for name, value in candidate.constants.items())
+
+
+def _refuse_unvalidated(outcome: Any, variant: Variant, candidate: Candidate) -> None:
+    """Refuse to write a kernel tune did not validate: the winner rendered from the templates on
+    disk now must be the kernel validated and timed (a template or macro edited while tune ran
+    changes it), and no other variant's kernel may change with it (a tree that was stale, or a
+    shared macro edited meanwhile)."""
+    fresh = kernel_digest(outcome.kernels[variant.name])
+    if candidate.kernel and fresh != candidate.kernel:
+        raise DopplerGenError(
+            f"--write: {variant.name} renders differently now from the kernel tune validated "
+            "(its template or a macro changed while tune ran); nothing written (run tune again)"
+        )
+    from doppler_gen.outputs import compare
+
+    others = {
+        rendered.output
+        for name, kernel in outcome.kernels.items()
+        if name != variant.name
+        for rendered in kernel.passes
+    }
+    status = compare(outcome)
+    changed = sorted(others.intersection([*status.stale, *status.missing]))
+    if changed:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        raise DopplerGenError(
+            f"--write: recording {variant.name} would also rewrite {changed[0]}{more}, which tune "
+            "did not validate (generated/ was stale, or a template changed while tune ran); "
+            "nothing written (run `doppler-gen generate` and `validate` first)"
+        )
