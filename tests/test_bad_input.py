@@ -384,6 +384,16 @@ CASES: list[tuple[str, Mutation, str]] = [
         "template file templates/x\\ny.j2 not found",
     ),
     (
+        "pass-name-with-a-final-newline",
+        toml_at('name = "reduce"', 'name = "reduce\\n"'),
+        "pass name 'reduce\\n' must match [a-z][a-z0-9_]*",
+    ),
+    (
+        "doppler-id-with-a-final-newline",
+        toml_at('doppler_id = "prefill"', 'doppler_id = "prefill\\n"'),
+        "doppler_id must be a name or a list of distinct names",
+    ),
+    (
         "toml-nested-too-deeply",
         toml(append(f"deep = {'[' * 100_000}{']' * 100_000}\n"), last_line),
         "invalid TOML: arrays or inline tables nested too deeply",
@@ -453,6 +463,33 @@ CASES: list[tuple[str, Mutation, str]] = [
             MAIN, insert_before("fn is_masked(", '// {{ block_size + "px" }}\n'), MAIN, at('"px"')
         ),
         "TypeError",
+    ),
+    (
+        "template-set-difference-follows-the-hash-seed",
+        Mutation(
+            MAIN,
+            insert_before(
+                "fn is_masked(", "// {% for k in QUANT_BITS.keys() - [] %}{{ k }}{% endfor %}\n"
+            ),
+            MAIN,
+            at("QUANT_BITS.keys() - []"),
+        ),
+        "a set difference (`keys() - ...`) has no fixed order",
+    ),
+    (
+        "template-prints-a-memory-address",
+        Mutation(MAIN, insert_before("fn is_masked(", "// {{ fail }}\n"), MAIN, at("{{ fail }}")),
+        "an object's memory address (another on every run)",
+    ),
+    (
+        "template-named-by-an-expression",
+        Mutation(
+            MAIN,
+            insert_before("fn is_masked(", '{% include "lib/" ~ "attention_common.wgsl.j2" %}\n'),
+            MAIN,
+            at('{% include "lib/" ~'),
+        ),
+        "a template named by an expression, not a string literal",
     ),
     (
         "template-fail",

@@ -913,10 +913,23 @@ def test_the_interpreter_settings_that_change_rendering_are_in_the_digest(
     assert check_memo.tree_digest(fresh_project) == before
 
 
-@pytest.mark.parametrize("call", ["{{ [0, 1] | random }}", "{{ lipsum(1, false, 5, 6) }}"])
-def test_templates_cannot_render_another_text_every_time(fresh_project: Path, call: str) -> None:
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        ("{{ [0, 1] | random }}", "random"),
+        ("{{ lipsum(1, false, 5, 6) }}", "lipsum"),
+        # the order of a set follows the hash seed: another under every PYTHONHASHSEED
+        ("{% for k in QUANT_BITS.keys() - [] %}{{ k }} {% endfor %}", "set difference"),
+        ("{{ fail }}", "memory address"),  # a function's repr: another address every run
+        ("{{ joiner() }}", "memory address"),
+        ("{{ 'x' ~ cycler(1) }}", "memory address"),
+    ],
+)
+def test_templates_cannot_render_another_text_every_time(
+    fresh_project: Path, call: str, why: str
+) -> None:
     """`random` and `lipsum` made a file differ from one render to the next, and a check that
-    matched by luck was remembered as clean."""
+    matched by luck was remembered as clean; so did a set's order and an object's address."""
     edit(
         fresh_project / "templates/rmsnorm.wgsl.j2",
         "// RMSNorm Kernel (",
@@ -925,8 +938,66 @@ def test_templates_cannot_render_another_text_every_time(fresh_project: Path, ca
     result = run_cli(fresh_project, "check")
     assert result.exit_code == 2, result.output
     line = assert_one_line_error(result.stderr)
-    assert "random" in line or "lipsum" in line, line
+    assert why in line, line
+    assert line.startswith("error: templates/rmsnorm.wgsl.j2:"), line
     assert not memo_file(fresh_project).exists()
+
+
+def test_crlf_templates_render_the_same_bytes(fresh_project: Path) -> None:
+    """A checkout with CRLF line ends (core.autocrlf) rendered the same kernels, but hashed the
+    raw template text: every `source-hash` line differed, and the tree was stale everywhere."""
+    for template in (fresh_project / "templates").rglob("*.j2"):
+        template.write_bytes(template.read_bytes().replace(b"\n", b"\r\n"))
+    result = run_cli(fresh_project, "check", "--full")
+    assert result.exit_code == 0, result.output
+
+
+def test_the_source_hash_follows_an_import_that_keeps_its_whitespace(fresh_project: Path) -> None:
+    """`{%+ import ... %}` was not followed: a macro edited there changed the kernel, not its
+    `source-hash`."""
+    from doppler_gen.config import load_project
+
+    edit(
+        fresh_project / "templates/attention.wgsl.j2",
+        '{% import "lib/attention_common',
+        '{%+ import "lib/attention_common',
+    )
+    renderer = render.Renderer(load_project(fresh_project))
+    assert "lib/attention_common.wgsl.j2" in renderer.sources("attention.wgsl.j2")
+
+
+def test_check_output_escapes_what_a_file_holds(fresh_project: Path) -> None:
+    """Escape sequences appended to a kernel reached the terminal through the diff: they could
+    clear the screen and print a green "up to date" over the real verdict."""
+    kernel = fresh_project / "generated/attention.wgsl"
+    with kernel.open("a", encoding="utf-8") as stream:
+        stream.write("\x1b[2J\x1b[Hgenerated/ is up to date (89 files)\x1b[8m\n")
+    orphan = fresh_project / "generated" / ".x\x1b[2J.wgsl.abcdefgh.tmp"
+    orphan.write_text("left over", encoding="utf-8")
+    result = run_cli(fresh_project, "check")
+    assert result.exit_code == 1
+    assert "\x1b" not in result.stdout and "\\x1b[2J" in result.stdout
+
+
+def test_a_huge_file_of_the_user_s_in_generated_is_streamed_not_read_whole(
+    fresh_project: Path, monkeypatch
+) -> None:
+    """A 60 GB file of the user's in generated/ (not an output, no header) was read whole to
+    look at its first line: MemoryError, exit 3."""
+    huge = fresh_project / "generated" / "notes.bin"
+    with huge.open("wb") as stream:
+        stream.truncate(64 << 20)  # sparse
+    real_read = observed.read_bytes
+
+    def small_only(path: Path) -> bytes:
+        assert path.name != huge.name, "read whole"
+        return real_read(path)
+
+    monkeypatch.setattr(observed, "read_bytes", small_only)
+    for arguments in (("check", "--full"), ("check",), ("generate",)):
+        result = run_cli(fresh_project, *arguments)
+        assert result.exit_code == 0, (arguments, result.output)
+    assert huge.stat().st_size == 64 << 20
 
 
 def test_a_checked_hash_cache_run_unchecked_is_compared(tmp_path: Path, monkeypatch) -> None:

@@ -314,10 +314,10 @@ def generate(state: State, names: tuple[str, ...]) -> None:
     result = write(outcome)
     for path in result.written:
         click.echo(f"wrote     {path}")
-    for path in result.removed:
-        click.echo(f"removed   {path}")
+    for path in result.removed:  # names found on disk: escaped (``printable``)
+        click.echo(f"removed   {printable(path)}")
     for path in result.cleaned:
-        click.echo(f"removed   {path} (temporary file of an interrupted generate)")
+        click.echo(f"removed   {printable(path)} (temporary file of an interrupted generate)")
     click.echo(
         f"{len(result.written)} written, {len(result.unchanged)} unchanged, "
         f"{len(result.removed)} removed"
@@ -373,16 +373,17 @@ def check(state: State, as_json: bool, full: bool) -> None:
     if status.clean:
         click.echo(f"generated/ is up to date ({len(status.unchanged)} files)")
         return
+    # names found on disk are shown escaped, as the diffs are (``printable_lines``)
     for path, diff in sorted(status.stale.items()):
-        click.echo(f"stale:    {path}")
+        click.echo(f"stale:    {printable(path)}")
         click.echo(diff, nl=False)
     for path in status.missing:
-        click.echo(f"missing:  {path}")
+        click.echo(f"missing:  {printable(path)}")
     for path in status.orphaned:
         why = "; not as doppler-gen wrote it: move or delete it" if path in status.foreign else ""
-        click.echo(f"orphaned: {path} (no variant produces it{why})")
+        click.echo(f"orphaned: {printable(path)} (no variant produces it{why})")
     for path in status.leftovers:
-        click.echo(f"leftover: {path} (temporary file of an interrupted generate)")
+        click.echo(f"leftover: {printable(path)} (temporary file of an interrupted generate)")
     from doppler_gen.shipped import out_of_date
 
     problems = len(status.stale) + len(status.missing) + len(status.orphaned)

@@ -43,7 +43,7 @@ DOPPLER_TIERS = (
     "flash_reduce",
 )
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # always with fullmatch: `$` admits a final newline
 # NAME_MAX of Linux, macOS and Windows file systems; `generate` first writes each file as
 # ".FILE.xxxxxxxx.tmp" next to it (outputs.stage), 14 bytes more than FILE
 FILE_NAME_LIMIT_BYTES = 255
@@ -568,7 +568,7 @@ class _Parser:
                     self.locate._key_line(at, key) or at,
                 )
             pass_name = self.string(entry, "name", where, self.locate._key_line(at, "name") or at)
-            if not _NAME_RE.match(pass_name) or pass_name in {p.name for p in passes}:
+            if not _NAME_RE.fullmatch(pass_name) or pass_name in {p.name for p in passes}:
                 raise self.fail(
                     f"{where}: pass name {pass_name!r} must match [a-z][a-z0-9_]* and be unique",
                     self.locate._key_line(at, "name") or at,
@@ -903,7 +903,7 @@ class _Parser:
         if key not in table:
             return None
         value = table[key]
-        if not isinstance(value, str) or not _NAME_RE.match(value):
+        if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
             raise self.fail(f"{where}: {key} must be a name matching [a-z][a-z0-9_]*", line)
         return value
 
@@ -936,7 +936,7 @@ class _Parser:
         if (
             not isinstance(ids, list)
             or not ids
-            or not all(isinstance(i, str) and _NAME_RE.match(i) for i in ids)
+            or not all(isinstance(i, str) and _NAME_RE.fullmatch(i) for i in ids)
             or len(set(ids)) != len(ids)
         ):
             raise self.fail(

@@ -19,7 +19,20 @@ _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 def printable(text: str) -> str:
     """``text`` with every control character written as its escape (``\\n``, ``\\x1b``), so
     that user-supplied names and a template's ``fail()`` message keep an error on one line."""
-    return _CONTROL_RE.sub(lambda match: repr(match.group())[1:-1], text)
+    return _CONTROL_RE.sub(_escape, text)
+
+
+def printable_lines(text: str) -> str:
+    """``text`` with every control character escaped but newlines and tabs: file contents shown
+    on a terminal (`check`'s diffs), whose escape sequences could otherwise clear the screen or
+    hide the lines that say the tree is stale."""
+    return _CONTROL_RE.sub(
+        lambda match: match.group() if match.group() in "\n\t" else _escape(match), text
+    )
+
+
+def _escape(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]
 
 
 _LONGEST = 1_000

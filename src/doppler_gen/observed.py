@@ -5,7 +5,8 @@ compared. Comparing the digests before and after the check is not enough: a file
 the check read it and changed back before the second digest (A, then B, then A again) leaves
 both digests at A, though the check saw B. So every filesystem question whose answer decides the
 result goes through this module while a check records (``recording``):
-- ``read_bytes`` and ``missing``: a file's bytes, or that it was not a readable regular file;
+- ``read_bytes``, ``read_head`` and ``missing``: a file's bytes (its digest, also where only
+  its head is kept), or that it was not a readable regular file;
 - ``resolve``: where a path led (a symlink retargeted and restored mid-check reads the right
   bytes at the wrong place);
 - ``is_symlink``: whether a path was a link;
@@ -90,6 +91,24 @@ def read_bytes(path: Path) -> bytes:
         raise
     _note(READ, path, hashlib.sha256(data).hexdigest())
     return data
+
+
+def read_head(path: Path, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``path``, noted as ``read_bytes`` notes the whole file (its
+    digest, streamed in chunks: a huge file is never held whole)."""
+    digest = hashlib.sha256()
+    head = b""
+    try:
+        with path.open("rb") as stream:
+            while chunk := stream.read(1 << 20):
+                if len(head) < limit:
+                    head += chunk[: limit - len(head)]
+                digest.update(chunk)
+    except OSError:
+        _note(READ, path, ABSENT)
+        raise
+    _note(READ, path, digest.hexdigest())
+    return head
 
 
 def missing(path: Path) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 from doppler_gen import observed
 from doppler_gen.bytecode import EDITED_PACKAGES, running_code_is_on_disk
 from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, Project, Variant
-from doppler_gen.errors import ConfigError, DopplerGenError, file_kind
+from doppler_gen.errors import ConfigError, DopplerGenError, file_kind, printable_lines
 from doppler_gen.export import EXPORT_DIR, export_files, orphaned_exports
 from doppler_gen.interrupts import deferred_signals
 from doppler_gen.manifest import (
@@ -57,7 +57,7 @@ from doppler_gen.state import generate_lock
 
 # ".NAME.xxxxxxxx.tmp": tempfile.mkstemp's names, and the backups of a transaction
 _TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
-LEFTOVER_RE = re.compile(r"^\.(?P<name>.+\.(?:wgsl|json))\.[a-z0-9_]{8}\.tmp$")
+LEFTOVER_RE = re.compile(r"^\.(?P<name>.+\.(?:wgsl|json))\.[a-z0-9_]{8}\.tmp\Z")
 
 
 class OutputError(DopplerGenError):
@@ -312,9 +312,9 @@ def compare(plan: Plan, *, diffs: bool = False) -> Status:
             status.unchanged.append(relative)
         else:
             status.stale[relative] = ""
-            if diffs:
-                shown = actual.decode("utf-8", errors="replace").replace("\r", "\\r")
-                status.stale[relative] = unified_diff(relative, shown, expected)
+            if diffs:  # control characters escaped: a terminal shows them, never obeys them
+                shown = printable_lines(actual.decode("utf-8", errors="replace"))
+                status.stale[relative] = unified_diff(relative, shown, printable_lines(expected))
     status.leftovers = leftovers(plan.project)
     if plan.full:
         # generated/doppler/: only JSON files doppler-gen wrote (`generator` key) count

@@ -57,7 +57,24 @@ HEADER_LINES = 3
 # private-use characters: never whitespace to Jinja's trimming, never in a real template
 _MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
 _JINJA_COMMENT_RE = re.compile(r"\{#.*?#\}", re.S)
-_REFERENCE_RE = re.compile(r"""\{%-?\s*(?:import|include|extends|from)\s+["']([^"']+)["']""")
+# a reference to other templates: one string literal or a list of them (what the source hash
+# can follow), then what may come after the name
+_LITERAL = r"""(?:"[^"]*"|'[^']*')"""
+_NAMES = rf"(?:{_LITERAL}|\[\s*{_LITERAL}(?:\s*,\s*{_LITERAL})*\s*,?\s*\])"
+_REFERENCE_RE = re.compile(
+    rf"\{{%[-+]?\s*(?:import|include|extends|from)\s+({_NAMES})"
+    r"(?=\s*(?:[-+]?%\}|ignore\b|with\b|without\b|as\b|import\b))"
+)
+_LITERAL_RE = re.compile(_LITERAL)
+# a reference whose names are not literals (an expression, a conditional): the source hash could
+# not follow it
+_DYNAMIC_REFERENCE_RE = re.compile(
+    r"\{%[-+]?\s*(?:import|include|extends|from)\s+"
+    rf"(?!{_NAMES}\s*(?:[-+]?%\}}|ignore\b|with\b|without\b|as\b|import\b))"
+)
+# what Python prints for an object without a repr of its own: a memory address, another on
+# every run (``{{ fail }}``, ``{{ joiner() }}``)
+_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 _MARK_RE = re.compile(f"{_MARK_OPEN}([0-9]+):([0-9]+){_MARK_CLOSE}")
 
 # how templates are read: block tags own their line, comments and indentation kept verbatim
@@ -159,11 +176,40 @@ def header(
 def is_generated_file(path: Path) -> bool:
     """True when ``path`` starts with our header: only such files may be removed as orphans."""
     try:
-        # the whole file, through `observed`: a check's verdict on an orphan rests on its bytes
-        first = observed.read_bytes(path).split(b"\n", 1)[0].decode("utf-8", errors="replace")
+        # through `observed`, which digests the whole file (a check's verdict on an orphan rests
+        # on its bytes) but keeps only the head: a user's 60 GB file is streamed, never held
+        head = observed.read_head(path, _HEADER_BYTES)
+        first = head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
     except OSError:
         return False
     return first.startswith(f"// {HEADER_MARK} ") and f" by {GENERATOR} " in first
+
+
+# longer than any first line a generated file has (the header names a template and a variant)
+_HEADER_BYTES = 4096
+
+
+def _line_breaks(match: re.Match[str]) -> str:
+    return "\n" * match.group().count("\n")
+
+
+def _lf(text: str) -> str:
+    """``text`` with CRLF and CR line ends as LF, as Jinja's lexer reads a template."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _without_address(value: Any) -> Any:
+    """Every ``{{ ... }}`` value (Jinja's ``finalize``): one that prints a memory address would
+    make each render differ, and a check pass only by luck."""
+    if type(value) in (int, float, bool):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    if "0x" in text and _ADDRESS_RE.search(text):
+        raise _TemplateFailure(
+            f"prints {text[:60]!r}, an object's memory address (another on every run): print "
+            "a value, not a function, macro or object"
+        )
+    return value
 
 
 class Renderer:
@@ -178,7 +224,12 @@ class Renderer:
         self._sources_of: dict[str, tuple[str, ...]] = {}
 
     def _environment(self, loader: jinja2.BaseLoader) -> jinja2.Environment:
-        env = _Sandbox(loader=loader, undefined=jinja2.StrictUndefined, **_ENV_OPTIONS)
+        env = _Sandbox(
+            loader=loader,
+            undefined=jinja2.StrictUndefined,
+            finalize=_without_address,
+            **_ENV_OPTIONS,
+        )
         env.globals["fail"] = _template_fail
         env.globals["QUANT_BITS"] = dict(QUANT_BITS)
         # the two that give another text on every render: the same inputs must give the same
@@ -254,14 +305,24 @@ class Renderer:
                 continue
             seen.add(name)
             try:
-                text = _JINJA_COMMENT_RE.sub("", self._read(name))
+                # comments out, their line breaks kept: an error below names the right line
+                text = _JINJA_COMMENT_RE.sub(_line_breaks, self._read(name))
             except jinja2.TemplateNotFound:
                 # the render, which comes first, needed none that is missing: an include with
                 # `ignore missing`, or one in a branch not taken. It has nothing to hash; if it
                 # appears, the next scan finds it and the hash changes
                 seen.discard(name)
                 continue
-            pending.extend(_REFERENCE_RE.findall(text))
+            dynamic = _DYNAMIC_REFERENCE_RE.search(text)
+            if dynamic:
+                line = text.count("\n", 0, dynamic.start()) + 1
+                raise TemplateError(
+                    "a template named by an expression, not a string literal: the source hash "
+                    "(and `check`'s memo) could not follow it; write the name out",
+                    location=f"{TEMPLATES_DIR}/{name}:{line}",
+                )
+            for names in _REFERENCE_RE.findall(text):
+                pending.extend(literal[1:-1] for literal in _LITERAL_RE.findall(names))
         return tuple(sorted(seen))
 
     def source_hash(
@@ -276,8 +337,10 @@ class Renderer:
             "requires": list(variant.requires),
             "overrides": dict(variant.overrides),
             "globals": {"QUANT_BITS": dict(sorted(QUANT_BITS.items()))},
+            # as Jinja reads them: CRLF or CR line ends render as LF, so a checkout with CRLF
+            # templates must hash (and write) the same bytes as one with LF
             "sources": {
-                name: hashlib.sha256(self._read(name).encode()).hexdigest() for name in sources
+                name: hashlib.sha256(_lf(self._read(name)).encode()).hexdigest() for name in sources
             },
         }
         if variant.template.multi_pass:
@@ -609,9 +672,17 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     ``QUANT_BITS``), so no variant's output can depend on what an earlier variant did.
     """
 
-    intercepted_binops = frozenset({"*", "**", "%", "+"})
+    intercepted_binops = frozenset({"*", "**", "%", "+", "-"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "-":
+            result = super().call_binop(context, operator, left, right)
+            if isinstance(result, set | frozenset):  # `d.keys() - other`: ordered by hash seed
+                raise _TemplateFailure(
+                    "a set difference (`keys() - ...`) has no fixed order: it follows Python's "
+                    "hash seed, so output would differ between runs; filter with reject instead"
+                )
+            return result
         if operator == "**":
             _check_power(left, right)
         elif operator == "+":  # doubling a string or list in a loop or a recursive macro
