@@ -173,7 +173,8 @@ def test_case_specs_put_the_queries_at_the_end_of_the_keys() -> None:
     ("adapter", "profile"),
     [
         ("NVIDIA H200", "H200"),
-        ("NVIDIA H200 NVL", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),  # 60 TFLOP/s FP32, not the SXM's 67
+        ("NVIDIA GH200 480GB", None),  # matched H200 by substring: 4.8 TB/s for a 4.0 TB/s part
         ("NVIDIA H100 80GB HBM3", "H100"),
         ("NVIDIA H100 PCIe", "H100 PCIe"),
         ("NVIDIA H100 NVL", "H100 NVL"),
@@ -183,6 +184,20 @@ def test_case_specs_put_the_queries_at_the_end_of_the_keys() -> None:
 def test_device_profiles_match_by_name(adapter: str, profile: str | None) -> None:
     found = match_profile(adapter)
     assert (found.name if found else None) == profile
+
+
+def test_torch_calls_queue_behind_a_sleep_longer_than_their_launches() -> None:
+    """A fixed 10 ms sleep covered about 500 Python launches: past that, torch's start events
+    were recorded on an idle stream and its times included the host's launch time."""
+    from doppler_gen import bench
+
+    slept: list[int] = []
+    torch = _fake_torch(gqa=True)
+    torch.cuda._sleep = slept.append
+    bench._event_times(torch, lambda: None, 30)
+    bench._event_times(torch, lambda: None, 10_000)
+    assert slept[0] == 20_000_000  # about 10 ms: far beyond 30 launches
+    assert slept[1] >= 10_000 * 40_000  # at least 20 µs of GPU clock for each launch
 
 
 def test_h200_profile_is_4_8_tb_per_s() -> None:
@@ -383,7 +398,7 @@ class _FakeTensor:
         return _FakeTensor(tuple(shape))
 
 
-def _fake_torch(*, gqa: bool) -> types.SimpleNamespace:
+def _fake_torch(*, gqa: bool, lower_right: bool = False) -> types.SimpleNamespace:
     """Just enough of torch for bench's SDPA code; each SDPA call takes 50 µs of fake GPU time."""
     clock, calls = [0.0], []
 
@@ -424,12 +439,25 @@ def _fake_torch(*, gqa: bool) -> types.SimpleNamespace:
         randn=lambda *shape, **kw: _FakeTensor(shape),
         ones=lambda *shape, **kw: _FakeTensor(shape),
         nn=types.SimpleNamespace(
-            functional=types.SimpleNamespace(scaled_dot_product_attention=sdpa)
+            functional=types.SimpleNamespace(scaled_dot_product_attention=sdpa),
+            **(
+                {
+                    "attention": types.SimpleNamespace(
+                        bias=types.SimpleNamespace(causal_lower_right=_bias)
+                    )
+                }
+                if lower_right
+                else {}
+            ),
         ),
         cuda=types.SimpleNamespace(
             synchronize=lambda: None, Event=Event, _sleep=lambda cycles: None
         ),
     )
+
+
+def _bias(query_len: int, kv_len: int) -> tuple[str, int, int]:
+    return ("causal_lower_right", query_len, kv_len)
 
 
 def test_sdpa_prefill_uses_is_causal_and_enable_gqa() -> None:
@@ -457,12 +485,29 @@ def test_sdpa_chunked_prefill_gets_a_bottom_right_mask_and_old_torch_repeats_kv(
         Settings(repeats=20, warmup=1),
     )
     assert result.timing is not None
-    assert "explicit bottom-right causal mask" in result.note and "K/V repeated" in result.note
+    assert "dense bottom-right causal mask (torch without causal_lower_right" in result.note
+    assert "K/V repeated" in result.note and "f32: no FlashAttention" in result.note
     last = torch.calls[-1]
     assert (
         last["causal"] is False and last["mask"].diagonal == 32 and last["mask"].shape == (16, 48)
     )
     assert last["k"] == (1, 8, 48, 16) and "enable_gqa" not in last
+
+
+def test_sdpa_chunked_prefill_takes_the_lower_right_bias_where_torch_has_it() -> None:
+    """A dense mask rules FlashAttention out and skips no masked tile: torch ran about 1.4x
+    slower per useful FLOP on the chunked shape than on the square one, and the kernels'
+    ratio looked that much better."""
+    torch = _fake_torch(gqa=True, lower_right=True)
+    result = time_baseline(
+        torch,
+        parse_shape("prefill:q=16,kv=48,h=8,kvh=2,d=16"),
+        "f16",
+        Settings(repeats=20, warmup=1),
+    )
+    assert result.note == "bottom-right causal bias (causal_lower_right); enable_gqa"
+    last = torch.calls[-1]
+    assert last["mask"] == ("causal_lower_right", 16, 48) and last["causal"] is False
 
 
 def test_sdpa_decode_is_not_causal() -> None:
@@ -591,6 +636,46 @@ def test_a_run_as_timed_is_judged_after_the_timed_runs(fresh_project: Path, plan
     assert result.exit_code == 1, result.output
     assert row["status"] == "FAIL" and row["timing"] is None
     assert row["reason"].startswith("a run as timed (output prefilled, state kept): wrong output")
+
+
+def test_a_run_as_timed_is_checked_for_the_prefilled_value_beyond_the_sampled_rows() -> None:
+    """The run as timed was judged on the sampled rows only: at the prefill bench shape 192 of
+    65,536 rows. A kernel that skipped every other row in its timed runs passed with 99.7 % of
+    its output still holding the prefilled value."""
+    from doppler_gen.runtime import measure
+    from doppler_gen.runtime.runner import STALE_OUTPUT
+    from doppler_gen.tolerance import Verdict
+
+    first = np.linspace(-1.0, 1.0, 4096).reshape(64, 64)
+    again = first.copy()
+    again[1:] = STALE_OUTPUT  # only row 0, the one "sampled", was computed again
+
+    class SampledOnly:
+        def __init__(self) -> None:
+            self.entry = {"passes": [{"name": "main"}]}
+
+        def run(self, prepared: Any) -> np.ndarray:
+            return first
+
+        def run_as_timed(self, prepared: Any) -> np.ndarray:
+            return again
+
+        def judge(self, prepared: Any, output: np.ndarray) -> Verdict:
+            ok = bool(np.array_equal(output[0], first[0]))
+            return Verdict(ok, 0.0, 0.0, 1e-3, (), 0, "row 0 sampled")
+
+        def timed(self, prepared: Any, repeats: int, warmup: int, **kwargs: Any) -> list[Any]:
+            return [types.SimpleNamespace(total_ns=1000.0)] * max(repeats, 1)
+
+    row = BenchRow("v", "s", "n/a")
+    measure._time(SampledOnly(), None, Settings(repeats=20, warmup=0, warmup_ms=0.0), row)
+    assert row.status == "FAIL" and row.timing is None
+    assert "4032 output element(s) kept the prefilled value the first run overwrote" in row.reason
+    again[1:] = first[1:]  # a kernel that computes every row again is timed
+    again[5, 5] = first[5, 5] = STALE_OUTPUT  # a true output equal to the prefill is no fault
+    row = BenchRow("v", "s", "n/a")
+    measure._time(SampledOnly(), None, Settings(repeats=20, warmup=0, warmup_ms=0.0), row)
+    assert row.status == "ok" and row.timing is not None
 
 
 # -- warm-up by GPU time ---------------------------------------------------------------------------

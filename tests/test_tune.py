@@ -296,16 +296,7 @@ def test_a_candidate_failing_the_full_matrix_gives_way_to_the_next(
         return verdicts[candidate.key]
 
     monkeypatch.setattr(tune, "_full_validation", full)
-    run = TuneRun(
-        "attention_small_f16kv",
-        "prefill",
-        "synthetic",
-        False,
-        Settings(),
-        [current, wrong, right],
-        3,
-        32,
-    )
+    run = _small_run([current, wrong, right])
     run.winner_full_validation = _settle_winner(None, None, run, Settings())
     assert run.winner is right and run.winner_full_validation == "PASS"
     assert judged == [candidates[1].key, candidates[2].key]
@@ -313,17 +304,13 @@ def test_a_candidate_failing_the_full_matrix_gives_way_to_the_next(
     report = format_report(run)
     assert "winner: right" in report and "full validation matrix: PASS" in report
     verdicts[candidates[2].key] = "FAIL: 1 case(s) failed"
-    again = TuneRun(
-        "attention_small_f16kv",
-        "prefill",
-        "synthetic",
-        False,
-        Settings(),
-        [_timed(candidates[0], "current", 300.0), _timed(candidates[1], "w", 100.0)],
-        2,
-        32,
+    again = _small_run(
+        [
+            _timed(candidates[0], "current", 300.0),
+            _timed(candidates[1], "w", 100.0),
+            _timed(candidates[2], "r", 200.0),
+        ]
     )
-    again.results.append(_timed(candidates[2], "r", 200.0))
     assert _settle_winner(None, None, again, Settings()) == ""
     assert again.winner is again.current  # every faster one failed: the current one stays
 
@@ -747,6 +734,21 @@ def _small_candidates(project: Any) -> list[Candidate]:
     )
 
 
+def _small_run(results: list[CandidateResult], **fields: Any) -> TuneRun:
+    """A finished synthetic run of attention_small_f16kv over ``results`` (no device)."""
+    return TuneRun(
+        "attention_small_f16kv",
+        "prefill",
+        "synthetic",
+        False,
+        Settings(),
+        results,
+        len(results),
+        32,
+        **fields,
+    )
+
+
 def _timed(candidate: Candidate, label: str, us: float) -> CandidateResult:
     row = BenchRow("attention_small_f16kv", "prefill", "ok", timing=Timing(tuple([us * 1e3] * 20)))
     return CandidateResult(candidate, label, "PASS", row=row)
@@ -822,15 +824,8 @@ def test_a_winner_inside_the_current_spread_is_not_a_winner(fresh_project: Path)
 def test_write_refuses_when_variants_toml_changed_during_the_run(fresh_project: Path) -> None:
     project = load_project(fresh_project)
     candidates = _small_candidates(project)
-    run = TuneRun(
-        "attention_small_f16kv",
-        "prefill",
-        "synthetic",
-        False,
-        Settings(),
+    run = _small_run(
         [_timed(candidates[0], "current", 300.0), _timed(candidates[1], "w", 100.0)],
-        2,
-        32,
         winner_full_validation="PASS",
     )
     path = fresh_project / "variants.toml"

@@ -33,6 +33,7 @@ so with ``--allow-cpu`` every row is labelled CPU.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,7 @@ class DeviceProfile:
     """
 
     name: str
-    match: tuple[str, ...]  # lower-case substrings that must all occur in the adapter name
+    match: tuple[str, ...]  # lower-case words that must all occur in the adapter name
     hbm_gbps: float
     fp32_tflops: float
     l2_bytes: int
@@ -121,8 +122,17 @@ class DeviceProfile:
         }
 
 
-# Most specific first: "NVIDIA H100 PCIe" must not match the SXM entry.
+# Most specific first: "NVIDIA H100 PCIe" must not match the SXM entry. Matched by whole words,
+# so a GH200 (another memory system) gets no profile, and its peak is the measured copy.
 PROFILES = (
+    DeviceProfile(
+        "H200 NVL",
+        ("h200", "nvl"),
+        4800.0,
+        60.0,
+        50 << 20,
+        "NVIDIA H200 NVL datasheet: 4.8 TB/s HBM3e, 60 TFLOP/s FP32",
+    ),
     DeviceProfile(
         "H200", ("h200",), 4800.0, 67.0, 50 << 20, "NVIDIA H200 datasheet: 4.8 TB/s HBM3e"
     ),
@@ -138,9 +148,10 @@ PROFILE_NAMES = tuple(p.name for p in PROFILES)
 
 
 def match_profile(adapter_name: str) -> DeviceProfile | None:
-    """The profile whose every match string occurs in the adapter's name, if any."""
-    lowered = adapter_name.lower()
-    return next((p for p in PROFILES if all(m in lowered for m in p.match)), None)
+    """The profile whose every match word is a word of the adapter's name, if any ("h200" is
+    not a word of "NVIDIA GH200 480GB")."""
+    words = set(re.findall(r"[a-z0-9]+", adapter_name.lower()))
+    return next((p for p in PROFILES if all(m in words for m in p.match)), None)
 
 
 def profile_named(name: str) -> DeviceProfile:
@@ -570,13 +581,23 @@ def _cuda_event_times(torch: Any, call: Callable[[], Any], settings: Settings) -
     return _event_times(torch, call, settings.repeats)
 
 
+_SLEEP_MIN_CYCLES = 20_000_000  # ~10 ms at the H200's 1.98 GHz
+_SLEEP_CYCLES_PER_CALL = 100_000  # ~50 µs
+
+
 def _event_times(torch: Any, call: Callable[[], Any], count: int) -> list[float]:
-    """ns of each of ``count`` calls queued back to back behind a GPU sleep."""
+    """ns of each of ``count`` calls queued back to back behind a GPU sleep.
+
+    The sleep must outlast the host's launching of every call: once the GPU catches up, a start
+    event is recorded on an idle stream and the span includes the host's launch time, which
+    the WebGPU kernels (one command buffer) never pay. So it grows with ``count``: about 50 µs
+    of GPU clock a call (a Python launch takes 10-20 µs), and never under 10 ms.
+    """
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     sleep = getattr(torch.cuda, "_sleep", None)
     if callable(sleep):
-        sleep(20_000_000)
+        sleep(max(_SLEEP_MIN_CYCLES, count * _SLEEP_CYCLES_PER_CALL))
     for start, end in zip(starts, ends, strict=True):
         start.record()
         call()

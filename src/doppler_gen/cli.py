@@ -973,8 +973,8 @@ class OneShapeCommand(ShapesCommand):
 @click.option(
     "--profile",
     default=None,
-    help="Device profile for % of peak: H200, 'H100 PCIe', 'H100 NVL', H100 or none. "
-    "Default: matched from the adapter name.",
+    help="Device profile for % of peak: 'H200 NVL', H200, 'H100 PCIe', 'H100 NVL', H100 or "
+    "none. Default: matched from the adapter name's words.",
 )
 @click.option(
     "--no-baseline",

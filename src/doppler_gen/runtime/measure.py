@@ -22,7 +22,7 @@ from doppler_gen.errors import DopplerGenError, ShaderCompileError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.render import RenderedKernel
-from doppler_gen.runtime.runner import KernelRunner, Refusal
+from doppler_gen.runtime.runner import KernelRunner, Refusal, stale_elements
 from doppler_gen.runtime.session import static_skip
 from doppler_gen.tolerance import Verdict
 
@@ -241,10 +241,16 @@ def _time(
         settings,
     )
     runs = runner.timed(prepared, repeats=settings.repeats, warmup=settings.warmup)
-    # the timed runs poisoned nothing: one more like them must still be right
-    verdict = runner.judge(prepared, runner.run_as_timed(prepared))
-    if not verdict.passed:
-        reason = wrong_output_reason(verdict, row.variant)
+    # the timed runs poisoned nothing: one more like them must still be right, in the rows
+    # judged and, for the prefilled value, everywhere the first run wrote
+    again = runner.run_as_timed(prepared)
+    verdict, stale = runner.judge(prepared, again), stale_elements(output, again)
+    if stale or not verdict.passed:
+        reason = (
+            f"{stale} output element(s) kept the prefilled value the first run overwrote"
+            if stale
+            else wrong_output_reason(verdict, row.variant)
+        )
         row.status, row.reason = "FAIL", f"a run as timed (output prefilled, state kept): {reason}"
         return
     row.status, row.timing = "ok", Timing(tuple(r.total_ns for r in runs))

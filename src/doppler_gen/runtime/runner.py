@@ -152,6 +152,13 @@ def poison_bytes(element_type: str, count: int) -> bytes:
 STALE_OUTPUT = -4096.0
 
 
+def stale_elements(first: np.ndarray, again: np.ndarray) -> int:
+    """Elements a run as timed (``run_as_timed``) left at ``STALE_OUTPUT`` where the first,
+    NaN-poisoned run wrote something else: over the whole output, exactly, since the judge
+    compares only the sampled rows of a large one."""
+    return int(np.count_nonzero((again == STALE_OUTPUT) & (first != STALE_OUTPUT)))
+
+
 class KernelRunner:
     """One compiled variant (every pass) on one device: prepares, runs, times and judges cases."""
 
