@@ -918,8 +918,9 @@ def test_the_interpreter_settings_that_change_rendering_are_in_the_digest(
     [
         ("{{ [0, 1] | random }}", "random"),
         ("{{ lipsum(1, false, 5, 6) }}", "lipsum"),
-        # the order of a set follows the hash seed: another under every PYTHONHASHSEED
-        ("{% for k in QUANT_BITS.keys() - [] %}{{ k }} {% endfor %}", "set difference"),
+        # the order of a set follows the hash seed: another under every PYTHONHASHSEED (one
+        # that sorts is rendered sorted: test_a_set_difference_renders_sorted_under_any_seed)
+        ('{% for k in {"a": 1, 2: 3}.keys() - [] %}{{ k }} {% endfor %}', "set difference"),
         ("{{ fail }}", "memory address"),  # a function's repr: another address every run
         ("{{ joiner() }}", "memory address"),
         ("{{ 'x' ~ cycler(1) }}", "memory address"),
@@ -941,6 +942,53 @@ def test_templates_cannot_render_another_text_every_time(
     assert why in line, line
     assert line.startswith("error: templates/rmsnorm.wgsl.j2:"), line
     assert not memo_file(fresh_project).exists()
+
+
+def test_a_set_difference_renders_sorted_under_any_seed(fresh_project: Path) -> None:
+    """`keys() - [...]` iterated in the hash seed's order: `check` then failed under another
+    PYTHONHASHSEED, after a memo had recorded the tree clean under the first."""
+    import subprocess
+
+    from conftest import doppler_gen_command
+
+    edit(
+        fresh_project / "templates/rmsnorm.wgsl.j2",
+        "// RMSNorm Kernel (",
+        "// {% for k in {'alpha': 1, 'beta': 2, 'gamma': 3, 'delta': 4, 'eps': 5}.keys() - ['x'] %}"
+        "{{ k }} {% endfor %}\n// RMSNorm Kernel (",
+    )
+    outputs = []
+    for seed in ("1", "2", "3"):
+        environment = {**os.environ, "PYTHONHASHSEED": seed}
+        command = [*doppler_gen_command(), "--root", str(fresh_project), "show", "rmsnorm"]
+        shown = subprocess.run(command, capture_output=True, text=True, env=environment)
+        assert shown.returncode == 0, shown.stderr
+        outputs.append(shown.stdout)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert "alpha beta delta eps gamma" in outputs[0]
+
+
+def test_template_forms_that_name_templates_by_literals_still_render(fresh_project: Path) -> None:
+    """The refusal of templates named by expressions must not refuse literal names with more
+    whitespace, a tag over several lines, a reference inside {% raw %}, nor WGSL text from a
+    macro that says "at 0x..."."""
+    main = fresh_project / "templates/attention.wgsl.j2"
+    edit(main, '{% import "lib/attention_common', '{% import  "lib/attention_common')
+    edit(
+        main,
+        "fn is_masked(",
+        '{% from\n    "lib/attention_common.wgsl.j2" import gqa_head_map as spare %}\n'
+        "// {% raw %}{% include some_name %}{% endraw %} (raw text)\nfn is_masked(",
+    )
+    edit(  # printed through {{ common.gqa_head_map() }}: a macro's output is a printed value
+        fresh_project / LIB_FILE,
+        "{% macro gqa_head_map() %}\n",
+        "{% macro gqa_head_map() %}\n// f16 NaN is the bit pattern at 0x7e00 (not an address)\n",
+    )
+    result = run_cli(fresh_project, "generate")
+    assert result.exit_code == 0, result.output
+    assert "at 0x7e00" in (fresh_project / "generated/attention.wgsl").read_text()
+    assert run_cli(fresh_project, "check", "--full").exit_code == 0
 
 
 def test_crlf_templates_render_the_same_bytes(fresh_project: Path) -> None:

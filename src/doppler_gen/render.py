@@ -69,12 +69,14 @@ _LITERAL_RE = re.compile(_LITERAL)
 # a reference whose names are not literals (an expression, a conditional): the source hash could
 # not follow it
 _DYNAMIC_REFERENCE_RE = re.compile(
-    r"\{%[-+]?\s*(?:import|include|extends|from)\s+"
+    r"\{%[-+]?\s*(?:import|include|extends|from)\s+(?=\S)"  # past all the whitespace
     rf"(?!{_NAMES}\s*(?:[-+]?%\}}|ignore\b|with\b|without\b|as\b|import\b))"
 )
 # what Python prints for an object without a repr of its own: a memory address, another on
-# every run (``{{ fail }}``, ``{{ joiner() }}``)
-_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
+# every run (``<function fail at 0x7f...>``, ``<jinja2.utils.Joiner object at 0x...>``)
+_ADDRESS_RE = re.compile(r"<[^<>\n]* at 0x[0-9a-fA-F]+>")
+# {% raw %} ... {% endraw %}: template text, never a reference
+_RAW_BLOCK_RE = re.compile(r"\{%[-+]?\s*raw\s*[-+]?%\}.*?\{%[-+]?\s*endraw\s*[-+]?%\}", re.S)
 _MARK_RE = re.compile(f"{_MARK_OPEN}([0-9]+):([0-9]+){_MARK_CLOSE}")
 
 # how templates are read: block tags own their line, comments and indentation kept verbatim
@@ -199,17 +201,37 @@ def _lf(text: str) -> str:
 
 
 def _without_address(value: Any) -> Any:
-    """Every ``{{ ... }}`` value (Jinja's ``finalize``): one that prints a memory address would
-    make each render differ, and a check pass only by luck."""
-    if type(value) in (int, float, bool):
+    """Every ``{{ ... }}`` value (Jinja's ``finalize``): a function or object printed by its
+    default repr shows a memory address, which would make each render differ and a check pass
+    only by luck. Strings pass untouched (a macro's WGSL may say "at 0x7e00"); an address
+    joined into a string is caught in the rendered text (``_refuse_addresses``)."""
+    if type(value) in _PLAIN:
         return value
-    text = value if isinstance(value, str) else str(value)
-    if "0x" in text and _ADDRESS_RE.search(text):
+    text = str(value)
+    if _ADDRESS_RE.search(text):
         raise _TemplateFailure(
             f"prints {text[:60]!r}, an object's memory address (another on every run): print "
             "a value, not a function, macro or object"
         )
     return value
+
+
+_PLAIN = frozenset({str, int, float, bool})
+
+
+def _refuse_addresses(text: str, source: str, variant: str) -> str:
+    """The rendered ``text``, unless it holds an object's default repr (``~`` or ``join`` on
+    a function): the error names the template and the generated line."""
+    found = _ADDRESS_RE.search(text) if "at 0x" in text else None
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise TemplateError(
+            f"line {line} of the output holds {found.group()[:60]!r}, an object's memory address "
+            f"(another on every run): print a value, not a function, macro or object "
+            f"(variant {variant})",
+            location=source,
+        )
+    return text
 
 
 class Renderer:
@@ -307,6 +329,7 @@ class Renderer:
             try:
                 # comments out, their line breaks kept: an error below names the right line
                 text = _JINJA_COMMENT_RE.sub(_line_breaks, self._read(name))
+                text = _RAW_BLOCK_RE.sub(_line_breaks, text)
             except jinja2.TemplateNotFound:
                 # the render, which comes first, needed none that is missing: an include with
                 # `ignore missing`, or one in a branch not taken. It has nothing to hash; if it
@@ -370,7 +393,7 @@ class Renderer:
                 location=spec.source_path,
             ) from None
         try:
-            return _limited_render(template, context)
+            text = _limited_render(template, context)
         except jinja2.TemplateSyntaxError as exc:
             raise _syntax_error(exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
@@ -411,6 +434,7 @@ class Renderer:
             raise TemplateError(
                 f"{type(exc).__name__}: {exc} (variant {variant.name})", location=where
             ) from None
+        return _refuse_addresses(text, spec.source_path, variant.name)
 
     def _read(self, name: str) -> str:
         """The text of template ``name``: read once, so what renders is what is hashed.
@@ -678,10 +702,7 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if operator == "-":
             result = super().call_binop(context, operator, left, right)
             if isinstance(result, set | frozenset):  # `d.keys() - other`: ordered by hash seed
-                raise _TemplateFailure(
-                    "a set difference (`keys() - ...`) has no fixed order: it follows Python's "
-                    "hash seed, so output would differ between runs; filter with reject instead"
-                )
+                return _in_order(result)
             return result
         if operator == "**":
             _check_power(left, right)
@@ -834,6 +855,18 @@ def _check_power(base: Any, exponent: Any) -> None:
         raise _TemplateFailure(
             f"{base} ** {exponent} has more than {_POWER_LIMIT_BITS} bits; refused"
         )
+
+
+def _in_order(values: set[Any] | frozenset[Any]) -> list[Any]:
+    """A set a template computed, as a sorted list: a set's own order follows Python's hash
+    seed, so iterating it would give another text under another seed."""
+    try:
+        return sorted(values)
+    except TypeError:
+        raise _TemplateFailure(
+            "a set difference (`keys() - ...`) of values that cannot be sorted has no fixed "
+            "order: it follows Python's hash seed, so output would differ between runs"
+        ) from None
 
 
 def _check_repeat(left: Any, right: Any) -> None:
