@@ -176,8 +176,14 @@ def test_a_ctrl_c_while_generated_is_written_leaves_both_with_the_winner(
 
     monkeypatch.setattr(Transaction, "_run", ctrl_c_midway)
     before = (fresh_project / "variants.toml").read_text(encoding="utf-8")
-    with pytest.raises(KeyboardInterrupt):
-        write_winner(load_project(fresh_project), _synthetic_run(fresh_project, "PASS"))
+    # a shard started in the background by .ci/test inherits SIGINT ignored: Ctrl-C as a
+    # terminal delivers it needs Python's own handler
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_winner(load_project(fresh_project), _synthetic_run(fresh_project, "PASS"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     after = (fresh_project / "variants.toml").read_text(encoding="utf-8")
     assert after != before and "block_size = 32" in after  # the winner, recorded
     assert compare(plan(load_project(fresh_project))).clean  # and generated/ agrees
