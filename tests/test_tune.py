@@ -37,7 +37,8 @@ from doppler_gen.tune import (
     format_report,
     nearest_candidates,
     override_sweep,
-    param_grid,
+    param_grid_size,
+    param_layers,
     write_winner,
 )
 
@@ -67,12 +68,16 @@ def test_override_sweep_is_powers_of_two_from_16_up_to_the_default() -> None:
     }
 
 
-def test_param_grid_puts_the_current_values_first_and_drops_duplicates() -> None:
-    grid = param_grid(
-        {"block_size": (16, 32, 64), "unroll": (1, 2)}, {"block_size": 64, "unroll": 1}
-    )
-    assert grid[0] == {"block_size": 64, "unroll": 1}
-    assert len(grid) == 6 and len({tuple(sorted(g.items())) for g in grid}) == 6
+def test_param_layers_put_the_current_values_first_and_drop_duplicates() -> None:
+    tunable = {"block_size": (16, 32, 64), "unroll": (1, 2)}
+    current = {"block_size": 64, "unroll": 1}
+    layers = list(param_layers(tunable, current))
+    sets = [params for layer in layers for _, params in layer]
+    assert sets[0] == {"block_size": 64, "unroll": 1}
+    assert len(sets) == 6 and len({tuple(sorted(s.items())) for s in sets}) == 6
+    assert [len(layer) for layer in layers] == [1, 3, 2]  # by how many parameters change
+    assert sorted(position for layer in layers for position, _ in layer) == list(range(6))
+    assert param_grid_size(tunable, current) == 6
 
 
 def _tiled_like_entry(params: Mapping[str, Any]) -> dict[str, Any]:

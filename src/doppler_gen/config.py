@@ -303,6 +303,12 @@ def read_config(root: Path, *, newline: str | None) -> str:
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline=newline).read()
 
 
+def universal_newlines(text: str) -> str:
+    """``text`` with CRLF and CR line ends as LF: what ``read_config(newline=None)`` gives for
+    variants.toml, and what Jinja's lexer reads in a template."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def parse_project(root: Path, text: str) -> Project:
     """Validate ``text`` as the variants.toml of ``root`` (its templates are looked up there)."""
     if text.startswith("\ufeff"):

@@ -60,6 +60,11 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def line_at(text: str, offset: int) -> int:
+    """The 1-based line of ``offset`` in ``text``, as an error location counts it."""
+    return text.count("\n", 0, offset) + 1
+
+
 def not_utf8(data: bytes, error: UnicodeDecodeError) -> tuple[int, str]:
     """(line, message) for bytes that are not UTF-8: the line and the column as an editor
     counts them (characters, not bytes, before the bad one)."""

@@ -46,8 +46,8 @@ import jinja2.nodes
 import jinja2.sandbox
 
 from doppler_gen import observed
-from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant
-from doppler_gen.errors import TemplateError, file_kind, not_utf8
+from doppler_gen.config import TEMPLATES_DIR, PassSpec, Project, Variant, universal_newlines
+from doppler_gen.errors import TemplateError, file_kind, line_at, not_utf8
 from doppler_gen.formats import QUANT_BITS
 
 HEADER_MARK = "AUTO-GENERATED from"
@@ -61,17 +61,13 @@ _JINJA_COMMENT_RE = re.compile(r"\{#.*?#\}", re.S)
 # can follow), then what may come after the name
 _LITERAL = r"""(?:"[^"]*"|'[^']*')"""
 _NAMES = rf"(?:{_LITERAL}|\[\s*{_LITERAL}(?:\s*,\s*{_LITERAL})*\s*,?\s*\])"
-_REFERENCE_RE = re.compile(
-    rf"\{{%[-+]?\s*(?:import|include|extends|from)\s+({_NAMES})"
-    r"(?=\s*(?:[-+]?%\}|ignore\b|with\b|without\b|as\b|import\b))"
-)
+_REFERENCE_TAG = r"\{%[-+]?\s*(?:import|include|extends|from)\s+"
+_AFTER_NAMES = r"\s*(?:[-+]?%\}|ignore\b|with\b|without\b|as\b|import\b)"
+_REFERENCE_RE = re.compile(rf"{_REFERENCE_TAG}({_NAMES})(?={_AFTER_NAMES})")
 _LITERAL_RE = re.compile(_LITERAL)
 # a reference whose names are not literals (an expression, a conditional): the source hash could
-# not follow it
-_DYNAMIC_REFERENCE_RE = re.compile(
-    r"\{%[-+]?\s*(?:import|include|extends|from)\s+(?=\S)"  # past all the whitespace
-    rf"(?!{_NAMES}\s*(?:[-+]?%\}}|ignore\b|with\b|without\b|as\b|import\b))"
-)
+# not follow it. (?=\S): the lookahead starts past all the whitespace
+_DYNAMIC_REFERENCE_RE = re.compile(rf"{_REFERENCE_TAG}(?=\S)(?!{_NAMES}{_AFTER_NAMES})")
 # what Python prints for an object without a repr of its own: a memory address, another on
 # every run (``<function fail at 0x7f...>``, ``<jinja2.utils.Joiner object at 0x...>``)
 _ADDRESS_RE = re.compile(r"<[^<>\n]* at 0x[0-9a-fA-F]+>")
@@ -195,11 +191,6 @@ def _line_breaks(match: re.Match[str]) -> str:
     return "\n" * match.group().count("\n")
 
 
-def _lf(text: str) -> str:
-    """``text`` with CRLF and CR line ends as LF, as Jinja's lexer reads a template."""
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
 def _without_address(value: Any) -> Any:
     """Every ``{{ ... }}`` value (Jinja's ``finalize``): a function or object printed by its
     default repr shows a memory address, which would make each render differ and a check pass
@@ -207,13 +198,17 @@ def _without_address(value: Any) -> Any:
     joined into a string is caught in the rendered text (``_refuse_addresses``)."""
     if type(value) in _PLAIN:
         return value
-    text = str(value)
-    if _ADDRESS_RE.search(text):
-        raise _TemplateFailure(
-            f"prints {text[:60]!r}, an object's memory address (another on every run): print "
-            "a value, not a function, macro or object"
-        )
+    found = _ADDRESS_RE.search(str(value))
+    if found:
+        raise _TemplateFailure(f"prints {_address_problem(found)}")
     return value
+
+
+def _address_problem(found: re.Match[str]) -> str:
+    return (
+        f"{found.group()[:60]!r}, an object's memory address (another on every run): print a "
+        "value, not a function, macro or object"
+    )
 
 
 _PLAIN = frozenset({str, int, float, bool})
@@ -224,10 +219,8 @@ def _refuse_addresses(text: str, source: str, variant: str) -> str:
     a function): the error names the template and the generated line."""
     found = _ADDRESS_RE.search(text) if "at 0x" in text else None
     if found:
-        line = text.count("\n", 0, found.start()) + 1
         raise TemplateError(
-            f"line {line} of the output holds {found.group()[:60]!r}, an object's memory address "
-            f"(another on every run): print a value, not a function, macro or object "
+            f"line {line_at(text, found.start())} of the output holds {_address_problem(found)} "
             f"(variant {variant})",
             location=source,
         )
@@ -338,11 +331,10 @@ class Renderer:
                 continue
             dynamic = _DYNAMIC_REFERENCE_RE.search(text)
             if dynamic:
-                line = text.count("\n", 0, dynamic.start()) + 1
                 raise TemplateError(
                     "a template named by an expression, not a string literal: the source hash "
                     "(and `check`'s memo) could not follow it; write the name out",
-                    location=f"{TEMPLATES_DIR}/{name}:{line}",
+                    location=f"{TEMPLATES_DIR}/{name}:{line_at(text, dynamic.start())}",
                 )
             for names in _REFERENCE_RE.findall(text):
                 pending.extend(literal[1:-1] for literal in _LITERAL_RE.findall(names))
@@ -363,7 +355,8 @@ class Renderer:
             # as Jinja reads them: CRLF or CR line ends render as LF, so a checkout with CRLF
             # templates must hash (and write) the same bytes as one with LF
             "sources": {
-                name: hashlib.sha256(_lf(self._read(name)).encode()).hexdigest() for name in sources
+                name: hashlib.sha256(universal_newlines(self._read(name)).encode()).hexdigest()
+                for name in sources
             },
         }
         if variant.template.multi_pass:
@@ -491,7 +484,7 @@ def _check_encodable(text: str, variant: Variant, spec: PassSpec) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        line = text.count("\n", 0, exc.start) + 1
+        line = line_at(text, exc.start)
         raise TemplateError(
             f"renders {exc.object[exc.start]!r}, a lone surrogate that UTF-8 cannot encode, at "
             f"{variant.pass_output(spec)}:{line} (variant {variant.name})",

@@ -46,6 +46,7 @@ from doppler_gen.config import (
     Variant,
     parse_project,
     read_config,
+    universal_newlines,
 )
 from doppler_gen.config_edit import edit_variant_entry
 from doppler_gen.errors import ConfigError, DopplerGenError
@@ -121,15 +122,6 @@ def override_sweep(entry: Mapping[str, Any]) -> dict[str, list[int]]:
         }
         sweep[override["name"]] = sorted(powers | {default})
     return sweep
-
-
-def param_grid(
-    tunable: Mapping[str, tuple[ParamValue, ...]], current: Mapping[str, ParamValue]
-) -> list[dict[str, ParamValue]]:
-    """Every combination of the tunable parameters' values, the current combination first."""
-    names = sorted(tunable)
-    choices = [list(dict.fromkeys([current[n], *tunable[n]])) for n in names]
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*choices)]
 
 
 EntryFor = Callable[[dict[str, ParamValue]], Mapping[str, Any]]
@@ -211,20 +203,28 @@ def nearest_candidates(
     return Enumeration(ranked, total, rendered, depth)
 
 
+def _choice_lists(
+    tunable: Mapping[str, tuple[ParamValue, ...]], current: Mapping[str, ParamValue]
+) -> tuple[list[str], list[list[ParamValue]]]:
+    """The tunable parameters (sorted) and each one's values, its current value first, without
+    repeats: the grid is their product, the current combination first."""
+    names = sorted(tunable)
+    return names, [list(dict.fromkeys([current[n], *tunable[n]])) for n in names]
+
+
 def param_grid_size(
     tunable: Mapping[str, tuple[ParamValue, ...]], current: Mapping[str, ParamValue]
 ) -> int:
-    """How many parameter sets ``param_grid`` holds (without building it)."""
-    return math.prod(len(dict.fromkeys([current[n], *tunable[n]])) for n in tunable)
+    """How many parameter sets the grid holds (without building it)."""
+    return math.prod(len(values) for values in _choice_lists(tunable, current)[1])
 
 
 def param_layers(
     tunable: Mapping[str, tuple[ParamValue, ...]], current: Mapping[str, ParamValue]
 ) -> Iterator[list[tuple[int, dict[str, ParamValue]]]]:
-    """``param_grid``'s sets by how many parameters they change (0, 1, 2, ...), each with its
-    position in ``param_grid``, in that order within a layer."""
-    names = sorted(tunable)
-    choices = [list(dict.fromkeys([current[n], *tunable[n]])) for n in names]
+    """The grid's parameter sets by how many parameters they change (0, 1, 2, ...), each with
+    its position in the grid's product order, in that order within a layer."""
+    names, choices = _choice_lists(tunable, current)
     sizes = [len(c) for c in choices]
     for changed in range(len(names) + 1):
         layer = []
@@ -234,7 +234,7 @@ def param_layers(
                 for position, pick in zip(positions, picks, strict=True):
                     index[position] = pick
                 place = 0
-                for size, pick in zip(sizes, index, strict=True):  # param_grid's order
+                for size, pick in zip(sizes, index, strict=True):  # the product's order
                     place = place * size + pick
                 params = {n: choices[i][index[i]] for i, n in enumerate(names)}
                 layer.append((place, params))
@@ -910,7 +910,7 @@ def write_winner(
     with generate_lock(project.root):
         path = project.config_path
         original = read_config(project.root, newline="")  # CRLF stays CRLF, byte for byte
-        if project.config_text and _universal_newlines(original) != project.config_text:
+        if project.config_text and universal_newlines(original) != project.config_text:
             raise DopplerGenError(
                 f"--write: {CONFIG_NAME} changed while tune ran; nothing written (run tune again)"
             )
@@ -970,12 +970,6 @@ def _atomic(path: Path, text: str) -> None:
     atomic_write(target, text)
     with contextlib.suppress(OSError):  # the text is written; a filesystem without modes
         os.chmod(target, mode)  # (vfat, some network mounts) refuses this, and it changes nothing
-
-
-def _universal_newlines(text: str) -> str:
-    """``text`` as a file read in text mode sees it (CRLF and CR as LF): the project's
-    ``config_text``."""
-    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _edit_error(error: DopplerGenError, variant: Variant) -> DopplerGenError:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from doppler_gen.errors import InterfaceError
+from doppler_gen.errors import InterfaceError, line_at
 
 SCALARS = {"f32": (4, 4), "u32": (4, 4), "i32": (4, 4), "f16": (2, 2), "bool": (4, 4)}
 
@@ -269,10 +269,10 @@ def parse_module(source: str) -> Module:
         end = text.find(";", start)
         if end < 0:
             raise InterfaceError(
-                f"unterminated {keyword} declaration at line {_line_of(text, start)}"
+                f"unterminated {keyword} declaration at line {line_at(text, start)}"
             )
         statement = " ".join(text[start:end].split())
-        _parse_statement(module, attrs, keyword, statement, _line_of(text, start))
+        _parse_statement(module, attrs, keyword, statement, line_at(text, start))
         position = end + 1
     _resolve_uses(module)
     return module
@@ -295,10 +295,6 @@ def _resolve_uses(module: Module) -> None:
         module.entry_points[name] = EntryPoint(name, entry.workgroup_size, frozenset(uses))
 
 
-def _line_of(text: str, offset: int) -> int:
-    return text.count("\n", 0, offset) + 1
-
-
 def _matching_brace(text: str, open_index: int) -> int:
     depth = 0
     for match in _BRACE_RE.finditer(text, open_index):
@@ -308,7 +304,7 @@ def _matching_brace(text: str, open_index: int) -> int:
             depth -= 1
             if depth == 0:
                 return match.start()
-    raise InterfaceError(f"unbalanced braces from line {_line_of(text, open_index)}")
+    raise InterfaceError(f"unbalanced braces from line {line_at(text, open_index)}")
 
 
 def _attr(attrs: str, name: str) -> str | None:
