@@ -516,6 +516,19 @@ CASES: list[tuple[str, Mutation, str]] = [
         "dispatch_fold = true but the entry point never reads @builtin(num_workgroups)",
     ),
     (
+        # naga (wgpu) runs this on a device with the subgroup capability; Tint rejects it
+        "subgroup-builtin-without-enable",
+        Mutation(
+            MAIN,
+            insert_before(
+                "fn is_masked(", "fn leak() -> u32 { return subgroupBroadcastFirst(1u); }\n"
+            ),
+            "variants.toml",
+            variant_header("attention"),
+        ),
+        "the WGSL uses subgroupBroadcastFirst but has no `enable subgroups;`",
+    ),
+    (
         "requires-f16-without-enable",
         toml(
             insert_after('name = "attention"', 'requires = ["shader-f16"]\n'),

@@ -428,3 +428,28 @@ def test_no_command_module_imports_another() -> None:
         }
         others = imported & (set(COMMAND_MODULES) - {name})
         assert not others, f"{name}.py imports command module(s) {sorted(others)}"
+
+
+def test_subgroup_builtins_are_found_in_code_not_in_comments_or_names() -> None:
+    """What needs `enable subgroups;` in Tint: calls and builtin values, not look-alike names."""
+    from doppler_gen.wgsl import parse_module
+
+    source = """
+// subgroupAdd(x) in a comment
+/* quadSwapX(x) */
+fn f(subgroup_size: u32) -> u32 { let subgroupish = subgroup_size; return subgroupish; }
+@compute @workgroup_size(32)
+fn main(@builtin( subgroup_invocation_id ) lane: u32) {
+    let a = subgroupShuffleXor (1.0, 1u);
+    let b = subgroupExclusiveAdd(a);
+    let c = quadSwapDiagonal(b);
+}
+"""
+    found = parse_module(source).subgroup_builtins
+    assert found == {
+        "subgroup_invocation_id",
+        "subgroupShuffleXor",
+        "subgroupExclusiveAdd",
+        "quadSwapDiagonal",
+    }
+    assert parse_module("fn g(subgroup_size: u32) {}").subgroup_builtins == frozenset()

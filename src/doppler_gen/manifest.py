@@ -309,6 +309,14 @@ def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterato
         yield 'the WGSL enables f16 but the variant does not list requires = ["shader-f16"]'
     if not has_f16 and "shader-f16" in variant.requires:
         yield "the variant requires shader-f16 but the WGSL has no `enable f16;`"
+    for spec, module in zip(specs, modules, strict=True):
+        if module.subgroup_builtins and "subgroups" not in module.enables:
+            # naga runs it on a device with the capability; Tint (every browser) rejects it
+            of = f" of pass {spec.name}" if multi else ""
+            yield (
+                f"the WGSL{of} uses {min(module.subgroup_builtins)} but has no "
+                "`enable subgroups;` (browsers' Tint rejects it; wgpu's naga does not check)"
+            )
     has_subgroups = any("subgroups" in m.enables for m in modules)
     if has_subgroups and "subgroups" not in variant.requires:
         yield 'the WGSL enables subgroups but the variant does not list requires = ["subgroups"]'

@@ -124,6 +124,9 @@ class Module:
     entry_points: dict[str, EntryPoint] = field(default_factory=dict)
     # identifiers each function body mentions, by function name (for reachability)
     function_uses: dict[str, frozenset[str]] = field(default_factory=dict)
+    # subgroup builtin functions called and subgroup builtin values declared: each needs
+    # `enable subgroups;` in Tint, while naga (wgpu) checks only the device's capability
+    subgroup_builtins: frozenset[str] = frozenset()
 
     @property
     def entry_point(self) -> str | None:
@@ -235,6 +238,13 @@ _BRACE_RE = re.compile(r"[{}]")
 
 _ATTRS = r"((?:@\w+(?:\([^)]*\))?\s*)*)"
 _IDENT = r"[A-Za-z_]\w*"
+# WGSL's subgroup builtin functions (the `subgroups` extension) called, and its builtin values
+_SUBGROUP_CALL_RE = re.compile(
+    r"\b(subgroup(?:(?:Exclusive|Inclusive)?(?:Add|Mul)|All|Any|And|Or|Xor|Min|Max|Ballot"
+    r"|Broadcast(?:First)?|Elect|Shuffle(?:Xor|Up|Down)?)|quad(?:Broadcast|Swap(?:X|Y|Diagonal)))"
+    r"\s*\("
+)
+_SUBGROUP_VALUE_RE = re.compile(r"@builtin\s*\(\s*(subgroup_(?:invocation_id|size))\s*\)")
 _DECL_RE = re.compile(
     _ATTRS + r"\b(?P<kw>enable|const|override|struct|var|fn|alias|requires|diagnostic)\b"
 )
@@ -275,6 +285,10 @@ def parse_module(source: str) -> Module:
         _parse_statement(module, attrs, keyword, statement, line_at(text, start))
         position = end + 1
     _resolve_uses(module)
+    module.subgroup_builtins = frozenset(
+        [m.group(1) for m in _SUBGROUP_CALL_RE.finditer(text)]
+        + [m.group(1) for m in _SUBGROUP_VALUE_RE.finditer(text)]
+    )
     return module
 
 
