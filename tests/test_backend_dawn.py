@@ -253,6 +253,29 @@ def test_missing_pydawn_fails_dawn_with_one_install_line(without_pydawn: dict[st
         assert result.returncode == 2, result.stderr
         assert result.stderr == f"error: {INSTALL_HINT}\n"
         assert result.stdout == ""
+    doctor = _run_without_pydawn(without_pydawn, "doctor", "--backend", "dawn")
+    assert doctor.returncode == 2, doctor.stderr
+    # it named a driver as the fix, after the report had said pydawn was missing
+    assert doctor.stderr == f"error: no WebGPU backend could be loaded (dawn: {INSTALL_HINT})\n"
+
+
+def test_a_pydawn_without_a_needed_symbol_is_an_environment_error(tmp_path: Path) -> None:
+    """Another pydawn release's API was reported as a bug in doppler-gen (exit 3)."""
+    package = tmp_path / "pydawn"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "webgpu.py").write_text("x = 1\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    for args in (
+        ("validate", "--backend", "dawn", "--quick", "attention_decode_tiered_f16"),
+        ("doctor", "--backend", "dawn"),
+    ):
+        result = _run_without_pydawn(env, *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+        assert "this pydawn has no WGPUInstanceDescriptor" in result.stdout + result.stderr
+        assert "Vulkan driver" not in result.stderr  # the fix is pydawn, not a driver
 
 
 @pytest.mark.gpu

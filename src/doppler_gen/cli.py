@@ -754,12 +754,19 @@ def doctor(backend: str, as_json: bool) -> None:
         click.echo("\n\n".join(_format_doctor(report) for report in reports))
     if not usable:
         # nothing could validate a kernel here: an environment error, not a report to file away
-        click.echo(
-            f"error: no WebGPU adapter found (backend {backend}); install a Vulkan driver such as "
-            "Mesa lavapipe (see .ci/setup) or run on a GPU machine",
-            err=True,
-        )
+        click.echo(_doctor_failure(backend, reports), err=True)
         sys.exit(2)
+
+
+def _doctor_failure(backend: str, reports: list[dict[str, Any]]) -> str:
+    """Why no examined backend can validate: none loaded (their reasons), or no adapter."""
+    if not any(report["available"] for report in reports):
+        reasons = "; ".join(f"{r['backend']}: {r['error']}" for r in reports)
+        return f"error: no WebGPU backend could be loaded ({reasons})"
+    return (
+        f"error: no WebGPU adapter found (backend {backend}); install a Vulkan driver such as "
+        "Mesa lavapipe (see .ci/setup) or run on a GPU machine"
+    )
 
 
 def _doctor_report(name: str) -> dict[str, Any]:

@@ -61,7 +61,30 @@ def _import_pydawn() -> Any:
         raise BackendUnavailable(
             f"pydawn is installed but its Dawn library does not load here: {one_line(str(exc))}"
         ) from None
-    return webgpu
+    return _Bindings(webgpu)
+
+
+class _Bindings:
+    """pydawn's ``webgpu`` module, a name it lacks being an environment error (exit 2).
+
+    Another pydawn release may rename or drop a symbol; that is the installation's fault,
+    not a bug here, so it gets the install line rather than an AttributeError. A name found
+    is kept on the instance, so later lookups are plain attribute reads.
+    """
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = getattr(self._module, name)
+        except AttributeError:
+            raise BackendUnavailable(
+                f"this pydawn has no {name}: doppler-gen is written against dawn-python 0.3.0 "
+                "(pip install 'doppler-gen[dawn]')"
+            ) from None
+        setattr(self, name, value)
+        return value
 
 
 # --------------------------------------------------------------------------- Tint's text
