@@ -571,6 +571,23 @@ KEYS_THE_EXPORT_DOES_NOT_WRITE_THERE = [
         '{"KV_SPLITS": 64}',
     ),
     (
+        # Python's True == 1 hid this; a host testing `dispatchFold === true` would not fold
+        "dispatchFold 1 instead of true",
+        lambda r: _entry(r, "prefill_streaming")["variantMetadata"].update(dispatchFold=1),
+        "attention.prefill_streaming: variantMetadata.dispatchFold: registry 1, WGSL true",
+    ),
+    (
+        # a JSON null was shown as "absent", the line contradicting itself
+        "a null where the export has no key",
+        lambda r: _entry(r, "decode_sg_d64")["variantMetadata"].update(minSubgroupSize=None),
+        "attention.decode_sg_d64: variantMetadata: minSubgroupSize: registry null, WGSL absent",
+    ),
+    (
+        "a null where the export has a value",
+        lambda r: _entry(r, "decode_sg_d64")["variantMetadata"].update(maxHeadDim=None),
+        "attention.decode_sg_d64: variantMetadata.maxHeadDim: registry null, WGSL 64",
+    ),
+    (
         "an unknown id whose passes are this project's kernels",
         lambda r: r["operations"]["attention"]["variants"].update(
             decode_other={"passes": [{"wgsl": "attention_decode_split_d64.partials.wgsl"}]}
@@ -628,6 +645,19 @@ def test_a_multi_pass_variant_carries_its_dispatch_rules_and_their_constants(
         "HEADS_PER_WORKGROUP": 4,
         "KV_SPLITS": 33,
     }
+
+
+def test_a_number_written_as_a_float_is_the_same_number(
+    pristine_project: Path, tmp_path: Path
+) -> None:
+    """JSON (and a JS host) has one number type: 64.0 is 64, only true is not 1."""
+    directory = checkout(pristine_project, tmp_path)
+    rewrite(
+        directory / "registry.json",
+        lambda r: _entry(r, "decode_split_d64_f16")["constants"].update(KV_SPLITS=64.0),
+    )
+    result = run_cli(pristine_project, "export", "--check-against", str(directory))
+    assert result.exit_code == 0, result.output
 
 
 def test_a_digest_prefix_in_capitals_is_accepted(pristine_project: Path, tmp_path: Path) -> None:

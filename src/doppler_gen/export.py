@@ -598,8 +598,30 @@ def _digest_table(document: Any, where: str) -> dict[str, str]:
     return {k: v.lower().removeprefix("sha256:") for k, v in table.items() if "#" in k}
 
 
+# a key the registry does not have: shown as "absent", unlike a JSON null it holds
+_ABSENT: Any = object()
+
+
 def _show(value: Any) -> str:
-    return "absent" if value is None else json.dumps(value, sort_keys=True)
+    return "absent" if value is _ABSENT else json.dumps(value, sort_keys=True)
+
+
+def _as_js(value: Any) -> Any:
+    """A JSON value as a JS host compares it: ``true`` is not ``1`` (Python's ``True == 1``
+    would hide that), while ``1.0`` is ``1``."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("number", float(value))
+    if isinstance(value, list):
+        return ("array", tuple(_as_js(v) for v in value))
+    if isinstance(value, dict):
+        return ("object", tuple(sorted((str(k), _as_js(v)) for k, v in value.items())))
+    return ("absent", None) if value is _ABSENT else ("other", repr(value))
+
+
+def _differ(theirs: Any, ours: Any) -> bool:
+    return _as_js(theirs) != _as_js(ours)
 
 
 def _layout_differences(
@@ -608,8 +630,10 @@ def _layout_differences(
     """Uniforms and bindings, resolved as Doppler resolves them, compared field by field."""
     lines = []
     their_u, our_u = theirs["uniforms"] or {"fields": []}, ours["uniforms"]
-    if their_u.get("size") != our_u["size"]:
-        lines.append(f"uniforms size: registry {_show(their_u.get('size'))}, WGSL {our_u['size']}")
+    if _differ(their_u.get("size", _ABSENT), our_u["size"]):
+        lines.append(
+            f"uniforms size: registry {_show(their_u.get('size', _ABSENT))}, WGSL {our_u['size']}"
+        )
     their_f, our_f = their_u.get("fields", []), our_u["fields"]
     for n in range(max(len(their_f), len(our_f))):
         t = their_f[n] if n < len(their_f) else None
@@ -618,16 +642,16 @@ def _layout_differences(
             lines.append(f"uniforms field {n}: registry has {_show(t)}, the WGSL struct ends")
         elif t is None:
             lines.append(f"uniforms field {n}: missing from registry (WGSL {_show(o)})")
-        elif t.get("name") != o["name"]:
+        elif _differ(t.get("name", _ABSENT), o["name"]):
             lines.append(
                 f"uniforms field {n} (offset {o['offset']}): registry names it "
-                f"{_show(t.get('name'))}, WGSL {_show(o['name'])}"
+                f"{_show(t.get('name', _ABSENT))}, WGSL {_show(o['name'])}"
             )
         else:
             for key in ("type", "offset"):
-                if t.get(key) != o[key]:
+                if _differ(t.get(key, _ABSENT), o[key]):
                     lines.append(
-                        f"uniforms field {o['name']}: {key} registry {_show(t.get(key))}, "
+                        f"uniforms field {o['name']}: {key} registry {_show(t.get(key, _ABSENT))}, "
                         f"WGSL {_show(o[key])}"
                     )
     their_b = {b["index"]: b for b in theirs["bindings"]}
@@ -640,9 +664,10 @@ def _layout_differences(
             lines.append(f"binding {index}: missing from registry (WGSL {_show(o)})")
         else:
             for key in ("name", "type"):
-                if t.get(key) != o[key]:
+                if _differ(t.get(key, _ABSENT), o[key]):
                     lines.append(
-                        f"binding {index} {key}: registry {_show(t.get(key))}, WGSL {_show(o[key])}"
+                        f"binding {index} {key}: registry {_show(t.get(key, _ABSENT))}, "
+                        f"WGSL {_show(o[key])}"
                     )
     return [f"{label}: layout mismatch: {line}" for line in lines]
 
@@ -696,16 +721,17 @@ def _pass_differences(
         for key, value in o.items():
             if key in ("bindings", "uniforms"):
                 continue
-            if t.get(key) != value:
+            if _differ(t.get(key, _ABSENT), value):
                 lines.append(
-                    f"{label}: pass {n} {key}: registry {_show(t.get(key))}, WGSL {_show(value)}"
+                    f"{label}: pass {n} {key}: registry {_show(t.get(key, _ABSENT))}, "
+                    f"WGSL {_show(value)}"
                 )
         lines += _extra_keys(f"{label}: pass {n}", known, t, o)
         resolved = {"bindings": t.get("bindings") or [], "uniforms": t.get("uniforms")}
         lines += _layout_differences(f"{label}: pass {n} ({o['name']})", resolved, o)
-    if theirs.get("scratch") != ours["scratch"]:
+    if _differ(theirs.get("scratch", _ABSENT), ours["scratch"]):
         lines.append(
-            f"{label}: scratch: registry {_show(theirs.get('scratch'))}, WGSL "
+            f"{label}: scratch: registry {_show(theirs.get('scratch', _ABSENT))}, WGSL "
             f"{_show(ours['scratch'])}"
         )
     return lines
@@ -731,19 +757,19 @@ def _variant_differences(
     for key in _COMPARED_KEYS:
         if key not in ours:
             continue
-        our_value, their_value = ours[key], theirs.get(key)
+        our_value, their_value = ours[key], theirs.get(key, _ABSENT)
         if key == "requires" and isinstance(their_value, list):
             their_value = sorted(their_value, key=str)
-        if key == "wgslOverrides" and their_value is None:
+        if key == "wgslOverrides" and (their_value is None or their_value is _ABSENT):
             their_value = {}
-        if their_value != our_value:
+        if _differ(their_value, our_value):
             lines.append(f"{label}: {key}: registry {_show(their_value)}, WGSL {_show(our_value)}")
     their_meta = theirs.get("variantMetadata")
     their_meta = their_meta if isinstance(their_meta, dict) else {}
     for key, value in sorted(ours["variantMetadata"].items()):
-        if their_meta.get(key) != value:
+        if _differ(their_meta.get(key, _ABSENT), value):
             lines.append(
-                f"{label}: variantMetadata.{key}: registry {_show(their_meta.get(key))}, "
+                f"{label}: variantMetadata.{key}: registry {_show(their_meta.get(key, _ABSENT))}, "
                 f"WGSL {_show(value)}"
             )
     lines += _extra_keys(
