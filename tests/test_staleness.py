@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, edit, run_cli
+from conftest import assert_one_line_error, edit, run_cli, snapshot
 
 from doppler_gen import check_memo, observed, outputs, render
 from doppler_gen import cli as cli_module
@@ -941,6 +941,48 @@ def test_templates_cannot_render_another_text_every_time(
     line = assert_one_line_error(result.stderr)
     assert why in line, line
     assert line.startswith("error: templates/rmsnorm.wgsl.j2:"), line
+    assert not memo_file(fresh_project).exists()
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        ('{{ "\\r" }}', "U+000D"),  # a line break to WGSL, none to the file's line count
+        ('{{ "\\x0b" }}', "U+000B"),
+        ('{{ "\\u2028" }}', "U+2028"),
+        ('{{ "\\ufeff" }}', "U+FEFF"),  # not blankspace in WGSL: the kernel fails to compile
+        ('{{ "\\x1b" }}[2J', "U+001B"),  # an escape sequence for whoever prints the file
+    ],
+)
+def test_templates_cannot_write_control_characters(
+    fresh_project: Path, call: str, code: str
+) -> None:
+    """They were written as they came, breaking the file's LF-only line ends."""
+    before = snapshot(fresh_project / "generated")
+    edit(
+        fresh_project / "templates/rmsnorm.wgsl.j2",
+        "// RMSNorm Kernel (",
+        f"// {call}\n// RMSNorm Kernel (",
+    )
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        assert f"holds {code}" in line and "(variant rmsnorm" in line, line
+        assert line.startswith("error: templates/rmsnorm.wgsl.j2:"), line
+    assert snapshot(fresh_project / "generated") == before
+
+
+def test_a_template_with_a_byte_order_mark_is_refused(fresh_project: Path) -> None:
+    """`generate` wrote the BOM into the kernel (line 5, after the header) and `check` said up
+    to date; the kernel did not compile."""
+    path = fresh_project / "templates/rmsnorm.wgsl.j2"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, result.output
+        line = assert_one_line_error(result.stderr)
+        assert line.startswith("error: templates/rmsnorm.wgsl.j2:1: starts with a UTF-8 byte-order")
     assert not memo_file(fresh_project).exists()
 
 

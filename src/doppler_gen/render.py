@@ -71,6 +71,10 @@ _DYNAMIC_REFERENCE_RE = re.compile(rf"{_REFERENCE_TAG}(?=\S)(?!{_NAMES}{_AFTER_N
 # what Python prints for an object without a repr of its own: a memory address, another on
 # every run (``<function fail at 0x7f...>``, ``<jinja2.utils.Joiner object at 0x...>``)
 _ADDRESS_RE = re.compile(r"<[^<>\n]* at 0x[0-9a-fA-F]+>")
+# characters a generated file may not hold: control characters other than LF and tab (WGSL
+# counts CR, VT, FF, NEL and U+2028/9 as line breaks, so the file's lines and the compiler's
+# would differ), a byte-order mark (not blankspace in WGSL) and the invisible direction marks
+_UNSAFE_CHAR_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\ufeff]")
 # {% raw %} ... {% endraw %}: template text, never a reference
 _RAW_BLOCK_RE = re.compile(r"\{%[-+]?\s*raw\s*[-+]?%\}.*?\{%[-+]?\s*endraw\s*[-+]?%\}", re.S)
 _MARK_RE = re.compile(f"{_MARK_OPEN}([0-9]+):([0-9]+){_MARK_CLOSE}")
@@ -195,7 +199,7 @@ def _without_address(value: Any) -> Any:
     """Every ``{{ ... }}`` value (Jinja's ``finalize``): a function or object printed by its
     default repr shows a memory address, which would make each render differ and a check pass
     only by luck. Strings pass untouched (a macro's WGSL may say "at 0x7e00"); an address
-    joined into a string is caught in the rendered text (``_refuse_addresses``)."""
+    joined into a string is caught in the rendered text (``_refuse_unsafe_output``)."""
     if type(value) in _PLAIN:
         return value
     found = _ADDRESS_RE.search(str(value))
@@ -214,14 +218,23 @@ def _address_problem(found: re.Match[str]) -> str:
 _PLAIN = frozenset({str, int, float, bool})
 
 
-def _refuse_addresses(text: str, source: str, variant: str) -> str:
+def _refuse_unsafe_output(text: str, source: str, variant: str) -> str:
     """The rendered ``text``, unless it holds an object's default repr (``~`` or ``join`` on
-    a function): the error names the template and the generated line."""
+    a function) or a character no generated file may hold (``_UNSAFE_CHAR_RE``, such as a
+    ``{{ "\\r" }}``): the error names the template and the generated line."""
     found = _ADDRESS_RE.search(text) if "at 0x" in text else None
     if found:
         raise TemplateError(
             f"line {line_at(text, found.start())} of the output holds {_address_problem(found)} "
             f"(variant {variant})",
+            location=source,
+        )
+    char = _UNSAFE_CHAR_RE.search(text)
+    if char:
+        raise TemplateError(
+            f"line {line_at(text, char.start())} of the output holds U+{ord(char.group()):04X}, "
+            "which a generated file may not: only LF ends a line, and no control character, "
+            f"byte-order mark or direction mark is written (variant {variant})",
             location=source,
         )
     return text
@@ -427,7 +440,7 @@ class Renderer:
             raise TemplateError(
                 f"{type(exc).__name__}: {exc} (variant {variant.name})", location=where
             ) from None
-        return _refuse_addresses(text, spec.source_path, variant.name)
+        return _refuse_unsafe_output(text, spec.source_path, variant.name)
 
     def _read(self, name: str) -> str:
         """The text of template ``name``: read once, so what renders is what is hashed.
@@ -676,10 +689,16 @@ def _read_template(templates_dir: Path, name: str) -> str:
     except OSError as exc:
         raise TemplateError(f"cannot read: {exc.strerror or exc}", location=shown) from None
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line, message = not_utf8(data, exc)
         raise TemplateError(message, location=f"{shown}:{line}") from None
+    if text.startswith("\ufeff"):  # it would reach the kernel, where WGSL does not allow it
+        raise TemplateError(
+            "starts with a UTF-8 byte-order mark (BOM); save the file as UTF-8 without BOM",
+            location=f"{shown}:1",
+        )
+    return text
 
 
 class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
