@@ -65,6 +65,11 @@ def test_expressions_evaluate_exactly(text: str, values: dict[str, int], expecte
         ("-" * 40 + "a", "nested deeper than 16"),
         ("a+" * 200 + "a", "longer than 256 characters"),
         ("", "must be a non-empty expression"),
+        # only ASCII: a JS host reads 0-9 and ASCII blanks (these were accepted and exported)
+        ("num_heads * \u0661", "'\u0661' is not allowed"),
+        ("num_heads * \uff12", "'\uff12' is not allowed"),
+        ("num_heads\u3000* 2", "'\\u3000' is not allowed"),
+        ("num_heads * 2\u00a0", "'\\xa0' is not allowed"),
     ],
 )
 def test_the_grammar_rejects_everything_else(text: str, message: str) -> None:

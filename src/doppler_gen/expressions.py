@@ -43,7 +43,12 @@ MAX_LITERAL = 2**32 - 1
 MAX_MAGNITUDE = 2**53
 FUNCTIONS = {"ceil": (1, 1), "min": (2, 8), "max": (2, 8)}
 
-_TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[-+*/(),]))")
+# ASCII only: a host parses these rules too, and JavaScript's digits are 0-9 (Python's \d
+# and str.isdigit() also take other scripts' digits, such as U+0661)
+_TOKEN = re.compile(
+    r"\s*(?:(?P<int>[0-9]+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[-+*/(),]))", re.ASCII
+)
+_BLANK = " \t\n\r\f\v"
 
 
 class ExpressionError(DopplerGenError):
@@ -112,11 +117,11 @@ def parse(text: str, *, what: str = "expression") -> Expression:
 def _tokenize(text: str, what: str) -> list[str]:
     tokens: list[str] = []
     position = 0
-    stripped = text.rstrip()
+    stripped = text.rstrip(_BLANK)
     while position < len(stripped):
         match = _TOKEN.match(stripped, position)
         if match is None:
-            bad = stripped[position:].lstrip()[:1]
+            bad = stripped[position:].lstrip(_BLANK)[:1]
             raise ExpressionError(
                 f"{what} {text!r}: {bad!r} is not allowed (only integers, names, + - * /, "
                 "ceil(), min(), max() and parentheses)"
@@ -181,7 +186,7 @@ class _Parser:
 
     def atom(self, depth: int) -> Node:
         token = self.take()
-        if token.isdigit():
+        if token.isascii() and token.isdigit():
             value = int(token)
             if value > MAX_LITERAL:
                 raise self.error(f"integer {token} is larger than {MAX_LITERAL}")
