@@ -300,6 +300,38 @@ CASES: list[tuple[str, Mutation, str]] = [
         "parameter masked_row='nan' is not one of",
     ),
     (
+        # tune would validate and time it, then --write refuse it at the end
+        "tunable-outside-choices",
+        toml_at(
+            '[templates.rmsnorm.choices]\ndtype = ["f32", "f16"]\n',
+            '[templates.rmsnorm.choices]\ndtype = ["f32", "f16"]\n\n'
+            '[templates.rmsnorm.tunable]\ndtype = ["f16", "f64"]\n',
+            'dtype = ["f16", "f64"]',
+        ),
+        "[templates.rmsnorm.tunable]: parameter dtype='f64' is not one of 'f32', 'f16'",
+    ),
+    (
+        # the manifest is JSON: it was written with a bare NaN that JSON.parse rejects
+        "template-param-nan",
+        toml_at(
+            '[templates.rmsnorm.params]\ndtype = "f32"\n',
+            '[templates.rmsnorm.params]\ndtype = "f32"\neps = nan\n',
+            "eps = nan",
+        ),
+        "[templates.rmsnorm.params] eps = nan is not a finite number",
+    ),
+    (
+        "variant-param-inf",
+        toml(
+            lambda text: replace(
+                '[templates.rmsnorm.params]\ndtype = "f32"\n',
+                '[templates.rmsnorm.params]\ndtype = "f32"\neps = 1.0\n',
+            )(replace('params = { dtype = "f16" }', 'params = { dtype = "f16", eps = inf }')(text)),
+            at('params = { dtype = "f16", eps = inf }'),
+        ),
+        "parameter eps = inf is not a finite number",
+    ),
+    (
         "unknown-feature",
         toml_at('requires = ["shader-f16"]', 'requires = ["shader-f64"]'),
         "unknown feature 'shader-f64'",
@@ -414,6 +446,16 @@ CASES: list[tuple[str, Mutation, str]] = [
             "overrides = { WORKGROUP_SIZE = 0x200 }",
         ),
         "WORKGROUP_SIZE 512 must be a power of two <= MAX_WORKGROUP_SIZE 256 (a constraint of",
+    ),
+    (
+        # it named the variant's [[variant]] line; the other override errors name their own
+        "override-the-wgsl-does-not-declare",
+        toml_at(
+            'output = "generated/rmsnorm.wgsl"',
+            'output = "generated/rmsnorm.wgsl"\noverrides = { NOPE = 1 }',
+            "overrides = { NOPE = 1 }",
+        ),
+        "overrides sets NOPE, which the WGSL does not declare as `override`",
     ),
     (
         "missing-included-file",
@@ -562,6 +604,27 @@ def test_bad_input(fresh_project: Path, mutation: Mutation, expected: str) -> No
         assert snapshot(fresh_project / "generated") == before
     assert not (fresh_project / "evil.wgsl").exists()
     assert not (fresh_project.parent / "evil.wgsl").exists()
+
+
+@pytest.mark.parametrize("junk", ["struct Broken {", "struct NoBody"])
+def test_unreadable_generated_wgsl_is_named_at_the_template_line(
+    fresh_project: Path, junk: str
+) -> None:
+    """The error named the generated file on disk (the old, correct one) and a line of the
+    render that was never written; a struct with no body was an internal error (exit 3)."""
+    template = fresh_project / "templates/rmsnorm.wgsl.j2"
+    edit(template, "// RMSNorm Kernel (", f"{junk}\n// RMSNorm Kernel (")
+    before = snapshot(fresh_project / "generated")
+    where = line_of(template.read_text(encoding="utf-8"), junk)
+    for command in ("generate", "check"):
+        result = run_cli(fresh_project, command)
+        assert result.exit_code == 2, (command, result.output, result.stderr)
+        line = assert_one_line_error(result.stderr)
+        assert line.startswith(
+            f"error: templates/rmsnorm.wgsl.j2:{where} (generated/rmsnorm.wgsl:"
+        ), line
+        assert "variant rmsnorm): cannot read the interface of the generated WGSL" in line
+        assert snapshot(fresh_project / "generated") == before
 
 
 def test_a_variants_toml_that_is_not_utf8_names_the_line_and_column(fresh_project: Path) -> None:

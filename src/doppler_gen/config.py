@@ -509,6 +509,15 @@ class _Parser:
             self.check_choice(
                 param, params[param], allowed, self.locate.template(name, param, "params")
             )
+        for param, values in tunable.items():  # else tune times a value --write then refuses
+            for value in values if param in choices else ():
+                self.check_choice(
+                    param,
+                    value,
+                    choices[param],
+                    self.locate.template(name, param, "tunable"),
+                    f"[templates.{name}.tunable]",
+                )
         return TemplateSpec(
             name=name,
             family=family,
@@ -669,6 +678,12 @@ class _Parser:
                     f"boolean, not {type(value).__name__}",
                     self.locate.template(name, param, "params"),
                 )
+            if isinstance(value, float) and not math.isfinite(value):
+                raise self.fail(
+                    f"[templates.{name}.params] {param} = {value} is not a finite number (the "
+                    "manifest is JSON, which has no nan or inf)",
+                    self.locate.template(name, param, "params"),
+                )
         return dict(params)
 
     def value_lists(
@@ -803,6 +818,12 @@ class _Parser:
         if expected is int and value <= 0:
             raise self.fail(
                 f"{where}: parameter {param} must be a positive integer, got {value}", line
+            )
+        if expected is float and not math.isfinite(value):
+            raise self.fail(
+                f"{where}: parameter {param} = {value} is not a finite number (the manifest is "
+                "JSON, which has no nan or inf)",
+                line,
             )
 
     def check_choice(

@@ -108,7 +108,13 @@ class TemplateError(DopplerGenError):
 
 
 class InterfaceError(DopplerGenError):
-    """Generated WGSL disagrees with the metadata variants.toml declares for it."""
+    """Generated WGSL disagrees with the metadata variants.toml declares for it.
+
+    ``line``: the generated line a WGSL parse failure is at (when known), so that the caller
+    can name the template line that produced it.
+    """
+
+    line: int | None = None
 
 
 class ShapeError(DopplerGenError):

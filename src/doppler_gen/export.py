@@ -451,7 +451,9 @@ def digests_document(
 
 def dump(document: Mapping[str, Any]) -> str:
     """Sorted keys, two-space indent, LF, one trailing newline: byte-identical on every run."""
-    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return (
+        json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    )
 
 
 def export_files(

@@ -45,13 +45,21 @@ def parse_kernel(kernel: RenderedKernel) -> tuple[Module, ...]:
 
 
 def parse_pass(kernel: RenderedKernel, rendered: RenderedPass) -> Module:
+    """The pass's module; a parse failure is named at its template line when the render
+    carries a source map (else at the generated file, which may not be written yet)."""
     try:
         return parse_module(rendered.text)
     except InterfaceError as exc:
-        raise InterfaceError(
+        origin = rendered.origin(exc.line) if exc.line else None
+        where = f"{rendered.output}:{exc.line}" if exc.line else rendered.output
+        error = InterfaceError(
             f"cannot read the interface of the generated WGSL: {exc.message}",
-            location=f"{rendered.output} (variant {kernel.variant.name})",
-        ) from None
+            location=f"{origin[0]}:{origin[1]} ({where}, variant {kernel.variant.name})"
+            if origin
+            else f"{where} (variant {kernel.variant.name})",
+        )
+        error.line = exc.line
+        raise error from None
 
 
 def entry_point(rendered: RenderedPass, module: Module) -> str | None:
@@ -271,6 +279,13 @@ def check_metadata(variant: Variant, modules: Module | Sequence[Module]) -> None
     problems = list(_metadata_problems(variant, modules))
     if problems:
         raise InterfaceError(f"variant {variant.name}: {problems[0]}", location=where)
+    for name in variant.overrides:  # at the override's own line, as its value's errors are
+        if not any(name in m.overrides for m in modules):
+            raise InterfaceError(
+                f"variant {variant.name}: overrides sets {name}, which the WGSL does not "
+                "declare as `override`",
+                location=_config_line(variant.override_lines.get(name, variant.line)),
+            )
     known: set[str] = set()
     for spec, module in zip(variant.template.passes, modules, strict=True):
         known |= check_dispatch_names(variant, module, spec)
@@ -327,9 +342,6 @@ def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterato
     yield from get_family(variant.template.family).interface_problems(
         variant, meta, list(zip(specs, modules, strict=True))
     )
-    for name in variant.overrides:
-        if not any(name in m.overrides for m in modules):
-            yield f"overrides sets {name}, which the WGSL does not declare as `override`"
     for module, entry in zip(modules, entries, strict=True):
         uniform = next((b for b in module.bindings_of(entry) if b.address_space == "uniform"), None)
         if uniform is None or uniform.type.name not in module.structs:
@@ -476,4 +488,6 @@ def build_manifest(entries: dict[str, dict[str, Any]]) -> str:
         "run `doppler-gen generate`.",
         "variants": entries,
     }
-    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return (
+        json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    )

@@ -41,7 +41,13 @@ from typing import Any
 from doppler_gen import observed
 from doppler_gen.bytecode import EDITED_PACKAGES, running_code_is_on_disk
 from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, Project, Variant
-from doppler_gen.errors import ConfigError, DopplerGenError, file_kind, printable_lines
+from doppler_gen.errors import (
+    ConfigError,
+    DopplerGenError,
+    InterfaceError,
+    file_kind,
+    printable_lines,
+)
 from doppler_gen.export import EXPORT_DIR, export_files, orphaned_exports
 from doppler_gen.interrupts import deferred_signals
 from doppler_gen.manifest import (
@@ -115,7 +121,10 @@ def plan(
     entries = {}
     for variant in project.variants:
         kernel = renderer.render(variant)
-        module = parse_kernel(kernel)
+        try:
+            module = parse_kernel(kernel)
+        except InterfaceError:  # render again with the source map: the error's template line
+            module = parse_kernel(renderer.render(variant, with_origins=True))
         check_metadata(variant, module)
         kernels[variant.name] = kernel
         entries[variant.name] = variant_entry(kernel, module)

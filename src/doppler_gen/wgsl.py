@@ -264,32 +264,42 @@ def parse_module(source: str) -> Module:
         if depth != 0:
             position = match.end()
             continue
-        attrs, keyword = match.group(1) or "", match.group("kw")
-        start = match.start("kw")
-        if keyword == "struct":
-            end = _matching_brace(text, text.index("{", start))
-            _parse_struct(module, text[start : end + 1])
-            position = end + 1
-            continue
-        if keyword == "fn":
-            end = _matching_brace(text, text.index("{", start))
-            _parse_fn(module, attrs, text[start:end])
-            position = end + 1
-            continue
-        end = text.find(";", start)
-        if end < 0:
-            raise InterfaceError(
-                f"unterminated {keyword} declaration at line {line_at(text, start)}"
-            )
-        statement = " ".join(text[start:end].split())
-        _parse_statement(module, attrs, keyword, statement, line_at(text, start))
-        position = end + 1
+        try:
+            position = _parse_declaration(module, text, match)
+        except InterfaceError as exc:
+            if exc.line is None:  # the declaration's first line
+                exc.line = line_at(text, match.start("kw"))
+            raise
     _resolve_uses(module)
     module.subgroup_builtins = frozenset(
         [m.group(1) for m in _SUBGROUP_CALL_RE.finditer(text)]
         + [m.group(1) for m in _SUBGROUP_VALUE_RE.finditer(text)]
     )
     return module
+
+
+def _parse_declaration(module: Module, text: str, match: re.Match[str]) -> int:
+    """Read the module-scope declaration ``match`` starts; returns the offset after it."""
+    attrs, keyword = match.group(1) or "", match.group("kw")
+    start = match.start("kw")
+    if keyword in ("struct", "fn"):
+        brace = text.find("{", start)
+        if brace < 0:
+            raise InterfaceError(
+                f"{keyword} declaration at line {line_at(text, start)} has no body"
+            )
+        end = _matching_brace(text, brace)
+        if keyword == "struct":
+            _parse_struct(module, text[start : end + 1])
+        else:
+            _parse_fn(module, attrs, text[start:end])
+        return end + 1
+    end = text.find(";", start)
+    if end < 0:
+        raise InterfaceError(f"unterminated {keyword} declaration at line {line_at(text, start)}")
+    statement = " ".join(text[start:end].split())
+    _parse_statement(module, attrs, keyword, statement, line_at(text, start))
+    return end + 1
 
 
 def _resolve_uses(module: Module) -> None:
