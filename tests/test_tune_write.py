@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -477,3 +478,82 @@ def test_an_output_that_fails_late_still_prints_the_report(
     assert result.exit_code == 2, result.output
     assert json.loads(result.stdout)["variant"] == VARIANT  # one document: the report
     assert "cannot write" in assert_one_line_error(result.stderr)
+
+
+def _no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench must refuse its --output before it measures anything."""
+
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("bench measured although its report could not be written")
+
+    monkeypatch.setattr("doppler_gen.bench.run_bench", measure)
+
+
+def _character_device(path: Path) -> None:
+    """A /dev/null node at ``path`` (needs root; skips otherwise)."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("creating a device node needs root")
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        pytest.param(os.mkfifo, "a FIFO", id="fifo"),
+        pytest.param(_character_device, "a character device", id="device"),
+    ],
+)
+def test_an_output_that_is_not_a_regular_file_is_refused_before_measuring(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any, kind: str
+) -> None:
+    """`--output FIFO` (or a device, /dev/null as root) passed the W_OK check, and after the
+    measurement the report's rename replaced the node by a regular file."""
+    _no_measuring(monkeypatch)
+    target = tmp_path / "node"
+    make(target)
+    result = run_cli(fresh_project, "bench", "--output", str(target))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line == f"error: --output {target}: cannot write: it is {kind}, not a regular file"
+    assert not stat.S_ISREG(target.lstat().st_mode)
+
+
+def test_an_output_in_a_directory_that_refuses_new_files_is_refused_before_measuring(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writable file in an immutable directory passed the permission checks and failed only
+    at the rename, after the whole measurement; the probe file fails up front."""
+    _no_measuring(monkeypatch)
+    directory = tmp_path / "immutable"
+    directory.mkdir()
+    target = directory / "bench.json"
+    target.write_text("{}\n")
+    made = subprocess.run(["chattr", "+i", str(directory)], capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i is not available here: {made.stderr.decode().strip()}")
+    try:
+        result = run_cli(fresh_project, "bench", "--output", str(target))
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line.startswith(f"error: --output {target}: cannot write: cannot create a file in ")
+    assert target.read_text() == "{}\n"
+
+
+def test_a_symlinked_output_is_written_through_and_stays_a_link(
+    fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report's rename used to replace the link itself by a regular file."""
+    run = _synthetic_run(fresh_project, full_validation="PASS")
+    monkeypatch.setattr("doppler_gen.tune.run_tune", lambda *args, **kwargs: run)
+    real = tmp_path / "reports" / "tune.json"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    result = run_cli(fresh_project, "tune", VARIANT, "--output", str(link))
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert json.loads(real.read_text())["variant"] == VARIANT

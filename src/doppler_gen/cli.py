@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import stat
 import sys
 import traceback
 from collections.abc import Callable
@@ -875,7 +876,9 @@ def _emit(result: dict[str, Any], text: str, as_json: bool, output: Path | None)
     failure = None
     if output is not None:
         try:  # atomic: a failure or Ctrl-C leaves the old file, never half a document
-            atomic_write(output, document + "\n", make_parent=False)  # a report's directory
+            # through a symlink to the file it names: the link stays a link (_unwritable)
+            target = Path(os.path.realpath(output))
+            atomic_write(target, document + "\n", make_parent=False)  # a report's directory
             # is the user's: one gone since it was checked is an error, not made again
         except OSError as error:
             failure = DopplerGenError(f"--output {output}: cannot write: {error.strerror or error}")
@@ -917,15 +920,57 @@ def _projects_own(path: Path, root: Path) -> str | None:
 
 
 def _unwritable(path: Path) -> str | None:
-    """Why ``path`` cannot be written as a file (None: it can, as far as can be told)."""
-    if path.is_dir():
-        return "is a directory"
-    if path.exists():
-        return None if os.access(path, os.W_OK) else "permission denied"
-    parent = path.parent
-    if not parent.is_dir():
-        return f"no directory {parent}"
-    return None if os.access(parent, os.W_OK | os.X_OK) else f"permission denied in {parent}"
+    """Why ``path`` cannot be written as a file (None: it can, as far as can be told).
+
+    A report is written to a temporary file beside the target and renamed over it
+    (``outputs.atomic_write``), so what matters is the file the path leads to and its
+    directory: a symlink is followed (the report goes to the file it names, the link stays),
+    a device, FIFO, socket or directory there is refused (the rename would replace a device
+    node by a regular file), and a file must really be creatable in the directory (an
+    immutable or read-only one passes every permission bit and fails only at the rename).
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as error:
+        return error.strerror or str(error)
+    if mode is not None and not stat.S_ISREG(mode):
+        return f"{_kind(mode)}, not a regular file"
+    if mode is not None and not os.access(target, os.W_OK):
+        return "permission denied"
+    parent = target.parent
+    if not parent.is_dir():  # named as given, unless a symlink led elsewhere
+        return f"no directory {parent if path.is_symlink() else path.parent}"
+    return _cannot_create_in(parent)
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((f"it is {name}" for test, name in kinds if test(mode)), "it")
+
+
+def _cannot_create_in(directory: Path) -> str | None:
+    """Why no file can be created in ``directory`` (None: one was created and removed). A
+    probe, not a permission check: root passes every permission check, an immutable
+    directory (``chattr +i``) or a read-only mount refuses only the creation itself."""
+    import tempfile
+
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".doppler-gen-probe.", dir=directory)
+    except OSError as error:
+        return f"cannot create a file in {directory}: {error.strerror or error}"
+    os.close(handle)
+    os.unlink(probe)
+    return None
 
 
 def _progress(command: str) -> Callable[[str, int], None]:
