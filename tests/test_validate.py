@@ -448,3 +448,42 @@ def test_ending_the_run_leaves_no_worker_running(
     ):
         time.sleep(0.2)
     assert all((_state(pid) or ("Z",))[0] == "Z" for pid in children), children
+
+
+def _stack_smashing_project(tmp_path: Path) -> Path:
+    """A project whose f32 RMSNorm kernel nests 10,000 parentheses: naga's recursive parser
+    overflows its stack on it and the process compiling it dies of SIGSEGV."""
+    root = copy_project(tmp_path / "p")
+    path = root / "templates/rmsnorm.wgsl.j2"
+    old = "    let base = row * u.size;\n"
+    deep = '    let base = {{ "(" * 10000 }}row * u.size{{ ")" * 10000 }};\n'
+    planted = f'{{% if dtype == "f32" %}}{deep}{{% else %}}{old}{{% endif %}}\n'
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, planted, 1))
+    return root
+
+
+@needs_adapter
+@pytest.mark.gpu
+@pytest.mark.parametrize("jobs", ["2"])
+def test_a_kernel_that_kills_its_process_fails_alone(tmp_path: Path, jobs: str) -> None:
+    """A compiler crash used to end `validate` with 139 and nothing printed, even under
+    --json, or (with --jobs) exit 2 blaming whichever variant was submitted first and
+    dropping every finished report. Now only the variant whose process died fails, with the
+    signal; the others are validated by a fresh process; exit 1 like any failed variant."""
+    root = _stack_smashing_project(tmp_path)
+    names = ["rmsnorm", "rmsnorm_f16", "attention_decode_tiered_f16"][: 2 if jobs == "1" else 3]
+    options = ["--quick", "--from-templates", "--jobs", jobs, "--json"]
+    result = subprocess.run(
+        [*doppler_gen_command(), "--root", str(root), "validate", *options, *names],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    report = json.loads(result.stdout)
+    statuses = {v["variant"]: (v["status"], v["reason"]) for v in report["variants"]}
+    died = "the validation process died (signal 11, SIGSEGV) while validating it"
+    assert statuses.pop("rmsnorm") == ("FAIL", died)
+    assert statuses == {name: ("PASS", "") for name in names[1:]}
