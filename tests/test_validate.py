@@ -466,7 +466,7 @@ def _stack_smashing_project(tmp_path: Path) -> Path:
 
 @needs_adapter
 @pytest.mark.gpu
-@pytest.mark.parametrize("jobs", ["2"])
+@pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_kernel_that_kills_its_process_fails_alone(tmp_path: Path, jobs: str) -> None:
     """A compiler crash used to end `validate` with 139 and nothing printed, even under
     --json, or (with --jobs) exit 2 blaming whichever variant was submitted first and

@@ -42,7 +42,6 @@ from doppler_gen.runtime.verify import (
     VariantReport,
     case_specs,
     tier_of,
-    validate_variant,
 )
 from doppler_gen.runtime.workers import validate_in_workers
 from doppler_gen.shipped import load_kernels
@@ -170,60 +169,31 @@ def _run_backend(
     source: str = "committed generated/",
     jobs: int = 1,
 ) -> ValidationRun:
-    """Every kernel on one device of ``backend`` (or, with ``jobs`` > 1, on a device in each of
-    that many worker processes); ``outputs`` (if given) collects case outputs."""
+    """Every kernel on a device of ``backend`` in a worker process (``jobs`` of them, each
+    with its own device): a kernel that kills the process compiling or running it is then
+    that variant's FAIL, not the end of the run (``runtime.workers``); ``outputs`` (if
+    given) collects case outputs."""
     started = time.perf_counter()
-    if jobs > 1 and len(kernels) > 1:
-        options = {
-            "tier": tier,
-            "seed": seed,
-            "storage_overrun": storage_overrun,
-            "fail_fast": fail_fast,
-        }
-        reports, described, workers = validate_in_workers(
-            backend.name,
-            kernels,
-            entries,
-            jobs=jobs,
-            adapter=adapter,
-            limits=limits,
-            options=options,
-            progress=progress,
-            outputs=outputs,
-        )
-        seconds = time.perf_counter() - started
-        return ValidationRun(
-            backend.name, described, limits, seed, tier, reports, seconds, source, workers
-        )
-    device = open_run_device(backend, kernels, adapter, limits)
-    reports = []
-    try:
-        for kernel, entry in zip(kernels, entries, strict=True):
-            kept = None if outputs is None else outputs.setdefault(kernel.variant.name, {})
-            reports.append(
-                validate_variant(
-                    device,
-                    kernel,
-                    entry,
-                    tier=tier,
-                    seed=seed,
-                    progress=progress,
-                    storage_overrun=storage_overrun,
-                    outputs=kept,
-                    fail_fast=fail_fast,
-                )
-            )
-    finally:
-        device.close()
-    return ValidationRun(
+    options = {
+        "tier": tier,
+        "seed": seed,
+        "storage_overrun": storage_overrun,
+        "fail_fast": fail_fast,
+    }
+    reports, described, workers = validate_in_workers(
         backend.name,
-        device.adapter.describe(),
-        limits,
-        seed,
-        tier,
-        reports,
-        time.perf_counter() - started,
-        source,
+        kernels,
+        entries,
+        jobs=jobs,
+        adapter=adapter,
+        limits=limits,
+        options=options,
+        progress=progress,
+        outputs=outputs,
+    )
+    seconds = time.perf_counter() - started
+    return ValidationRun(
+        backend.name, described, limits, seed, tier, reports, seconds, source, workers
     )
 
 
