@@ -328,3 +328,67 @@ def test_kernel_with_enable_subgroups_compiles_and_runs(
         np.testing.assert_array_equal(got[:, 1], got[:, 0] ^ 1)
     finally:
         dev.close()
+
+
+# A device that runs a kernel which never finishes, then waits for it: Ctrl-C after 2 s
+# ("sigint"), or a 1 s limit ("limit"). Run in a process of its own: the kernel keeps a CPU
+# adapter's threads busy until the process ends.
+_ENDLESS = """
+import os, signal, sys, threading, time
+from doppler_gen.backends import get_backend, select_adapter
+from doppler_gen.backends.base import Step
+backend = get_backend("wgpu")
+device = backend.open_device(select_adapter(backend.adapters(), None))
+wgsl = '''@group(0) @binding(0) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(1) fn main() {
+    var i = 0u;
+    loop { i = i + o[1]; if (i == 7u && o[2] == 5u) { break; } }
+    o[0] = i;
+}'''
+buffer = device.storage_buffer(bytes(16), read_write=True, label="o")
+device.run([Step(device.compile(wgsl, label="endless"), {0: buffer}, (1, 1, 1))])
+if sys.argv[1] == "sigint":  # then the process ends, as the CLI does on Ctrl-C
+    threading.Timer(2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        device.read_buffer(buffer)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", flush=True)
+    sys.exit(0)
+os.environ["DOPPLER_GEN_GPU_TIMEOUT"] = "1"
+for attempt in range(2):
+    try:
+        device.read_buffer(buffer)
+    except BaseException as error:
+        print(type(error).__name__, error, flush=True)
+device.close()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["sigint", "limit"])
+def test_waiting_for_a_kernel_that_never_finishes_can_end(how: str) -> None:
+    """wgpu-native blocked the main thread inside queue.submit / read_buffer for ever, deaf
+    to Ctrl-C. Now Ctrl-C raises KeyboardInterrupt, and the time limit raises GpuTimeout,
+    after which the device refuses at once and closes without waiting."""
+    import subprocess
+    import sys
+
+    from gpu_support import adapter_problem
+
+    if adapter_problem() is not None:
+        pytest.skip(str(adapter_problem()))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _ENDLESS, how], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the wait for the endless kernel never ended")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    if how == "sigint":
+        assert lines == ["KeyboardInterrupt"], lines
+    else:
+        assert lines[0].startswith(
+            "GpuTimeout the GPU did not finish reading buffer 'o' within 1 s"
+        )
+        assert lines[1].startswith("GpuTimeout the device cannot be used again"), lines

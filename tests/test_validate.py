@@ -487,3 +487,75 @@ def test_a_kernel_that_kills_its_process_fails_alone(tmp_path: Path, jobs: str) 
     died = "the validation process died (signal 11, SIGSEGV) while validating it"
     assert statuses.pop("rmsnorm") == ("FAIL", died)
     assert statuses == {name: ("PASS", "") for name in names[1:]}
+
+
+def _endless_project(tmp_path: Path) -> Path:
+    """A project whose f32 RMSNorm kernel never finishes (its loop steps by 0)."""
+    root = copy_project(tmp_path / "p")
+    path = root / "templates/rmsnorm.wgsl.j2"
+    old = "    for (var i = tid; i < u.size; i = i + WORKGROUP_SIZE) {\n"
+    endless = (
+        '{% set step = "0u" if dtype == "f32" else "WORKGROUP_SIZE" %}\n'
+        "    for (var i = tid; i < u.size; i = i + {{ step }}) {\n"
+    )
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, endless, 1))
+    return root
+
+
+def _endless_run(root: Path, *names: str, timeout: str | None) -> subprocess.Popen[str]:
+    """`validate --quick --from-templates --json NAMES` in its own session, Ctrl-C not ignored
+    (a background process inherits it ignored), with DOPPLER_GEN_GPU_TIMEOUT set."""
+    env = dict(os.environ)
+    env.pop("DOPPLER_GEN_GPU_TIMEOUT", None)
+    if timeout is not None:
+        env["DOPPLER_GEN_GPU_TIMEOUT"] = timeout
+    options = ["--quick", "--from-templates", "--json"]
+    return subprocess.Popen(
+        [*doppler_gen_command(), "--root", str(root), "validate", *options, *names],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_a_kernel_that_never_finishes_fails_after_the_time_limit(tmp_path: Path) -> None:
+    """An endless kernel hung `validate` for ever. Now the wait for it ends after
+    DOPPLER_GEN_GPU_TIMEOUT seconds, that variant FAILs, and the next one runs in a fresh
+    worker (the spent device is never asked again)."""
+    process = _endless_run(_endless_project(tmp_path), "rmsnorm", "rmsnorm_f16", timeout="2")
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 1, (process.returncode, stderr)
+    statuses = {v["variant"]: (v["status"], v["reason"]) for v in json.loads(stdout)["variants"]}
+    status, reason = statuses.pop("rmsnorm")
+    assert status == "FAIL" and "did not finish" in reason and "within 2 s" in reason, reason
+    assert statuses == {"rmsnorm_f16": ("PASS", "")}
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_ctrl_c_stops_a_kernel_that_never_finishes(tmp_path: Path) -> None:
+    """Ctrl-C could not stop `validate` while wgpu-native blocked the main thread waiting for
+    an endless kernel. Now: exit 130 at once, "interrupted" in JSON, no worker left."""
+    process = _endless_run(_endless_project(tmp_path), "rmsnorm", timeout=None)
+    time.sleep(6)  # started, compiled, and stuck in the endless dispatch
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        stdout, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 130, (process.returncode, stderr)
+    assert stderr == "interrupted\n" and json.loads(stdout)["error"]["type"] == "Interrupted"

@@ -125,6 +125,12 @@ class BackendUnavailable(DopplerGenError):
     """A WebGPU implementation (wgpu-py, pydawn) or adapter is missing."""
 
 
+class GpuTimeout(DopplerGenError):
+    """GPU work did not finish within the time limit (``backends.base.gpu_wait_seconds``).
+    The device that ran it is spent: its kernel may still be running, so nothing more can
+    be asked of it (``validate`` goes on in a fresh worker process)."""
+
+
 class ShaderCompileError(DopplerGenError):
     """The WGSL implementation rejected a generated kernel.
 

@@ -8,6 +8,7 @@ learn which implementation they hold; nothing in this module may import an imple
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,9 +17,31 @@ from typing import TypeVar
 
 import numpy as np
 
-from doppler_gen.errors import BackendUnavailable
+from doppler_gen.errors import BackendUnavailable, DopplerGenError
 
 _T = TypeVar("_T")
+
+# How long one wait for GPU work (a submit, a buffer read) may take before the kernel is taken
+# for one that never finishes. Generous: lavapipe runs the large tier's biggest cases for tens
+# of seconds. The same limit for every backend (Dawn's wgpuInstanceWaitAny, wgpu's waits).
+GPU_WAIT_S = 600.0
+GPU_WAIT_VARIABLE = "DOPPLER_GEN_GPU_TIMEOUT"
+
+
+def gpu_wait_seconds() -> float:
+    """The time limit of one wait for GPU work: ``$DOPPLER_GEN_GPU_TIMEOUT`` seconds if set
+    (a positive number; anything else is an error naming the variable), else GPU_WAIT_S."""
+    text = os.environ.get(GPU_WAIT_VARIABLE, "").strip()
+    if not text:
+        return GPU_WAIT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise DopplerGenError(f"{GPU_WAIT_VARIABLE}={text!r}: must be a positive number of seconds")
+    return seconds
+
 
 LAVAPIPE_HINT = (
     "install Mesa's lavapipe (a Vulkan driver running on the CPU): "

@@ -16,14 +16,17 @@ from __future__ import annotations
 import logging
 import numbers
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from doppler_gen.backends.base import (
     ALIGNMENT_LIMITS,
+    GPU_WAIT_VARIABLE,
     AdapterInfo,
     Backend,
     Buffer,
@@ -33,12 +36,20 @@ from doppler_gen.backends.base import (
     Step,
     as_bytes,
     effective_limits,
+    gpu_wait_seconds,
     owned,
     pad_bytes,
     pass_times,
     warmup_batches,
 )
-from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
+from doppler_gen.errors import (
+    BackendUnavailable,
+    DopplerGenError,
+    GpuTimeout,
+    ShaderCompileError,
+)
+
+_R = TypeVar("_R")
 
 BACKEND_NAME = "wgpu"
 # wgpu-native names the WebGPU "subgroups" feature "subgroup"; we report both so callers can
@@ -51,6 +62,8 @@ _NAGA_UNSUPPORTED_ENABLES = ("subgroups",)
 _ENABLE = re.compile(r"^(?P<indent>[ \t]*)enable\s+(?P<names>[^;]*);", re.MULTILINE)
 # wgpu-core refuses query sets above 4096 queries; two timestamps per timed pass.
 _MAX_TIMED_PASSES_PER_SUBMIT = 1024
+# How often the waiting (main) thread wakes to run Python's signal handlers (Ctrl-C).
+_WAKE_S = 0.1
 
 
 def _import_wgpu() -> Any:
@@ -302,6 +315,7 @@ class WgpuDevice(Device):
         self.native = native
         self.features = _neutral_features(native.features)
         self.limits = {name: int(value) for name, value in native.limits.items()}
+        self.spent = ""  # what did not finish in time: the device takes no more work
 
     # -- compile
 
@@ -362,25 +376,71 @@ class WgpuDevice(Device):
             raise DopplerGenError(
                 f"{len(raw)} bytes do not fit buffer {target.label!r} of {target.size} bytes"
             )
-        with self._gpu_errors(f"writing buffer {target.label!r}"):
-            self.native.queue.write_buffer(target.native, 0, pad_bytes(raw, 4))
+        doing = f"writing buffer {target.label!r}"
+        with self._gpu_errors(doing):
+            padded = pad_bytes(raw, 4)
+            self._waited(doing, lambda: self.native.queue.write_buffer(target.native, 0, padded))
 
     def read_buffer(self, buffer: Buffer) -> bytes:
         source = self._own(buffer)
-        with self._gpu_errors(f"reading buffer {source.label!r}"):
-            data = self.native.queue.read_buffer(source.native)
+        doing = f"reading buffer {source.label!r}"
+        with self._gpu_errors(doing):
+            data = self._waited(doing, lambda: self.native.queue.read_buffer(source.native))
         return bytes(data)[: source.size]
+
+    def _submit(self, encoder: Any, doing: str) -> None:
+        """Submit one command buffer (wgpu-native blocks here while earlier work runs)."""
+        commands = encoder.finish()
+        self._waited(doing, lambda: self.native.queue.submit([commands]))
+
+    def _waited(self, doing: str, work: Callable[[], _R]) -> _R:
+        """``work()``, run on a helper thread while this one waits for it.
+
+        wgpu-native blocks inside ``queue.submit`` and ``queue.read_buffer`` while the GPU is
+        busy, with no timeout, and Python runs a signal handler only between bytecodes: a
+        kernel that never finishes held the main thread there for ever, deaf to Ctrl-C.
+        Waiting here in short slices lets Ctrl-C through, and after ``gpu_wait_seconds`` the
+        wait ends with GpuTimeout. The device is then spent (its kernel may run on; wgpu-py
+        has no way to cancel it), and every later call on it raises at once.
+        """
+        if self.spent:
+            raise GpuTimeout(f"the device cannot be used again: {self.spent}")
+        limit = gpu_wait_seconds()
+        done = threading.Event()
+        result: list[Any] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(work())
+            except BaseException as error:  # handed to the waiting thread
+                failure.append(error)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="doppler-gen-gpu-wait", daemon=True).start()
+        deadline = time.monotonic() + limit
+        while not done.wait(_WAKE_S):
+            if time.monotonic() >= deadline:
+                self.spent = f"the GPU did not finish {doing} within {limit:g} s"
+                raise GpuTimeout(
+                    f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
+                )
+        if failure:
+            raise failure[0]
+        return result[0]
 
     # -- dispatch
 
     def run(self, steps: Sequence[Step]) -> None:
         """Encode the steps as the dispatches of one compute pass, in order, and submit it."""
         label = self._label(steps)
-        with self._gpu_errors(f"dispatching {label!r}"):
+        doing = f"dispatching {label!r}"
+        with self._gpu_errors(doing):
             encoded = self._encoded(steps)
             encoder = self.native.create_command_encoder()
             self._encode_pass(encoder, encoded)
-            self.native.queue.submit([encoder.finish()])
+            self._submit(encoder, doing)
 
     def timed_run(
         self, steps: Sequence[Step], *, repeats: int, warmup: int, split_passes: bool = False
@@ -398,7 +458,7 @@ class WgpuDevice(Device):
                 for _ in range(batch):
                     for group in groups:
                         self._encode_pass(encoder, group)
-                self.native.queue.submit([encoder.finish()])
+                self._submit(encoder, f"timing {label!r}")
             runs: list[PassTimes] = []
             per_submit = max(1, _MAX_TIMED_PASSES_PER_SUBMIT // len(groups))
             while len(runs) < repeats:
@@ -440,8 +500,9 @@ class WgpuDevice(Device):
                 self._encode_pass(encoder, group, writes)
                 index += 2
         encoder.resolve_query_set(query_set, 0, queries, resolved, 0)
-        self.native.queue.submit([encoder.finish()])
-        ticks = np.frombuffer(self.native.queue.read_buffer(resolved), np.uint64)
+        self._submit(encoder, "timed runs")
+        read = self._waited("reading timestamps", lambda: self.native.queue.read_buffer(resolved))
+        ticks = np.frombuffer(read, np.uint64)
         query_set.destroy()
         resolved.destroy()
         return pass_times(ticks, len(groups), self.timestamp_period())
@@ -507,10 +568,11 @@ class WgpuDevice(Device):
         return owned(pipeline, WgpuPipeline, "wgpu", "compiled")
 
     def close(self) -> None:
-        """Destroy the wgpu device (stopping its poller thread)."""
-        if self.native is not None:
+        """Destroy the wgpu device (stopping its poller thread); a spent one is only dropped:
+        destroying it would wait for the kernel that never finishes."""
+        if self.native is not None and not self.spent:
             self.native.destroy()
-            self.native = None
+        self.native = None
 
 
 class WgpuBackend(Backend):

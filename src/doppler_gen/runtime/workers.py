@@ -110,8 +110,9 @@ def _worker_main(
             return
         spent = bool(getattr(device, "spent", False))
         connection.send(("report", (report, outputs, device.adapter.describe(), spent)))
-        if spent:  # its GPU threads may still be running the kernel: the process goes
-            return
+        if spent:  # its GPU threads may still be running the kernel: the process goes,
+            connection.close()  # without the interpreter's exit waiting on its device
+            os._exit(0)
 
 
 def _portable(error: DopplerGenError) -> DopplerGenError:

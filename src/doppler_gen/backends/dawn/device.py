@@ -107,6 +107,12 @@ class DawnDevice(Device):
         self.feature_notes = {} if "shader-f16" in adapter.features else {"shader-f16": F16_REFUSED}
 
     @property
+    def spent(self) -> str:
+        """What did not finish in time on this device's instance ('' when all did): the
+        validate worker holding it exits after its report (``runtime.workers``)."""
+        return self._dawn.spent
+
+    @property
     def warnings(self) -> list[str]:
         """Warnings Dawn logged (deprecations and the like): kept for reports, not raised."""
         return list(self._events.warnings)
@@ -507,7 +513,7 @@ class DawnDevice(Device):
 
     def close(self) -> None:
         """Destroy the Dawn device; its loss (reason "destroyed") is expected, not an error."""
-        if self.native is not None:
+        if self.native is not None and not self.spent:  # a spent one would wait for ever
             self._events.closing = True
             self._w.wgpuQueueRelease(self.queue)
             self._w.wgpuDeviceDestroy(self.native)

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import ctypes
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from doppler_gen.backends.base import (
+    GPU_WAIT_VARIABLE,
     AdapterInfo,
+    gpu_wait_seconds,
 )
 from doppler_gen.backends.dawn.tint import one_line
-from doppler_gen.errors import BackendUnavailable, DopplerGenError
+from doppler_gen.errors import BackendUnavailable, DopplerGenError, GpuTimeout
 
 INSTALL_HINT = "pydawn is not installed: pip install 'doppler-gen[dawn]' (dawn-python 0.3.0)"
 # The Chromium release whose Dawn each pydawn release bundles (pydawn does not say at runtime).
@@ -44,8 +47,9 @@ _SPEC_FEATURES = {
 }
 # Limits of this Dawn that are not WebGPU limits (deprecated or Dawn-only): never reported.
 _NON_SPEC_LIMITS = frozenset({"maxInterStageShaderComponents"})
-# wgpuInstanceWaitAny timeout: a kernel on lavapipe can take long, a hang must not be forever.
-_WAIT_NS = 600 * 1_000_000_000
+# wgpuInstanceWaitAny waits in slices this long, so that Python runs its signal handlers
+# (Ctrl-C) between them; the whole wait ends at backends.base.gpu_wait_seconds, as wgpu's does.
+_WAIT_SLICE_NS = 100_000_000
 # ctypes callbacks handed to Dawn must outlive every possible call; a device's few are kept
 # for the process's life (Dawn may report device loss after the Python object is gone).
 KEEP_ALIVE: list[Any] = []
@@ -125,6 +129,7 @@ class DawnRuntime:
         self.w = _import_pydawn()
         descriptor = self.w.WGPUInstanceDescriptor()
         descriptor.features.timedWaitAnyEnable = True  # WaitAny with a timeout
+        self.spent = ""  # what did not finish in time (``wait``)
         self.instance = self.w.wgpuCreateInstance(descriptor)
         if not self.instance:
             raise BackendUnavailable("Dawn could not create a WebGPU instance")
@@ -164,10 +169,26 @@ class DawnRuntime:
         return info, thunk
 
     def wait(self, future: Any, doing: str) -> None:
-        """Block until ``future`` completes (its WaitAnyOnly callback runs inside)."""
+        """Block until ``future`` completes (its WaitAnyOnly callback runs inside), in slices
+        that let Ctrl-C through, for at most ``gpu_wait_seconds``: then GpuTimeout, and this
+        instance is spent (the work may still run; nothing more is waited for on it)."""
+        if self.spent:
+            raise GpuTimeout(f"the device cannot be used again: {self.spent}")
+        limit = gpu_wait_seconds()
         wait_info = self.w.WGPUFutureWaitInfo()
         wait_info.future = future
-        status = self.w.wgpuInstanceWaitAny(self.instance, 1, ctypes.byref(wait_info), _WAIT_NS)
+        deadline = time.monotonic() + limit
+        while True:
+            status = self.w.wgpuInstanceWaitAny(
+                self.instance, 1, ctypes.byref(wait_info), _WAIT_SLICE_NS
+            )
+            if status != self.w.WGPUWaitStatus_TimedOut:
+                break
+            if time.monotonic() >= deadline:
+                self.spent = f"Dawn did not finish {doing} within {limit:g} s"
+                raise GpuTimeout(
+                    f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
+                )
         if status != self.w.WGPUWaitStatus_Success:
             name = enum_short(self.w.WGPUWaitStatus__enumvalues, status, "WGPUWaitStatus_")
             raise DopplerGenError(f"Dawn did not finish {doing}: wait status {name}")
