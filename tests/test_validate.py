@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, copy_project, doppler_gen_command, run_cli
+from conftest import REPO_ROOT, assert_one_line_error, copy_project, doppler_gen_command, run_cli
 from gpu_support import adapter_problem, dawn_problem
 
 from doppler_gen.config import load_project
@@ -559,3 +559,26 @@ def test_ctrl_c_stops_a_kernel_that_never_finishes(tmp_path: Path) -> None:
             process.communicate()
     assert process.returncode == 130, (process.returncode, stderr)
     assert stderr == "interrupted\n" and json.loads(stdout)["error"]["type"] == "Interrupted"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("validate", "--quick", "rmsnorm"),
+        ("bench", "rmsnorm", "--allow-cpu"),
+        ("tune", "rmsnorm", "--allow-cpu"),
+    ],
+)
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan"])
+def test_a_bad_gpu_timeout_is_one_line_before_anything_runs(
+    pristine_project: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], value: str
+) -> None:
+    """It was read by each wait, so every variant failed with its message."""
+    monkeypatch.setenv("DOPPLER_GEN_GPU_TIMEOUT", value)
+    result = run_cli(pristine_project, *args)
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert line == (
+        f"error: DOPPLER_GEN_GPU_TIMEOUT={value!r}: must be a positive number of seconds"
+    )
+    assert result.stdout == ""

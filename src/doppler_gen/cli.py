@@ -682,6 +682,7 @@ def validate(
     asked = {name for name, on in (("quick", quick), ("large", large), (tier, tier)) if on}
     if len(asked) > 1:  # --tier once won silently over --quick / --large
         raise click.UsageError(f"tiers {' and '.join(sorted(asked))} asked at once: pick one")
+    _check_gpu_wait()
     backends = backend_names(backend)
     show_bar = sys.stderr.isatty() and not as_json
     bar = None
@@ -757,6 +758,14 @@ def doctor(backend: str, as_json: bool) -> None:
         # nothing could validate a kernel here: an environment error, not a report to file away
         click.echo(_doctor_failure(backend, reports), err=True)
         sys.exit(2)
+
+
+def _check_gpu_wait() -> None:
+    """A bad ``$DOPPLER_GEN_GPU_TIMEOUT`` is one line before anything runs, not every
+    variant's FAIL when its first wait reads it."""
+    from doppler_gen.backends.base import gpu_wait_seconds
+
+    gpu_wait_seconds()
 
 
 def _doctor_failure(backend: str, reports: list[dict[str, Any]]) -> str:
@@ -1085,6 +1094,7 @@ def bench(
     from doppler_gen.bench import plot as write_plot
     from doppler_gen.shapes import parse_shapes
 
+    _check_gpu_wait()
     _check_writable("--output", output, state.root)
     _check_writable("--plot", plot, state.root)
     if plot is not None:
@@ -1198,6 +1208,8 @@ def tune(
     from doppler_gen.runtime.measure import Settings
     from doppler_gen.shapes import parse_shape
     from doppler_gen.tune import TuneRequest, format_report, run_tune, write_winner
+
+    _check_gpu_wait()
 
     _check_writable(
         "--output", output, state.root

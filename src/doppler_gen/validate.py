@@ -3,9 +3,10 @@
 The kernels are the committed generated/ files and manifest entries, first proven equal to a
 fresh render (``shipped``; a stale tree exits 1 with check's verdict), or with
 ``--from-templates`` a fresh render; either way with the source map that puts compile errors at
-template lines. One device is opened for the whole run and each variant is compiled once; cases
-are generated deterministically from the seed: the feature matrix of ``cases`` plus the size
-cases of the tier (``tiers``), large outputs compared on sampled rows (``sampling``).
+template lines. The GPU work runs in worker processes (``runtime.workers``: one, or N with
+``--jobs N``), each opening one device for the variants it is handed; each variant is compiled
+once; cases are generated deterministically from the seed: the feature matrix of ``cases`` plus
+the size cases of the tier (``tiers``), large outputs compared on sampled rows (``sampling``).
 
 A variant is PASS only when every case ran and passed; FAIL when any case failed, a compile
 error occurred or a case left NaN/Inf in the output; SKIP (with the reason) when the device
