@@ -331,6 +331,63 @@ CASES: list[tuple[str, Mutation, str]] = [
         ),
         "parameter eps = inf is not a finite number",
     ),
+    # -- valid TOML spellings the line finder must read as tomllib does -------------------------
+    (
+        "spaced-variant-header",
+        toml(
+            lambda text: replace('params = { dtype = "f16" }', 'params = { dtype = "f64" }')(
+                replace('[[variant]]\nname = "rmsnorm_f16"', '[[ variant ]]\nname = "rmsnorm_f16"')(
+                    text
+                )
+            ),
+            at('params = { dtype = "f64" }'),
+        ),
+        "parameter dtype='f64' is not one of 'f32', 'f16'",
+    ),
+    (
+        "a-header-inside-a-multi-line-description",
+        toml(
+            lambda text: replace('params = { dtype = "f16" }', 'params = { dtype = "f64" }')(
+                replace(
+                    'description = "input, weight and output f16; f32 arithmetic"',
+                    'description = """\n[[variant]]\nname = "x"\n"""',
+                )(text)
+            ),
+            at('params = { dtype = "f64" }'),
+        ),
+        "parameter dtype='f64' is not one of 'f32', 'f16'",
+    ),
+    (
+        "a-key-name-inside-a-string",
+        toml(
+            lambda text: replace(
+                'requires = ["shader-f16"]\nparams = { dtype = "f16" }',
+                'requires = ["shader-f64"]\nparams = { dtype = "f16" }',
+            )(
+                replace(
+                    'description = "input, weight and output f16; f32 arithmetic"',
+                    'description = "see requires = here"',
+                )(text)
+            ),
+            at('requires = ["shader-f64"]'),
+        ),
+        "unknown feature 'shader-f64'",
+    ),
+    (
+        "a-dotted-key",
+        toml_at('params = { dtype = "f16" }', 'params.dtype = "f64"'),
+        "parameter dtype='f64' is not one of 'f32', 'f16'",
+    ),
+    (
+        "a-quoted-table-name",
+        toml(
+            lambda text: replace('family = "rmsnorm"', "family = 1")(
+                replace("[templates.rmsnorm]\n", '[templates."rmsnorm"]\n')(text)
+            ),
+            at("family = 1"),
+        ),
+        "family must be a non-empty string",
+    ),
     (
         "unknown-feature",
         toml_at('requires = ["shader-f16"]', 'requires = ["shader-f64"]'),

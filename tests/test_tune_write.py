@@ -392,7 +392,11 @@ def test_an_edit_that_makes_the_config_invalid_points_at_the_variant(fresh_proje
     path = fresh_project / "variants.toml"
     text = path.read_text(encoding="utf-8")
     choices = "[templates.attention.choices]\n"
-    path.write_text(text.replace(choices, f"{choices}block_size = [16, 64]\n", 1))
+    text = text.replace(choices, f"{choices}block_size = [16, 64]\n", 1)
+    # the tunable list must keep to the choices too (config load refuses it otherwise)
+    tunable = "[templates.attention.tunable]\nblock_size = [16, 32, 64]\n"
+    assert tunable in text
+    path.write_text(text.replace(tunable, "[templates.attention.tunable]\nblock_size = [16, 64]\n"))
     before = path.read_bytes()
     project = load_project(fresh_project)
     with pytest.raises(ConfigError) as raised:

@@ -385,6 +385,77 @@ def _source_problem(path: Path) -> str | None:
     return f"is {file_kind(mode)}, not a template file"
 
 
+# a table header, up to its comment: quoted names may hold '#' and ']'
+_HEADER_RE = re.compile(r"""\s*(\[\[?(?:"[^"]*"|'[^']*'|[^\]"'#])*\]\]?)""")
+
+
+def toml_code(lines: list[str]) -> list[str | None]:
+    """Each line's TOML code: outside comments, with every string's text left out (``""``
+    stays), so that a description reading ``requires = ...`` or ``[[variant]]`` is never taken
+    for a key or a header. None for a line that starts inside a multi-line string or array:
+    no key or header can start there. The scan tracks strings, comments and bracket depth
+    across lines."""
+    codes: list[str | None] = []
+    quote = ""  # the open string's delimiter: ", ', \"\"\" or '''
+    depth = 0  # open [ of arrays in values
+    for line in lines:
+        top = not quote and depth == 0
+        if top and line.lstrip().startswith("["):  # a header holds no string or array left open
+            header = _HEADER_RE.match(line)
+            codes.append(header.group(1) if header else line.split("#", 1)[0])
+            continue
+        code: list[str] = []
+        position = 0
+        while position < len(line):
+            if quote:
+                if quote in ('"', '"""') and line[position] == "\\":
+                    position += 2
+                    continue
+                if line.startswith(quote, position):
+                    position += len(quote)
+                    code.append(quote)
+                    quote = ""
+                    continue
+                position += 1
+                continue
+            char = line[position]
+            if char == "#":
+                break
+            if line.startswith('"""', position) or line.startswith("'''", position):
+                quote = line[position : position + 3]
+            elif char in "\"'":
+                quote = char
+            elif char == "[":
+                depth += 1
+            elif char == "]":
+                depth = max(0, depth - 1)
+            code.append(quote or char)
+            position += len(quote) or 1
+        if quote in ('"', "'"):
+            quote = ""  # a one-line string cannot continue (invalid TOML; tomllib reports it)
+        codes.append("".join(code) if top else None)
+    return codes
+
+
+def _table_name(header: str) -> str:
+    """A header line's table, spelled as this module asks for it: ``[[ variant ]]`` is
+    ``[[variant]]``, ``[templates."rmsnorm" . params]`` is ``[templates.rmsnorm.params]``
+    (whitespace around dots and the quotes of a quoted name are TOML spelling; the name
+    itself is what tomllib gives, for any name without escapes)."""
+    text = header.strip()
+    double = text.startswith("[[")
+    inner = text[2:] if double else text[1:]
+    end = inner.rfind("]]" if double else "]")
+    if end < 0:
+        return text
+    parts = []
+    for part in re.findall(r'\s*("[^"]*"|\'[^\']*\'|[^."\']+)\s*(?:\.|$)', inner[:end]):
+        name = part.strip()
+        parts.append(name[1:-1] if name[:1] in "\"'" else name)
+    joined = ".".join(parts)
+    return f"[[{joined}]]" if double else f"[{joined}]"
+
+
 class _Locator:
     """Finds the line of a table or key in the TOML text; tomllib does not report positions.
 
@@ -395,29 +466,29 @@ class _Locator:
 
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
-        self._code = [line.split("#", 1)[0] for line in self.lines]
+        codes = toml_code(self.lines)
+        self._code = [code or "" for code in codes]
         self._headers: dict[str, list[int]] = {}
-        for number, code in enumerate(self._code, start=1):
-            stripped = code.strip()
-            if stripped.startswith("["):
-                self._headers.setdefault(stripped, []).append(number)
+        self._header_names: dict[int, str] = {}
+        for number, code in enumerate(codes, start=1):
+            if code is not None and code.lstrip().startswith("["):
+                name = _table_name(code)
+                self._headers.setdefault(name, []).append(number)
+                self._header_names[number] = name
         self._stops: dict[str, list[int]] = {}
 
     def _table_line(self, header: str, occurrence: int = 0) -> int | None:
-        """The line of the ``occurrence``-th ``header`` (alone on its line, or before a comment)."""
-        if "#" in header:  # a quoted name holding '#': the comment split above cut its line
-            pattern = re.compile(r"^\s*" + re.escape(header) + r"\s*(#.*)?$")
-            found = [n for n, line in enumerate(self.lines, start=1) if pattern.match(line)]
-        else:
-            found = self._headers.get(header, [])
+        """The line of the ``occurrence``-th ``header`` (however spaced or quoted)."""
+        found = self._headers.get(header, [])
         return found[occurrence] if occurrence < len(found) else None
 
     def _end(self, start: int, stop: str) -> int:
-        """The first line after ``start`` that matches ``stop`` (one past the last if none)."""
+        """The first header after ``start`` whose table name matches ``stop`` (one past the
+        last line if none)."""
         if stop not in self._stops:
             pattern = re.compile(stop)
             self._stops[stop] = [
-                number for number, line in enumerate(self.lines, start=1) if pattern.match(line)
+                number for number, name in self._header_names.items() if pattern.match(name)
             ]
         found = self._stops[stop]
         index = bisect.bisect_right(found, start)
@@ -427,7 +498,8 @@ class _Locator:
         """The first line at or after ``start`` assigning ``key``, before a line matching ``stop``."""
         if start is None:
             return None
-        pattern = re.compile(r"(^|[{,\s])" + re.escape(key) + r"\s*=")
+        # a dotted key (params.dtype = ...) assigns its last part too
+        pattern = re.compile(r"(^|[{,\s.])" + re.escape(key) + r"\s*=")
         for number in range(start, self._end(start, stop)):
             if pattern.search(self._code[number - 1]):
                 return number

@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from doppler_gen.config import CONFIG_NAME, ParamValue
+from doppler_gen.config import CONFIG_NAME, ParamValue, toml_code
 from doppler_gen.errors import ConfigError
 
 
@@ -51,44 +51,9 @@ def table_header_lines(lines: list[str]) -> list[int]:
 
 def toplevel_lines(lines: list[str]) -> list[bool]:
     """For each line, whether it starts outside every multi-line string and array: only such a
-    line can be a header or a key. The scan tracks strings, comments and bracket depth across
-    lines, so that a description's line reading ``overrides = { ... }`` is never edited."""
-    top: list[bool] = []
-    quote = ""  # the open string's delimiter: ", ', \"\"\" or '''
-    depth = 0  # open [ of arrays in values
-    for line in lines:
-        top.append(not quote and depth == 0)
-        if top[-1] and line.lstrip().startswith("["):
-            continue  # a header line holds no string or array that stays open
-        position = 0
-        while position < len(line):
-            if quote:
-                if quote in ('"', '"""') and line[position] == "\\":
-                    position += 2
-                    continue
-                if line.startswith(quote, position):
-                    position += len(quote)
-                    quote = ""
-                    continue
-                position += 1
-                continue
-            char = line[position]
-            if char == "#":
-                break
-            if line.startswith('"""', position) or line.startswith("'''", position):
-                quote = line[position : position + 3]
-                position += 3
-                continue
-            if char in "\"'":
-                quote = char
-            elif char == "[":
-                depth += 1
-            elif char == "]":
-                depth = max(0, depth - 1)
-            position += 1
-        if quote in ('"', "'"):
-            quote = ""  # a one-line string cannot continue (invalid TOML; tomllib reports it)
-    return top
+    line can be a header or a key (``config.toml_code``), so that a description's line reading
+    ``overrides = { ... }`` is never edited."""
+    return [code is not None for code in toml_code(lines)]
 
 
 def _header(line: str) -> str:
