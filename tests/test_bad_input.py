@@ -222,6 +222,16 @@ CASES: list[tuple[str, Mutation, str]] = [
         toml_at('name = "attention_f16kv"', "name = 42"),
         "name must be a non-empty string",
     ),
+    (
+        # generated/nul.wgsl is the null device on Windows: a checkout there fails
+        "name-a-windows-device",
+        toml_at(
+            'name = "rmsnorm_f16"\ntemplate = "rmsnorm"\noutput = "generated/rmsnorm_f16.wgsl"',
+            'name = "nul"\ntemplate = "rmsnorm"\noutput = "generated/nul.wgsl"',
+            'name = "nul"',
+        ),
+        "variant 'nul': nul is a device name on Windows",
+    ),
     ("output-empty", toml_at(F16KV_OUTPUT, 'output = ""'), "output must be a non-empty string"),
     (
         "template-not-a-string",
@@ -626,6 +636,20 @@ CASES: list[tuple[str, Mutation, str]] = [
             variant_header("attention"),
         ),
         "the WGSL uses subgroupBroadcastFirst but has no `enable subgroups;`",
+    ),
+    (
+        # the variant's overrides and the export's constants give it once for every pass
+        "passes-disagreeing-on-a-shared-override",
+        Mutation(
+            "templates/attention_decode_split_reduce.wgsl.j2",
+            replace(
+                "override KV_SPLITS: u32 = {{ kv_splits | u32 }};",
+                "override KV_SPLITS: u32 = {{ (kv_splits + 1) | u32 }};",
+            ),
+            "variants.toml",
+            variant_header("attention_decode_tiered_split_f16"),  # the first to use it
+        ),
+        "override KV_SPLITS is u32 = 32 in pass partials but u32 = 33 in pass reduce",
     ),
     (
         "requires-f16-without-enable",

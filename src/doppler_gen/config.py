@@ -456,6 +456,12 @@ def _table_name(header: str) -> str:
     return f"[[{joined}]]" if double else f"[{joined}]"
 
 
+# names Windows reserves for devices whatever the extension: no generated file may have one
+_WINDOWS_DEVICES = frozenset(
+    ["con", "prn", "aux", "nul"] + [f"{port}{n}" for port in ("com", "lpt") for n in range(10)]
+)
+
+
 class _Locator:
     """Finds the line of a table or key in the TOML text; tomllib does not report positions.
 
@@ -787,6 +793,12 @@ class _Parser:
         if not _NAME_RE.fullmatch(name):
             raise self.fail(
                 f"{where}: name must match [a-z][a-z0-9_]*", self.locate.variant(index, "name")
+            )
+        if name in _WINDOWS_DEVICES:  # generated/nul.wgsl opens the device there
+            raise self.fail(
+                f"{where}: {name} is a device name on Windows, where {GENERATED_DIR}/{name}.wgsl "
+                "cannot be a file (a checkout there would fail): pick another name",
+                self.locate.variant(index, "name"),
             )
         for key in sorted(set(entry) - _VARIANT_KEYS):
             raise self.fail(

@@ -337,6 +337,7 @@ def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterato
         yield 'the WGSL enables subgroups but the variant does not list requires = ["subgroups"]'
     if not has_subgroups and "subgroups" in variant.requires:
         yield "the variant requires subgroups but the WGSL has no `enable subgroups;`"
+    yield from _shared_override_problems(specs, modules)
     yield from _role_problems(variant, modules, entries)
     meta = variant.metadata
     yield from get_family(variant.template.family).interface_problems(
@@ -348,6 +349,28 @@ def _metadata_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterato
             yield "the WGSL has no uniform struct binding"
             return
     yield from _scratch_problems(variant, modules)
+
+
+def _shared_override_problems(
+    specs: Sequence[PassSpec], modules: tuple[Module, ...]
+) -> Iterator[str]:
+    """An override several passes declare is one value (KV_SPLITS sizes the partials and tells
+    the reduce pass how many to merge): the same type and default in each, since a variant's
+    ``overrides`` and the export's ``constants`` give it once for all passes."""
+    first: dict[str, tuple[str, Any]] = {}
+    for spec, module in zip(specs, modules, strict=True):
+        for name, override in module.overrides.items():
+            declared = (override.type, override.default)
+            if name not in first:
+                first[name] = (spec.name, declared)
+            elif first[name][1] != declared:
+                other, (kind, default) = first[name]
+                yield (
+                    f"override {name} is {kind} = {default} in pass {other} but "
+                    f"{override.type} = {override.default} in pass {spec.name}: a name the "
+                    "passes share is one value"
+                )
+                return
 
 
 def _role_problems(
