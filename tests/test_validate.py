@@ -523,6 +523,16 @@ def _endless_run(root: Path, *names: str, timeout: str | None) -> subprocess.Pop
     )
 
 
+def _finish(process: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """The run's stdout and stderr; its whole session is killed if it outlives ``timeout``."""
+    try:
+        return process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+
+
 @needs_adapter
 @pytest.mark.gpu
 def test_a_kernel_that_never_finishes_fails_after_the_time_limit(tmp_path: Path) -> None:
@@ -530,12 +540,7 @@ def test_a_kernel_that_never_finishes_fails_after_the_time_limit(tmp_path: Path)
     DOPPLER_GEN_GPU_TIMEOUT seconds, that variant FAILs, and the next one runs in a fresh
     worker (the spent device is never asked again)."""
     process = _endless_run(_endless_project(tmp_path), "rmsnorm", "rmsnorm_f16", timeout="2")
-    try:
-        stdout, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+    stdout, stderr = _finish(process, timeout=60)
     assert process.returncode == 1, (process.returncode, stderr)
     statuses = {v["variant"]: (v["status"], v["reason"]) for v in json.loads(stdout)["variants"]}
     status, reason = statuses.pop("rmsnorm")
@@ -551,12 +556,7 @@ def test_ctrl_c_stops_a_kernel_that_never_finishes(tmp_path: Path) -> None:
     process = _endless_run(_endless_project(tmp_path), "rmsnorm", timeout=None)
     time.sleep(6)  # started, compiled, and stuck in the endless dispatch
     os.killpg(process.pid, signal.SIGINT)
-    try:
-        stdout, stderr = process.communicate(timeout=20)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+    stdout, stderr = _finish(process, timeout=20)
     assert process.returncode == 130, (process.returncode, stderr)
     assert stderr == "interrupted\n" and json.loads(stdout)["error"]["type"] == "Interrupted"
 
