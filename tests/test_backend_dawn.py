@@ -279,6 +279,27 @@ def test_a_pydawn_without_a_needed_symbol_is_an_environment_error(tmp_path: Path
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(
+    adapter_problem() is not None or dawn_problem() is not None,
+    reason=str(adapter_problem() or dawn_problem()),
+)
+def test_a_symbol_missing_after_the_device_opened_ends_the_run(tmp_path: Path) -> None:
+    """Hit while a variant ran, it was that variant's FAIL (exit 1): the kernel was blamed
+    for the installation."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "from pydawn import webgpu\ndel webgpu.wgpuCommandEncoderCopyBufferToBuffer\n"
+    )
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    result = _run_without_pydawn(env, "validate", "--backend", "dawn", "--quick", "rmsnorm")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith(
+        "error: this pydawn has no wgpuCommandEncoderCopyBufferToBuffer"
+    ), result.stderr
+    assert "FAIL" not in result.stdout
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 def test_missing_pydawn_leaves_wgpu_and_doctor_working(without_pydawn: dict[str, str]) -> None:
     result = _run_without_pydawn(

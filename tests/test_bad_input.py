@@ -389,6 +389,17 @@ CASES: list[tuple[str, Mutation, str]] = [
         "parameter dtype='f64' is not one of 'f32', 'f16'",
     ),
     (
+        # the bare key matched choices.dtype, one line above
+        "dotted-keys-of-two-sub-tables",
+        toml_at(
+            '[templates.rmsnorm.params]\ndtype = "f32"\nworkgroup_size = 256\n\n'
+            '[templates.rmsnorm.choices]\ndtype = ["f32", "f16"]\n',
+            'choices.dtype = ["f32", "f16"]\nparams.dtype = "f64"\nparams.workgroup_size = 256\n',
+            'params.dtype = "f64"',
+        ),
+        "parameter dtype='f64' is not one of 'f32', 'f16'",
+    ),
+    (
         "a-quoted-table-name",
         toml(
             lambda text: replace('family = "rmsnorm"', "family = 1")(

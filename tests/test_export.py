@@ -660,6 +660,18 @@ def test_a_number_written_as_a_float_is_the_same_number(
     assert result.exit_code == 0, result.output
 
 
+def test_a_huge_number_is_a_difference_not_a_crash(pristine_project: Path, tmp_path: Path) -> None:
+    """Comparing numbers through float() raised OverflowError (exit 3) on a 400-digit one."""
+    directory = checkout(pristine_project, tmp_path)
+    rewrite(
+        directory / "registry.json",
+        lambda r: _entry(r, "decode_split_d64_f16")["constants"].update(KV_SPLITS=10**400),
+    )
+    result = run_cli(pristine_project, "export", "--check-against", str(directory))
+    assert result.exit_code == 1, result.output
+    assert "decode_split_d64_f16: constants: registry" in result.stdout
+
+
 def test_a_digest_prefix_in_capitals_is_accepted(pristine_project: Path, tmp_path: Path) -> None:
     directory = checkout(pristine_project, tmp_path)
     digests = json.loads((directory / "digests.json").read_text())["digests"]

@@ -523,6 +523,21 @@ def test_an_output_that_is_not_a_regular_file_is_refused_before_measuring(
     assert not stat.S_ISREG(target.lstat().st_mode)
 
 
+def test_a_plot_may_go_to_a_device_or_a_pipe(tmp_path: Path) -> None:
+    """matplotlib writes --plot in place, not by a rename: /dev/null and a FIFO are fine
+    there (the --output refusals were applied to it too)."""
+    from doppler_gen.cli import _check_writable
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (Path("/dev/null"), fifo, tmp_path / "new.png"):
+        _check_writable("--plot", target, replaced=False)  # no error
+    with pytest.raises(DopplerGenError, match="is a directory"):
+        _check_writable("--plot", tmp_path, replaced=False)
+    with pytest.raises(DopplerGenError, match="no directory"):
+        _check_writable("--plot", tmp_path / "missing" / "x.png", replaced=False)
+
+
 def test_an_output_in_a_directory_that_refuses_new_files_is_refused_before_measuring(
     fresh_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

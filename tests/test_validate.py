@@ -504,14 +504,16 @@ def _endless_project(tmp_path: Path) -> Path:
     return root
 
 
-def _endless_run(root: Path, *names: str, timeout: str | None) -> subprocess.Popen[str]:
+def _endless_run(
+    root: Path, *names: str, timeout: str | None, backend: str = "wgpu"
+) -> subprocess.Popen[str]:
     """`validate --quick --from-templates --json NAMES` in its own session, Ctrl-C not ignored
     (a background process inherits it ignored), with DOPPLER_GEN_GPU_TIMEOUT set."""
     env = dict(os.environ)
     env.pop("DOPPLER_GEN_GPU_TIMEOUT", None)
     if timeout is not None:
         env["DOPPLER_GEN_GPU_TIMEOUT"] = timeout
-    options = ["--quick", "--from-templates", "--json"]
+    options = ["--quick", "--from-templates", "--json", "--backend", backend]
     return subprocess.Popen(
         [*doppler_gen_command(), "--root", str(root), "validate", *options, *names],
         stdout=subprocess.PIPE,
@@ -535,17 +537,57 @@ def _finish(process: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
 
 @needs_adapter
 @pytest.mark.gpu
-def test_a_kernel_that_never_finishes_fails_after_the_time_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "wgpu",
+        pytest.param(
+            "dawn",
+            marks=pytest.mark.skipif(dawn_problem() is not None, reason=str(dawn_problem())),
+        ),
+    ],
+)
+def test_a_kernel_that_never_finishes_fails_after_the_time_limit(
+    tmp_path: Path, backend: str
+) -> None:
     """An endless kernel hung `validate` for ever. Now the wait for it ends after
     DOPPLER_GEN_GPU_TIMEOUT seconds, that variant FAILs, and the next one runs in a fresh
-    worker (the spent device is never asked again)."""
-    process = _endless_run(_endless_project(tmp_path), "rmsnorm", "rmsnorm_f16", timeout="2")
+    worker (the spent device is never asked again). On Dawn the reason was the follow-up
+    error of popping the error scopes on the spent instance, without the hint."""
+    root = _endless_project(tmp_path)
+    process = _endless_run(root, "rmsnorm", "rmsnorm_f16", timeout="2", backend=backend)
     stdout, stderr = _finish(process, timeout=60)
     assert process.returncode == 1, (process.returncode, stderr)
     statuses = {v["variant"]: (v["status"], v["reason"]) for v in json.loads(stdout)["variants"]}
     status, reason = statuses.pop("rmsnorm")
     assert status == "FAIL" and "did not finish" in reason and "within 2 s" in reason, reason
+    assert "DOPPLER_GEN_GPU_TIMEOUT sets the limit" in reason, reason
     assert statuses == {"rmsnorm_f16": ("PASS", "")}
+
+
+@needs_adapter
+@pytest.mark.gpu
+def test_bench_after_a_kernel_that_never_finishes_ends(tmp_path: Path) -> None:
+    """bench runs in one process: after the time limit ended the wait for the endless kernel,
+    opening the next row's device blocked behind it for ever, deaf to Ctrl-C. Now that row
+    and the rest are FAIL at once ("not run"), and the report comes."""
+    root = _endless_project(tmp_path)
+    env = {**os.environ, "DOPPLER_GEN_GPU_TIMEOUT": "2"}
+    options = ["--from-templates", "--allow-cpu", "--copy-mib", "0", "--no-baseline", "--json"]
+    process = subprocess.Popen(
+        [*doppler_gen_command(), "--root", str(root), "bench", *options, "rmsnorm", "rmsnorm_f16"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    stdout, stderr = _finish(process, timeout=90)
+    assert process.returncode == 1, (process.returncode, stderr)
+    rows = {r["variant"]: r for r in json.loads(stdout)["rows"]}
+    assert rows["rmsnorm"]["status"] == "FAIL" and "did not finish" in rows["rmsnorm"]["reason"]
+    assert rows["rmsnorm_f16"]["status"] == "FAIL"
+    assert rows["rmsnorm_f16"]["reason"].startswith("not run: an earlier kernel of this run")
 
 
 @needs_adapter
@@ -582,3 +624,43 @@ def test_a_bad_gpu_timeout_is_one_line_before_anything_runs(
         f"error: DOPPLER_GEN_GPU_TIMEOUT={value!r}: must be a positive number of seconds"
     )
     assert result.stdout == ""
+
+
+@needs_adapter
+@pytest.mark.gpu
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_progress_moves_case_by_case(jobs: int) -> None:
+    """Since the cases run in worker processes the bar moved once a variant, at its end: one
+    long variant showed no progress at all. The workers now report each case."""
+    from doppler_gen.validate import validate
+
+    steps: list[tuple[str, int]] = []
+    project = load_project(REPO_ROOT)
+    names = ("rmsnorm", "rmsnorm_f16")
+    run = validate(
+        project, names, quick=True, jobs=jobs, progress=lambda n, s: steps.append((n, s))
+    )
+    cases = {r.name: len(r.cases) for r in run.variants}
+    assert all(r.status == "PASS" for r in run.variants)
+    for name in names:
+        mine = [step for n, step in steps if n == name]
+        assert mine == [1] * cases[name], (name, mine)  # one tick a case, none left over
+
+
+def test_a_bug_in_a_worker_names_its_exception_first() -> None:
+    """The CLI prints an internal error's first line: it read "a validation worker failed:",
+    the exception itself lost to the lines below."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from doppler_gen.runtime.workers import WorkerBug, _Run, _Worker
+
+    kernel = SimpleNamespace(variant=SimpleNamespace(name="rmsnorm"))
+    run = _Run([kernel], [{}], {"tier": "quick", "seed": 0}, None, None)  # type: ignore[list-item]
+    mine, theirs = multiprocessing.Pipe()
+    worker = _Worker(process=None, connection=mine, task=(0, 0.0))  # type: ignore[arg-type]
+    theirs.send(("bug", 'Traceback (most recent call last):\n  File "x"\nRuntimeError: boom\n'))
+    with pytest.raises(WorkerBug) as raised:
+        run.collect(worker)
+    assert str(raised.value).splitlines()[0] == "in a validation worker: RuntimeError: boom"
+    assert 'File "x"' in str(raised.value)  # the traceback stays for --debug

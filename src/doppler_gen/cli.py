@@ -27,7 +27,7 @@ import click
 
 from doppler_gen import __version__
 from doppler_gen.config import Project, find_root, load_project
-from doppler_gen.errors import DopplerGenError, Terminated, printable
+from doppler_gen.errors import DopplerGenError, Terminated, file_kind, printable
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 EXIT_INTERNAL = 3  # an unexpected exception: a bug, distinct from 1 (stale / failed)
@@ -903,14 +903,19 @@ def _late_error(error: DopplerGenError) -> None:
     sys.exit(error.exit_code)
 
 
-def _check_writable(option: str, path: Path | None, root: Path | None = None) -> None:
+def _check_writable(
+    option: str, path: Path | None, root: Path | None = None, *, replaced: bool = True
+) -> None:
     """Refuse an --output or --plot FILE that cannot be written before anything is measured or
     changed: a bench or tune run takes minutes, and its report would be lost at the end. Also
     one of the project's own files (``root``): a report written over variants.toml, a template
-    or a generated kernel would destroy it."""
+    or a generated kernel would destroy it. ``replaced``: the file is written beside the
+    target and renamed over it (``--output``); else written in place (``--plot``, through
+    matplotlib, which may write to /dev/null or a pipe)."""
     if path is None:
         return
-    reason = (_projects_own(path, root) if root is not None else None) or _unwritable(path)
+    check = _unwritable if replaced else _unwritable_in_place
+    reason = (_projects_own(path, root) if root is not None else None) or check(path)
     if reason is not None:
         raise DopplerGenError(f"{option} {path}: cannot write: {reason}")
 
@@ -946,7 +951,7 @@ def _unwritable(path: Path) -> str | None:
     except OSError as error:
         return error.strerror or str(error)
     if mode is not None and not stat.S_ISREG(mode):
-        return f"{_kind(mode)}, not a regular file"
+        return f"it is {file_kind(mode)}, not a regular file"
     if mode is not None and not os.access(target, os.W_OK):
         return "permission denied"
     parent = target.parent
@@ -955,16 +960,16 @@ def _unwritable(path: Path) -> str | None:
     return _cannot_create_in(parent)
 
 
-def _kind(mode: int) -> str:
-    """What a non-regular file is, in words."""
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((f"it is {name}" for test, name in kinds if test(mode)), "it")
+def _unwritable_in_place(path: Path) -> str | None:
+    """Why ``path`` cannot be opened for writing (None: it can, as far as can be told)."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "permission denied"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"no directory {parent}"
+    return _cannot_create_in(parent)
 
 
 def _cannot_create_in(directory: Path) -> str | None:
@@ -1096,7 +1101,7 @@ def bench(
 
     _check_gpu_wait()
     _check_writable("--output", output, state.root)
-    _check_writable("--plot", plot, state.root)
+    _check_writable("--plot", plot, state.root, replaced=False)
     if plot is not None:
         require_matplotlib()
     request = BenchRequest(

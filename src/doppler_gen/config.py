@@ -500,12 +500,15 @@ class _Locator:
         index = bisect.bisect_right(found, start)
         return found[index] if index < len(found) else len(self.lines) + 1
 
-    def _key_line(self, start: int | None, key: str, stop: str = r"^\s*\[") -> int | None:
-        """The first line at or after ``start`` assigning ``key``, before a line matching ``stop``."""
+    def _key_line(
+        self, start: int | None, key: str, stop: str = r"^\s*\[", prefix: str | None = None
+    ) -> int | None:
+        """The first line at or after ``start`` assigning ``key`` (with ``prefix``: the dotted
+        ``prefix.key``), before a header matching ``stop``."""
         if start is None:
             return None
-        # a dotted key (params.dtype = ...) assigns its last part too
-        pattern = re.compile(r"(^|[{,\s.])" + re.escape(key) + r"\s*=")
+        dotted = rf"{re.escape(prefix)}\s*\.\s*" if prefix else ""
+        pattern = re.compile(r"(^|[{,\s])" + dotted + re.escape(key) + r"\s*=")
         for number in range(start, self._end(start, stop)):
             if pattern.search(self._code[number - 1]):
                 return number
@@ -516,8 +519,13 @@ class _Locator:
         if key is None:
             return start
         # a variant's keys may sit in its own sub-tables ([variant.params]), so only the next
-        # [[variant]] or [templates.*] header ends the search
-        return self._key_line(start, key, r"^\s*\[(\[|templates)") or start
+        # [[variant]] or [templates.*] header ends the search; a parameter or override may be
+        # a dotted key (params.dtype = ...)
+        stop = r"^\s*\[(\[|templates)"
+        found = self._key_line(start, key, stop)
+        for prefix in ("params", "overrides"):
+            found = found or self._key_line(start, key, stop, prefix)
+        return found or start
 
     def template(self, name: str, key: str | None = None, sub: str | None = None) -> int | None:
         start = self._table_line(f"[templates.{name}]")
@@ -525,7 +533,9 @@ class _Locator:
             sub_start = self._table_line(f"[templates.{name}.{sub}]")
             if sub_start is not None:
                 return (self._key_line(sub_start, key) if key else None) or sub_start
-            found = self._key_line(start, sub)
+            found = self._key_line(start, sub) or (
+                self._key_line(start, key, prefix=sub) if key else None
+            )
             if found:
                 return found
         if key is not None:

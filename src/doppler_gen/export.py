@@ -614,7 +614,7 @@ def _as_js(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return (type(value).__name__, value)
     if isinstance(value, int | float):
-        return ("number", float(value))
+        return ("number", value)  # 1 == 1.0 as in JS; no float(): a 400-digit int overflows
     if isinstance(value, list):
         return ("array", tuple(_as_js(v) for v in value))
     if isinstance(value, dict):

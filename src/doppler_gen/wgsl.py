@@ -271,10 +271,10 @@ def parse_module(source: str) -> Module:
                 exc.line = line_at(text, match.start("kw"))
             raise
     _resolve_uses(module)
+    called = {m.group(1) for m in _SUBGROUP_CALL_RE.finditer(text)} - set(module.function_uses)
     module.subgroup_builtins = frozenset(
-        [m.group(1) for m in _SUBGROUP_CALL_RE.finditer(text)]
-        + [m.group(1) for m in _SUBGROUP_VALUE_RE.finditer(text)]
-    )
+        called | {m.group(1) for m in _SUBGROUP_VALUE_RE.finditer(text)}
+    )  # a function the module declares itself (fn subgroupAdd) is no builtin
     return module
 
 

@@ -28,6 +28,21 @@ GPU_WAIT_S = 600.0
 GPU_WAIT_VARIABLE = "DOPPLER_GEN_GPU_TIMEOUT"
 
 
+# why a GPU wait of this process ran out of time: its kernel may still be running, so the
+# process opens no other device (wgpu-native blocked a new device's request behind it for ever)
+_SPENT: list[str] = []
+
+
+def mark_process_spent(reason: str) -> None:
+    """Record that a wait of this process timed out (``reason``); see ``process_spent``."""
+    _SPENT.append(reason)
+
+
+def process_spent() -> str | None:
+    """Why this process may open no more devices (None: it may)."""
+    return _SPENT[0] if _SPENT else None
+
+
 def gpu_wait_seconds() -> float:
     """The time limit of one wait for GPU work: ``$DOPPLER_GEN_GPU_TIMEOUT`` seconds if set
     (a positive number; anything else is an error naming the variable), else GPU_WAIT_S."""

@@ -37,6 +37,7 @@ from doppler_gen.backends.base import (
     as_bytes,
     effective_limits,
     gpu_wait_seconds,
+    mark_process_spent,
     owned,
     pad_bytes,
     pass_times,
@@ -423,6 +424,7 @@ class WgpuDevice(Device):
         while not done.wait(_WAKE_S):
             if time.monotonic() >= deadline:
                 self.spent = f"the GPU did not finish {doing} within {limit:g} s"
+                mark_process_spent(self.spent)
                 raise GpuTimeout(
                     f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
                 )

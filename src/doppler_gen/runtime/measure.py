@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.backends import Device, PassTimes
-from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.errors import (
+    BackendUnavailable,
+    DopplerGenError,
+    GpuTimeout,
+    ShaderCompileError,
+)
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.render import RenderedKernel
@@ -169,7 +174,10 @@ def measure_on_fresh_device(
     HBM-bound shapes did not move. A comparison (bench rows, tune candidates: the current
     configuration is measured first) must not depend on the order of its measurements.
     """
-    device = open_device()
+    try:
+        device = open_device()
+    except GpuTimeout as error:  # an earlier kernel never finished: this row is not run
+        return BenchRow(kernel.variant.name, shape.label, "FAIL", reason=str(error))
     try:
         return measure(device, kernel, entry, shape, settings, constants, on_first)
     finally:
@@ -214,6 +222,8 @@ def measure(
         _time(runner, prepared, settings, row, on_first)
     except ShaderCompileError as error:
         row.status, row.reason = "FAIL", f"compile error: {error.message.splitlines()[0]}"
+    except BackendUnavailable:  # the installation, not this kernel: the run ends (exit 2)
+        raise
     except DopplerGenError as error:
         row.status, row.reason = "FAIL", str(error)
     if note and row.status == "ok":

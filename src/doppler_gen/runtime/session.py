@@ -9,7 +9,13 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.backends import AdapterInfo, Backend, Device, effective_limits, select_adapter
-from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
+from doppler_gen.backends.base import process_spent
+from doppler_gen.errors import (
+    BackendUnavailable,
+    DopplerGenError,
+    GpuTimeout,
+    ShaderCompileError,
+)
 
 # Progress reports: (what is being done, how many cases it just finished; 0 for a status line).
 Progress = Callable[[str, int], None]
@@ -50,6 +56,12 @@ def open_device(
     Features the adapter lacks are left out: the variants needing them are skipped with the
     reason (``static_skip``), not the whole run.
     """
+    spent = process_spent()
+    if spent:  # bench and tune run in one process: later rows fail at once, never hang
+        raise GpuTimeout(
+            f"not run: an earlier kernel of this run did not finish ({spent}) and may still "
+            "hold the GPU; no device is opened after that"
+        )
     wanted = {f for f in requires if f in adapter.features}
     if timing:
         if "timestamp-query" not in adapter.features:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.backends import Device
-from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.errors import BackendUnavailable, DopplerGenError, ShaderCompileError
 from doppler_gen.families import get_family
 from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.runner import CaseResult, KernelRunner
@@ -164,6 +164,8 @@ def validate_variant(
                 progress(name, len(specs))
         else:
             report.status, report.reason = "FAIL", f"compile error: {error.message}"
+    except BackendUnavailable:  # the installation, not this kernel: the run ends (exit 2)
+        raise
     except DopplerGenError as error:
         report.status, report.reason = "FAIL", str(error)
     else:

@@ -101,7 +101,14 @@ def _worker_main(
         try:
             device = _worker_device(device_args)
             outputs: Outputs | None = {} if keep_outputs else None
-            report = validate_variant(device, kernel, entry, outputs=outputs, **options)
+            report = validate_variant(
+                device,
+                kernel,
+                entry,
+                outputs=outputs,
+                progress=lambda _name, step: connection.send(("tick", step)),  # a bar moves
+                **options,
+            )
         except DopplerGenError as error:
             connection.send(("error", _portable(error)))
             return
@@ -199,6 +206,7 @@ class _Run:
         self.kernels, self.entries, self.options = kernels, entries, options
         self.progress, self.outputs = progress, outputs
         self.reports: list[VariantReport | None] = [None] * len(kernels)
+        self.ticked = [0] * len(kernels)  # cases the progress callback has been told of
         self.waiting = deque(range(len(kernels)))
         self.described = ""
 
@@ -208,14 +216,17 @@ class _Run:
         worker.task = (index, time.perf_counter())
         worker.connection.send((self.kernels[index], self.entries[index], self.options))
 
-    def collect(self, worker: _Worker) -> bool:
-        """Take the report ``worker`` sent (True: it can take another variant; False: its
-        device is spent and it exits), or, when it died instead, report its variant as FAIL
-        with how it died (False)."""
+    def collect(self, worker: _Worker) -> bool | None:
+        """Take what ``worker`` sent: a case done (None: it is still busy), its report (True:
+        it can take another variant; False: its device is spent and it exits), or, when it
+        died instead, report its variant as FAIL with how it died (False)."""
         assert worker.task is not None
         index, started = worker.task
         try:
             kind, sent = worker.connection.recv()
+            if kind == "tick":
+                self._tick(index, sent)
+                return None
         except (EOFError, OSError):
             worker.process.join(_JOIN_S)
             reason = death_reason(worker.process.exitcode)
@@ -229,8 +240,9 @@ class _Run:
             return False
         if kind == "error":
             raise sent
-        if kind == "bug":
-            raise WorkerBug(f"a validation worker failed:\n{sent}")
+        if kind == "bug":  # the exception's own line first: that is what the CLI prints
+            last = next((line for line in reversed(sent.splitlines()) if line.strip()), "")
+            raise WorkerBug(f"in a validation worker: {last.strip()}\n{sent}")
         report, kept, described, spent = sent
         self._record(index, report, kept, described)
         return not spent
@@ -243,11 +255,16 @@ class _Run:
         self.described = described or self.described
         if self.outputs is not None:
             self.outputs[name] = kept or {}
-        if self.progress:
+        if self.progress:  # the cases not ticked off (a compile error, a worker that died)
             specs = case_specs(
                 self.entries[index], tier=self.options["tier"], seed=self.options["seed"]
             )
-            self.progress(name, len(specs))
+            self._tick(index, len(specs) - self.ticked[index])
+
+    def _tick(self, index: int, step: int) -> None:
+        self.ticked[index] += step
+        if self.progress and step > 0:
+            self.progress(self.kernels[index].variant.name, step)
 
 
 def validate_in_workers(
@@ -284,6 +301,8 @@ def validate_in_workers(
                 for ready in wait(list(busy)):
                     worker = busy[ready]  # type: ignore[index]
                     alive = run.collect(worker)
+                    if alive is None:  # a case done; the variant goes on
+                        continue
                     worker.task = None
                     if alive and run.waiting:
                         run.hand_out(worker)
@@ -299,4 +318,6 @@ def validate_in_workers(
             raise
     for worker in workers:
         _stop(worker, now=not worker.process.is_alive())
-    return [r for r in run.reports if r is not None], run.described, count
+    # no worker lived to report its adapter (each died on its first variant): say so
+    described = run.described or "an adapter no worker lived to describe"
+    return [r for r in run.reports if r is not None], described, count

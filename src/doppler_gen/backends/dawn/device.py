@@ -35,7 +35,7 @@ from doppler_gen.backends.dawn.ffi import (
     release_handle,
 )
 from doppler_gen.backends.dawn.tint import BACKEND_NAME, TintMessage, compile_error, one_line
-from doppler_gen.errors import DopplerGenError, ShaderCompileError
+from doppler_gen.errors import DopplerGenError, GpuTimeout, ShaderCompileError
 
 # Dawn refuses query sets above 4096 queries; two timestamps per timed pass.
 _MAX_TIMED_PASSES_PER_SUBMIT = 1024
@@ -463,6 +463,8 @@ class DawnDevice(Device):
         errors: list[str] = []
         try:
             yield errors
+        except GpuTimeout:  # the scopes cannot be popped: that waits on the spent instance
+            raise
         except Exception:
             # A scope's error (say, a failed copy) explains a later failure (say, the map).
             caught = self._pop_scopes(len(filters), doing)

@@ -16,6 +16,7 @@ from doppler_gen.backends.base import (
     GPU_WAIT_VARIABLE,
     AdapterInfo,
     gpu_wait_seconds,
+    mark_process_spent,
 )
 from doppler_gen.backends.dawn.tint import one_line
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, GpuTimeout
@@ -186,6 +187,7 @@ class DawnRuntime:
                 break
             if time.monotonic() >= deadline:
                 self.spent = f"Dawn did not finish {doing} within {limit:g} s"
+                mark_process_spent(self.spent)
                 raise GpuTimeout(
                     f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
                 )
