@@ -336,7 +336,7 @@ def test_kernel_with_enable_subgroups_compiles_and_runs(
 _ENDLESS = """
 import os, signal, sys, threading, time
 from doppler_gen.backends import get_backend, select_adapter
-from doppler_gen.backends.base import Step
+from doppler_gen.backends.base import Step, leave_if_spent
 backend = get_backend("wgpu")
 device = backend.open_device(select_adapter(backend.adapters(), None))
 wgsl = '''@group(0) @binding(0) var<storage, read_write> o: array<u32>;
@@ -353,7 +353,8 @@ if sys.argv[1] == "sigint":  # then the process ends, as the CLI does on Ctrl-C
         device.read_buffer(buffer)
     except KeyboardInterrupt:
         print("KeyboardInterrupt", flush=True)
-    sys.exit(0)
+    leave_if_spent(0)  # as cli.main does: the interpreter's exit would wait on the kernel
+    sys.exit(3)
 os.environ["DOPPLER_GEN_GPU_TIMEOUT"] = "1"
 for attempt in range(2):
     try:
@@ -361,6 +362,8 @@ for attempt in range(2):
     except BaseException as error:
         print(type(error).__name__, error, flush=True)
 device.close()
+leave_if_spent(0)
+sys.exit(3)
 """
 
 

@@ -558,6 +558,12 @@ def main() -> None:
     _refuse_closed_stdout()
     try:
         cli.main(prog_name="doppler-gen")
+    except SystemExit as done:
+        # after an abandoned GPU wait, the interpreter's exit would hang on the device
+        base = sys.modules.get("doppler_gen.backends.base")
+        if base is not None:
+            base.leave_if_spent(done.code if isinstance(done.code, int) else 1)
+        raise
     except BrokenPipeError:
         _quiet_broken_pipe()
     except Exception as error:

@@ -8,7 +8,9 @@ learn which implementation they hold; nothing in this module may import an imple
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,19 @@ def mark_process_spent(reason: str) -> None:
 def process_spent() -> str | None:
     """Why this process may open no more devices (None: it may)."""
     return _SPENT[0] if _SPENT else None
+
+
+def leave_if_spent(code: int) -> None:
+    """End the process now with ``code`` when a GPU wait of it was abandoned (timed out or
+    interrupted): the kernel may still run, and the interpreter's exit would release the
+    device's objects, which waits for that kernel for ever. stdout and stderr are flushed
+    first; nothing else is left to run by then. Returns when no wait was abandoned."""
+    if not _SPENT:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def gpu_wait_seconds() -> float:

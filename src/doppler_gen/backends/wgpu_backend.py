@@ -421,13 +421,19 @@ class WgpuDevice(Device):
 
         threading.Thread(target=run, name="doppler-gen-gpu-wait", daemon=True).start()
         deadline = time.monotonic() + limit
-        while not done.wait(_WAKE_S):
-            if time.monotonic() >= deadline:
-                self.spent = f"the GPU did not finish {doing} within {limit:g} s"
+        try:
+            while not done.wait(_WAKE_S):
+                if time.monotonic() >= deadline:
+                    self.spent = f"the GPU did not finish {doing} within {limit:g} s"
+                    raise GpuTimeout(
+                        f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
+                    )
+        except KeyboardInterrupt:  # Ctrl-C while the work runs on: the device is spent too
+            self.spent = self.spent or f"interrupted while {doing}"
+            raise
+        finally:
+            if self.spent:
                 mark_process_spent(self.spent)
-                raise GpuTimeout(
-                    f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
-                )
         if failure:
             raise failure[0]
         return result[0]

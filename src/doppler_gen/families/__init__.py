@@ -37,9 +37,20 @@ def get_family(name: str) -> Family:
     return target  # type: ignore[return-value]
 
 
+_AT_RUN_TIME: dict[str, Family] = {}  # what register_family added, by name
+
+
 def register_family(family: Family) -> None:
     """Add (or replace) a family at run time, e.g. a project's own or a test's."""
     FAMILIES[family.name] = family
+    _AT_RUN_TIME[family.name] = family
+
+
+def registered_at_run_time() -> list[Family]:
+    """The families ``register_family`` added that are still registered: a worker process
+    starts from a fresh import, so validate's workers register them again (by pickle: the
+    family's class must be importable there, as a spawned process shares sys.path)."""
+    return [f for name, f in _AT_RUN_TIME.items() if FAMILIES.get(name) is f]
 
 
 def all_families() -> list[Family]:

@@ -47,6 +47,8 @@ import numpy as np
 
 from doppler_gen.backends import Device, get_backend
 from doppler_gen.errors import DopplerGenError
+from doppler_gen.families import register_family, registered_at_run_time
+from doppler_gen.families.base import Family
 from doppler_gen.interrupts import handled_by, sigterm_raises
 from doppler_gen.render import RenderedKernel
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
@@ -90,12 +92,19 @@ def _worker_device(device_args: DeviceArgs) -> Device:
 
 
 def _worker_main(
-    connection: Connection, parent: int, device_args: DeviceArgs, keep_outputs: bool
+    connection: Connection,
+    parent: int,
+    device_args: DeviceArgs,
+    keep_outputs: bool,
+    families: list[Family],
 ) -> None:
     """A worker's life: validate each variant the parent sends, send back its report (or the
     DopplerGenError that stops the run, such as no adapter), until told to stop (None) or
-    until its device is spent (a GPU wait ran out of time: nothing more can run on it)."""
+    until its device is spent (a GPU wait ran out of time: nothing more can run on it).
+    ``families``: those the parent registered at run time (a fresh import lacks them)."""
     _init_worker(parent)
+    for family in families:
+        register_family(family)
     while (task := connection.recv()) is not None:
         kernel, entry, options = task
         try:
@@ -150,7 +159,7 @@ def _start_worker(context: Any, device_args: DeviceArgs, keep_outputs: bool) -> 
     mine, theirs = context.Pipe()
     process = context.Process(
         target=_worker_main,
-        args=(theirs, os.getpid(), device_args, keep_outputs),
+        args=(theirs, os.getpid(), device_args, keep_outputs, registered_at_run_time()),
         name="doppler-gen-validate",
         daemon=True,
     )

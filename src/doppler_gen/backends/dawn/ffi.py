@@ -179,18 +179,24 @@ class DawnRuntime:
         wait_info = self.w.WGPUFutureWaitInfo()
         wait_info.future = future
         deadline = time.monotonic() + limit
-        while True:
-            status = self.w.wgpuInstanceWaitAny(
-                self.instance, 1, ctypes.byref(wait_info), _WAIT_SLICE_NS
-            )
-            if status != self.w.WGPUWaitStatus_TimedOut:
-                break
-            if time.monotonic() >= deadline:
-                self.spent = f"Dawn did not finish {doing} within {limit:g} s"
-                mark_process_spent(self.spent)
-                raise GpuTimeout(
-                    f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
+        try:
+            while True:
+                status = self.w.wgpuInstanceWaitAny(
+                    self.instance, 1, ctypes.byref(wait_info), _WAIT_SLICE_NS
                 )
+                if status != self.w.WGPUWaitStatus_TimedOut:
+                    break
+                if time.monotonic() >= deadline:
+                    self.spent = f"Dawn did not finish {doing} within {limit:g} s"
+                    raise GpuTimeout(
+                        f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
+                    )
+        except KeyboardInterrupt:  # Ctrl-C while the work runs on: the instance is spent too
+            self.spent = self.spent or f"interrupted while {doing}"
+            raise
+        finally:
+            if self.spent:
+                mark_process_spent(self.spent)
         if status != self.w.WGPUWaitStatus_Success:
             name = enum_short(self.w.WGPUWaitStatus__enumvalues, status, "WGPUWaitStatus_")
             raise DopplerGenError(f"Dawn did not finish {doing}: wait status {name}")
