@@ -335,6 +335,7 @@ def test_kernel_with_enable_subgroups_compiles_and_runs(
 # adapter's threads busy until the process ends.
 _ENDLESS = """
 import os, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # .ci/test's shards ignore SIGINT
 from doppler_gen.backends import get_backend, select_adapter
 from doppler_gen.backends.base import Step, leave_if_spent
 backend = get_backend("wgpu")
