@@ -11,15 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
 import numpy as np
 
-from doppler_gen.errors import BackendUnavailable, DopplerGenError
+from doppler_gen.errors import BackendUnavailable, DopplerGenError, GpuTimeout
 
 _T = TypeVar("_T")
 
@@ -43,6 +44,30 @@ def mark_process_spent(reason: str) -> None:
 def process_spent() -> str | None:
     """Why this process may open no more devices (None: it may)."""
     return _SPENT[0] if _SPENT else None
+
+
+def sliced_wait(
+    finished: Callable[[], bool], doing: str, who: str, spend: Callable[[str], None]
+) -> None:
+    """Call ``finished`` (which waits one short slice, then says whether the work is done)
+    until it is True: Ctrl-C gets through between slices, and after ``gpu_wait_seconds``
+    GpuTimeout. Either way the work may still be running, so the caller's device is spent
+    (``spend(reason)``) and so is the process (``process_spent``)."""
+    limit = gpu_wait_seconds()
+    deadline = time.monotonic() + limit
+    reason = None
+    try:
+        while not finished():
+            if time.monotonic() >= deadline:
+                reason = f"{who} did not finish {doing} within {limit:g} s"
+                raise GpuTimeout(f"{reason} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)")
+    except KeyboardInterrupt:
+        reason = f"interrupted while {doing}"
+        raise
+    finally:
+        if reason is not None:
+            spend(reason)
+            mark_process_spent(reason)
 
 
 def leave_if_spent(code: int) -> None:

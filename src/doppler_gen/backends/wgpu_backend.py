@@ -17,7 +17,6 @@ import logging
 import numbers
 import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -26,7 +25,6 @@ import numpy as np
 
 from doppler_gen.backends.base import (
     ALIGNMENT_LIMITS,
-    GPU_WAIT_VARIABLE,
     AdapterInfo,
     Backend,
     Buffer,
@@ -36,11 +34,10 @@ from doppler_gen.backends.base import (
     Step,
     as_bytes,
     effective_limits,
-    gpu_wait_seconds,
-    mark_process_spent,
     owned,
     pad_bytes,
     pass_times,
+    sliced_wait,
     warmup_batches,
 )
 from doppler_gen.errors import (
@@ -394,6 +391,10 @@ class WgpuDevice(Device):
         commands = encoder.finish()
         self._waited(doing, lambda: self.native.queue.submit([commands]))
 
+    def _spend(self, reason: str) -> None:
+        """A wait was abandoned (``sliced_wait``): nothing more runs here."""
+        self.spent = reason
+
     def _waited(self, doing: str, work: Callable[[], _R]) -> _R:
         """``work()``, run on a helper thread while this one waits for it.
 
@@ -406,7 +407,6 @@ class WgpuDevice(Device):
         """
         if self.spent:
             raise GpuTimeout(f"the device cannot be used again: {self.spent}")
-        limit = gpu_wait_seconds()
         done = threading.Event()
         result: list[Any] = []
         failure: list[BaseException] = []
@@ -420,20 +420,7 @@ class WgpuDevice(Device):
                 done.set()
 
         threading.Thread(target=run, name="doppler-gen-gpu-wait", daemon=True).start()
-        deadline = time.monotonic() + limit
-        try:
-            while not done.wait(_WAKE_S):
-                if time.monotonic() >= deadline:
-                    self.spent = f"the GPU did not finish {doing} within {limit:g} s"
-                    raise GpuTimeout(
-                        f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
-                    )
-        except KeyboardInterrupt:  # Ctrl-C while the work runs on: the device is spent too
-            self.spent = self.spent or f"interrupted while {doing}"
-            raise
-        finally:
-            if self.spent:
-                mark_process_spent(self.spent)
+        sliced_wait(lambda: done.wait(_WAKE_S), doing, "the GPU", self._spend)
         if failure:
             raise failure[0]
         return result[0]

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import ctypes
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from doppler_gen.backends.base import (
-    GPU_WAIT_VARIABLE,
     AdapterInfo,
-    gpu_wait_seconds,
-    mark_process_spent,
+    sliced_wait,
 )
 from doppler_gen.backends.dawn.tint import one_line
 from doppler_gen.errors import BackendUnavailable, DopplerGenError, GpuTimeout
@@ -169,34 +166,30 @@ class DawnRuntime:
         info.callback = thunk
         return info, thunk
 
+    def _spend(self, reason: str) -> None:
+        """A wait was abandoned (``sliced_wait``): nothing more runs here."""
+        self.spent = reason
+
     def wait(self, future: Any, doing: str) -> None:
         """Block until ``future`` completes (its WaitAnyOnly callback runs inside), in slices
         that let Ctrl-C through, for at most ``gpu_wait_seconds``: then GpuTimeout, and this
         instance is spent (the work may still run; nothing more is waited for on it)."""
         if self.spent:
             raise GpuTimeout(f"the device cannot be used again: {self.spent}")
-        limit = gpu_wait_seconds()
         wait_info = self.w.WGPUFutureWaitInfo()
         wait_info.future = future
-        deadline = time.monotonic() + limit
-        try:
-            while True:
-                status = self.w.wgpuInstanceWaitAny(
+        statuses: list[int] = []
+
+        def finished() -> bool:
+            statuses.append(
+                self.w.wgpuInstanceWaitAny(
                     self.instance, 1, ctypes.byref(wait_info), _WAIT_SLICE_NS
                 )
-                if status != self.w.WGPUWaitStatus_TimedOut:
-                    break
-                if time.monotonic() >= deadline:
-                    self.spent = f"Dawn did not finish {doing} within {limit:g} s"
-                    raise GpuTimeout(
-                        f"{self.spent} (an endless loop? {GPU_WAIT_VARIABLE} sets the limit)"
-                    )
-        except KeyboardInterrupt:  # Ctrl-C while the work runs on: the instance is spent too
-            self.spent = self.spent or f"interrupted while {doing}"
-            raise
-        finally:
-            if self.spent:
-                mark_process_spent(self.spent)
+            )
+            return statuses[-1] != self.w.WGPUWaitStatus_TimedOut
+
+        sliced_wait(finished, doing, "Dawn", self._spend)
+        status = statuses[-1]
         if status != self.w.WGPUWaitStatus_Success:
             name = enum_short(self.w.WGPUWaitStatus__enumvalues, status, "WGPUWaitStatus_")
             raise DopplerGenError(f"Dawn did not finish {doing}: wait status {name}")
