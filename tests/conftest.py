@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from gpu_support import open_run_device
 
 from doppler_gen.backends import get_backend
 from doppler_gen.cli import cli
 from doppler_gen.config import load_project
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.render import Renderer
-from doppler_gen.validate import open_run_device
 
 pytest_plugins = ["claims"]  # --claim DIR: slices that take tests one at a time (.ci/test)
 

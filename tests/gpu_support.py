@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 from doppler_gen.errors import DopplerGenError
 
@@ -29,3 +31,14 @@ def dawn_problem() -> str | None:
     except DopplerGenError as error:
         return f"no Dawn adapter: {error}"
     return None
+
+
+def open_run_device(
+    backend: Any, kernels: Sequence[Any], adapter_want: str | None, limits: str
+) -> Any:
+    """One device able to run as many of ``kernels`` as the adapter allows (a test's own;
+    `validate` opens its devices in worker processes, ``runtime.workers``)."""
+    from doppler_gen.runtime.session import choose_adapter, open_device
+
+    requires = {f for k in kernels for f in k.variant.requires}
+    return open_device(backend, choose_adapter(backend, adapter_want), requires, limits)

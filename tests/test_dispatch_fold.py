@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, copy_project, edit, render_variant
-from gpu_support import adapter_problem
+from gpu_support import adapter_problem, open_run_device
 
 from doppler_gen.backends import get_backend
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.runtime.runner import KernelRunner, Prepared, dispatch_grid
 from doppler_gen.runtime.verify import FOLDED_ROW, folded_cases, validate_variant
-from doppler_gen.validate import open_run_device
 
 STREAMING = "attention_streaming_f16"
 COMMON = "templates/lib/attention_common.wgsl.j2"

@@ -225,9 +225,10 @@ def test_a_single_pass_variant_keeps_the_short_form(pristine_project: Path) -> N
 @needs_adapter
 @pytest.mark.gpu
 def test_validate_runs_both_passes_in_one_command_buffer(project: Path) -> None:
+    from gpu_support import open_run_device
+
     from doppler_gen.backends import get_backend
     from doppler_gen.runtime.runner import KernelRunner, Prepared
-    from doppler_gen.validate import open_run_device
 
     loaded = load_project(project)
     kernel = Renderer(loaded).render(loaded.variant("rowsum"))

@@ -18,7 +18,7 @@ from conftest import (
     run_process,
     snapshot,
 )
-from gpu_support import adapter_problem, dawn_problem
+from gpu_support import adapter_problem, dawn_problem, open_run_device
 
 from doppler_gen.backends import get_backend
 from doppler_gen.config import load_project
@@ -26,7 +26,7 @@ from doppler_gen.families.attention import CaseSpec
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.runtime.runner import KernelRunner
-from doppler_gen.validate import open_run_device, validate
+from doppler_gen.validate import validate
 from doppler_gen.wgsl import Module, parse_module
 
 PREFILL = "templates/attention_prefill.wgsl.j2"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, edit, render_variant, subgroup_device, subgroup_lanes
-from gpu_support import adapter_problem
+from gpu_support import adapter_problem, open_run_device
 
 from doppler_gen.backends import Device, get_backend, select_adapter
 from doppler_gen.errors import DopplerGenError
@@ -25,7 +25,6 @@ from doppler_gen.export import export_variant
 from doppler_gen.families.tiled import CaseSpec
 from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.runtime.verify import validate_variant
-from doppler_gen.validate import open_run_device
 
 pytestmark = [
     pytest.mark.gpu,

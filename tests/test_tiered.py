@@ -16,7 +16,7 @@ from conftest import (
     run_process,
     snapshot,
 )
-from gpu_support import adapter_problem
+from gpu_support import adapter_problem, open_run_device
 
 from doppler_gen.backends import get_backend
 from doppler_gen.config import load_project
@@ -25,7 +25,7 @@ from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
 from doppler_gen.runtime.runner import KernelRunner
-from doppler_gen.validate import open_run_device, validate
+from doppler_gen.validate import validate
 from doppler_gen.wgsl import parse_module
 
 TIERED = (

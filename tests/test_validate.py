@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, assert_one_line_error, copy_project, doppler_gen_command, run_cli
-from gpu_support import adapter_problem, dawn_problem
+from gpu_support import adapter_problem, dawn_problem, open_run_device
 
 from doppler_gen.config import load_project
 from doppler_gen.errors import DopplerGenError
@@ -26,7 +26,7 @@ from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
 from doppler_gen.runtime.runner import KernelRunner, Refusal, evaluate_dispatch, pack_uniforms
 from doppler_gen.runtime.verify import folded_cases
-from doppler_gen.validate import case_specs, format_report, open_run_device, validate, validate_all
+from doppler_gen.validate import case_specs, format_report, validate, validate_all
 
 needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
 SMALL = "attention_small_f16kv"

@@ -28,16 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from doppler_gen.backends import Backend, Device, get_backend
+from doppler_gen.backends import Backend, get_backend
 from doppler_gen.config import Project
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import select
 from doppler_gen.render import RenderedKernel, Renderer
-from doppler_gen.runtime.session import (
-    Progress,
-    choose_adapter,
-    open_device,
-)
+from doppler_gen.runtime.session import Progress
 from doppler_gen.runtime.verify import (
     CaseSpec,
     VariantReport,
@@ -84,15 +80,6 @@ class ValidationRun:
             "jobs": self.jobs,
             "variants": [v.as_dict() for v in self.variants],
         }
-
-
-def open_run_device(
-    backend: Backend, kernels: Sequence[RenderedKernel], adapter_want: str | None, limits: str
-) -> Device:
-    """One device able to run as many of the kernels as the adapter allows."""
-    adapter = choose_adapter(backend, adapter_want)
-    requires = {f for k in kernels for f in k.variant.requires}
-    return open_device(backend, adapter, requires, limits)
 
 
 # The implementations `--backend all` runs (then compared case by case), in report order.
