@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.backends import Device, get_backend
+from doppler_gen.backends.base import leave_if_spent, process_spent
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.families import register_family, registered_at_run_time
 from doppler_gen.families.base import Family
@@ -124,11 +125,11 @@ def _worker_main(
         except Exception:  # a bug: the parent reports it as one (exit 3)
             connection.send(("bug", traceback.format_exc()))
             return
-        spent = bool(getattr(device, "spent", False))
+        spent = process_spent() is not None  # a wait was abandoned: the kernel may run on
         connection.send(("report", (report, outputs, device.adapter.describe(), spent)))
-        if spent:  # its GPU threads may still be running the kernel: the process goes,
-            connection.close()  # without the interpreter's exit waiting on its device
-            os._exit(0)
+        if spent:  # the process goes, without the interpreter's exit waiting on the device
+            connection.close()
+            leave_if_spent(0)
 
 
 def _portable(error: DopplerGenError) -> DopplerGenError:
