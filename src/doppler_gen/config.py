@@ -437,12 +437,13 @@ def toml_code(lines: list[str]) -> list[str | None]:
     return codes
 
 
-def _table_name(header: str) -> str:
-    """A header line's table, spelled as this module asks for it: ``[[ variant ]]`` is
+def table_name(header: str) -> str:
+    """A header line's table, spelled as this module asks for it: ``[[ variant ]]  # x`` is
     ``[[variant]]``, ``[templates."rmsnorm" . params]`` is ``[templates.rmsnorm.params]``
-    (whitespace around dots and the quotes of a quoted name are TOML spelling; the name
-    itself is what tomllib gives, for any name without escapes)."""
-    text = header.strip()
+    (a comment, whitespace around dots and the quotes of a quoted name are TOML spelling; the
+    name itself is what tomllib gives, for any name without escapes)."""
+    found = _HEADER_RE.match(header)
+    text = (found.group(1) if found else header.split("#", 1)[0]).strip()
     double = text.startswith("[[")
     inner = text[2:] if double else text[1:]
     end = inner.rfind("]]" if double else "]")
@@ -478,7 +479,7 @@ class _Locator:
         self._header_names: dict[int, str] = {}
         for number, code in enumerate(codes, start=1):
             if code is not None and code.lstrip().startswith("["):
-                name = _table_name(code)
+                name = table_name(code)
                 self._headers.setdefault(name, []).append(number)
                 self._header_names[number] = name
         self._stops: dict[str, list[int]] = {}

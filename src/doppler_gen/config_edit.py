@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from doppler_gen.config import CONFIG_NAME, ParamValue, toml_code
+from doppler_gen.config import CONFIG_NAME, ParamValue, table_name, toml_code
 from doppler_gen.errors import ConfigError
 
 
@@ -56,16 +56,11 @@ def toplevel_lines(lines: list[str]) -> list[bool]:
     return [code is not None for code in toml_code(lines)]
 
 
-def _header(line: str) -> str:
-    """A header line without its comment and whitespace: ``[[ variant ]]`` is ``[[variant]]``."""
-    return "".join(line.split("#")[0].split())
-
-
 def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
     """[start, end) line indices of the [[variant]] entry named ``name`` (header included)."""
     headers = table_header_lines(lines)
     for position, index in enumerate(headers):
-        if _header(lines[index]) != "[[variant]]":
+        if table_name(lines[index]) != "[[variant]]":
             continue
         end = headers[position + 1] if position + 1 < len(headers) else len(lines)
         body = "".join(lines[index + 1 : end])
@@ -75,9 +70,9 @@ def _variant_block(lines: list[str], name: str) -> tuple[int, int]:
             continue
         if entry.get("name") != name:
             continue
-        if end < len(lines) and _header(lines[end]).startswith("[variant."):
+        if end < len(lines) and table_name(lines[end]).startswith("[variant."):
             raise ConfigError(
-                f"--write: variant {name} uses a {_header(lines[end])} sub-table; "
+                f"--write: variant {name} uses a {table_name(lines[end])} sub-table; "
                 "set the tuned values there by hand",
                 location=f"{CONFIG_NAME}:{end + 1}",
             )
