@@ -781,6 +781,16 @@ def test_check_against_a_fifo_is_one_line_not_a_hang(
             lambda d: (d / "registry.json").write_text('{"a": ' + "1" * 5000 + "}"),
             "registry.json: invalid JSON: Exceeds the limit (4300 digits)",
         ),
+        # Python's json reads NaN and Infinity; JSON.parse (Doppler's host) refuses the file:
+        # the top-level note is not compared, so this matched the export (exit 0)
+        (
+            lambda d: rewrite(d / "registry.json", lambda r: r.update(note=float("nan"))),
+            "registry.json: invalid JSON: NaN is not a JSON value",
+        ),
+        (
+            lambda d: rewrite(d / "digests.json", lambda r: r.update(note=-float("inf"))),
+            "digests.json: invalid JSON: -Infinity is not a JSON value",
+        ),
     ],
     ids=[
         "no-dir",
@@ -795,6 +805,8 @@ def test_check_against_a_fifo_is_one_line_not_a_hang(
         "pass-binding-index-not-an-integer",
         "registry-nested-too-deeply",
         "registry-integer-past-the-digit-limit",
+        "registry-nan",
+        "digests-minus-infinity",
     ],
 )
 def test_check_against_unreadable_input_is_one_line_exit_2(

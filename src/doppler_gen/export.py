@@ -501,6 +501,14 @@ def _is_ours(path: Path) -> bool:
 # -- comparison with a Doppler checkout ------------------------------------------------------------
 
 
+class _NotJson(Exception):
+    """NaN, Infinity or -Infinity: Python's json module reads them, JSON.parse does not."""
+
+
+def _not_json(constant: str) -> Any:
+    raise _NotJson(constant)
+
+
 def load_json(path: Path) -> Any:
     """A JSON file, or ExportInputError naming the file (and line) for anything unreadable."""
     try:
@@ -515,7 +523,13 @@ def load_json(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ExportInputError(f"cannot read: {exc}", location=str(path)) from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
+    except _NotJson as exc:
+        raise ExportInputError(
+            f"invalid JSON: {exc} is not a JSON value (JavaScript's JSON.parse refuses NaN, "
+            "Infinity and -Infinity, so Doppler's host could not load this file)",
+            location=str(path),
+        ) from None
     except json.JSONDecodeError as exc:
         raise ExportInputError(
             f"invalid JSON: {exc.msg}", location=f"{path}:{exc.lineno}:{exc.colno}"
