@@ -527,6 +527,32 @@ def test_check_against_lists_each_planted_difference_on_its_own_line(
     assert result.stderr == f"4 difference(s) from {directory}\n"
 
 
+def test_names_from_the_checkout_are_escaped_one_difference_a_line(
+    pristine_project: Path, tmp_path: Path
+) -> None:
+    """An id or digest key read from the checkout was printed as it was: a newline in it split
+    a difference over two lines (the second could read "DIR matches the export") and an escape
+    sequence reached the terminal."""
+    directory = checkout(pristine_project, tmp_path)
+    forged = f"x\n{directory} matches the export (1 variants)\x1b[2K"
+    rewrite(
+        directory / "registry.json",
+        lambda r: r["operations"]["attention"]["variants"].update(
+            {forged: {"wgsl": "attention.wgsl", "entryPoint": "main"}}
+        ),
+    )
+    rewrite(
+        directory / "digests.json", lambda d: d["digests"].update({"attention.wgsl#\x1b[31m": "0"})
+    )
+    result = run_cli(pristine_project, "export", "--check-against", str(directory))
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("attention.x\\n") and "\x1b" not in result.stdout
+    assert lines[1].startswith("attention.wgsl#\\x1b[31m: extra digest")
+    assert result.stderr == f"2 difference(s) from {directory}\n"
+
+
 def _entry(registry: dict[str, Any], vid: str) -> dict[str, Any]:
     return next(
         op["variants"][vid] for op in registry["operations"].values() if vid in op["variants"]

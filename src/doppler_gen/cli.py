@@ -463,13 +463,14 @@ def export(state: State, against: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"ok": not lines, "differences": lines}, indent=2))
     else:
+        # ids and digest keys come from the checkout's files: escaped, one difference a line
         for line in lines:
-            click.echo(line)
+            click.echo(printable(line))
         count = sum(len(s["variants"]) for s in registry["operations"].values())
         if lines:
-            click.echo(f"{len(lines)} difference(s) from {against}", err=True)
+            click.echo(f"{len(lines)} difference(s) from {printable(str(against))}", err=True)
         else:
-            click.echo(f"{against} matches the export ({count} variants)")
+            click.echo(f"{printable(str(against))} matches the export ({count} variants)")
     sys.exit(1 if lines else 0)
 
 
