@@ -317,3 +317,19 @@ def test_show_prints_every_pass_or_the_one_asked_for(project: Path) -> None:
     assert_one_line_error(refused.stderr)
     unknown = run_cli(project, "show", "rowsum", "--pass", "nope")
     assert unknown.exit_code == 2 and "passes: partials, reduce" in unknown.stderr
+
+
+def test_list_names_each_pass_file_and_template(project: Path) -> None:
+    """list showed a multi-pass variant's declared output (generated/rowsum.wgsl, no file) and
+    only its first pass's template."""
+    listing = run_cli(project, "list")
+    assert listing.exit_code == 0, listing.output
+    row = next(line for line in listing.stdout.splitlines() if line.startswith("rowsum "))
+    assert "generated/rowsum.partials.wgsl, generated/rowsum.reduce.wgsl" in row
+    assert "templates/rowsum_partials.wgsl.j2, templates/rowsum_reduce.wgsl.j2" in row
+    assert "generated/rowsum.wgsl" not in row
+    rows = json.loads(run_cli(project, "list", "--json").stdout)
+    assert rows[0]["templates"] == [
+        "templates/rowsum_partials.wgsl.j2",
+        "templates/rowsum_reduce.wgsl.j2",
+    ]

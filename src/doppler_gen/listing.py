@@ -29,6 +29,7 @@ def listing_rows(project: Project) -> list[dict[str, Any]]:
             {
                 "name": variant.name,
                 "template": variant.template.source_path,
+                "templates": [p.source_path for p in variant.template.passes],
                 "family": variant.template.family,
                 "output": variant.output,
                 "passes": [p["name"] for p in entry["passes"]],
@@ -56,11 +57,13 @@ def format_listing(rows: list[dict[str, Any]]) -> str:
         "wg storage",
         "WebGPU defaults",
     ]
+    # a multi-pass variant's files are NAME.PASS.wgsl, one template each: its declared output
+    # (generated/NAME.wgsl) is no file, and its first pass's template is not all it renders
     table = [
         [
             row["name"],
-            row["template"],
-            row["output"],
+            ", ".join(dict.fromkeys(row["templates"])),
+            ", ".join(row["files"]),
             row["family"],
             str(len(row["passes"])),
             ",".join(row["requires"]) or "-",
