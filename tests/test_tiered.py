@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -202,6 +203,25 @@ def test_list_and_show_cover_the_tiered_variants() -> None:
         shown.output
         == (REPO_ROOT / "generated/attention_decode_tiered_int4_f16kv.wgsl").read_text()
     )
+
+
+def test_list_counts_storage_buffers_against_webgpu_defaults() -> None:
+    """The quantized split kernels' partials pass binds 9 storage buffers, one over WebGPU's
+    default maxStorageBuffersPerShaderStage: list called them within the defaults on their
+    workgroup storage and invocations alone (the reduce pass is what exceeded them)."""
+    rows = {r["name"]: r for r in json.loads(run_cli(REPO_ROOT, "list", "--json").stdout)}
+    for name in (
+        "attention_decode_tiered_split_int8_f16kv",
+        "attention_decode_tiered_split_int4_f16kv",
+    ):
+        assert "partials: 9 storage buffers > 8" in rows[name]["over_webgpu_defaults"]
+        assert not rows[name]["fits_webgpu_defaults"]
+    assert not any(
+        "storage buffers" in o
+        for o in rows["attention_decode_tiered_split_f16"]["over_webgpu_defaults"]
+    )
+    assert rows["attention_decode_tiered_int4_f16kv"]["over_webgpu_defaults"] == []
+    assert rows["attention_decode_tiered_int4_f16kv"]["fits_webgpu_defaults"]
 
 
 @pytest.mark.gpu

@@ -13,6 +13,40 @@ from doppler_gen.text_table import format_table
 # WebGPU's default maxComputeWorkgroupStorageSize and maxComputeInvocationsPerWorkgroup
 WEBGPU_DEFAULT_WORKGROUP_STORAGE = 16384
 WEBGPU_DEFAULT_INVOCATIONS = 256
+# ... maxComputeWorkgroupSizeX/Y/Z, maxStorageBuffersPerShaderStage, maxUniformBuffersPerShaderStage
+WEBGPU_DEFAULT_WORKGROUP_SIZE = (256, 256, 64)
+WEBGPU_DEFAULT_STORAGE_BUFFERS = 8
+WEBGPU_DEFAULT_UNIFORM_BUFFERS = 12
+
+
+def over_webgpu_defaults(entry: dict[str, Any]) -> list[str]:
+    """What of a variant's manifest entry exceeds WebGPU's default limits (empty: it fits).
+
+    A browser page that requests no limits gets these; a pass binding a ninth storage buffer
+    fails to create its pipeline there however little workgroup memory it uses.
+    """
+    over = []
+    storage = entry["workgroup_storage_bytes"]
+    if storage > WEBGPU_DEFAULT_WORKGROUP_STORAGE:
+        over.append(f"workgroup storage {storage} B > {WEBGPU_DEFAULT_WORKGROUP_STORAGE}")
+    for p in entry["passes"]:
+        size = p["workgroup_size_default"]
+        if math.prod(size) > WEBGPU_DEFAULT_INVOCATIONS:
+            over.append(
+                f"{p['name']}: {math.prod(size)} invocations > {WEBGPU_DEFAULT_INVOCATIONS}"
+            )
+        else:  # within the invocations, one axis can still be too long (z: 64)
+            for axis, n, cap in zip("xyz", size, WEBGPU_DEFAULT_WORKGROUP_SIZE, strict=False):
+                if n > cap:
+                    over.append(f"{p['name']}: workgroup size {axis} {n} > {cap}")
+        spaces = [b["address_space"] for b in p["bindings"]]
+        for space, cap in (
+            ("storage", WEBGPU_DEFAULT_STORAGE_BUFFERS),
+            ("uniform", WEBGPU_DEFAULT_UNIFORM_BUFFERS),
+        ):
+            if spaces.count(space) > cap:
+                over.append(f"{p['name']}: {spaces.count(space)} {space} buffers > {cap}")
+    return over
 
 
 def listing_rows(project: Project) -> list[dict[str, Any]]:
@@ -37,8 +71,8 @@ def listing_rows(project: Project) -> list[dict[str, Any]]:
                 "requires": list(variant.requires),
                 "workgroup_storage_bytes": storage,
                 "workgroup_invocations": invocations,
-                "fits_webgpu_defaults": storage <= WEBGPU_DEFAULT_WORKGROUP_STORAGE
-                and invocations <= WEBGPU_DEFAULT_INVOCATIONS,
+                "fits_webgpu_defaults": not over_webgpu_defaults(entry),
+                "over_webgpu_defaults": over_webgpu_defaults(entry),
                 **meta,
                 "metadata": meta,
             }
