@@ -40,7 +40,14 @@ from typing import Any
 
 from doppler_gen import observed
 from doppler_gen.bytecode import EDITED_PACKAGES, running_code_is_on_disk
-from doppler_gen.config import CONFIG_NAME, GENERATED_DIR, Project, Variant
+from doppler_gen.config import (
+    CONFIG_NAME,
+    GENERATED_DIR,
+    Project,
+    Variant,
+    read_config,
+    universal_newlines,
+)
 from doppler_gen.errors import (
     ConfigError,
     DopplerGenError,
@@ -80,6 +87,7 @@ class Plan:
     full: bool  # every variant selected: orphans may be removed
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest entries, all
     selected: tuple[str, ...] = ()  # names of the selected variants
+    renderer: Renderer | None = None  # what rendered it, with the template texts it read
 
 
 @dataclass
@@ -136,7 +144,7 @@ def plan(
         for rendered in kernel.passes
     }
     full = len(selected) == len(project.variants)
-    result = Plan(project, kernels, files, full, entries, selected)
+    result = Plan(project, kernels, files, full, entries, selected, renderer)
     files[MANIFEST_PATH] = build_manifest(entries) if full else partial_manifest(result)
     files.update(plan_exports(result))
     running_code_is_on_disk(EDITED_PACKAGES)  # what rendered is what the sources say
@@ -440,6 +448,7 @@ def write(plan: Plan) -> WriteResult:
     if first.clean:  # nothing to write: no lock needed (a read-only checkout stays fine)
         return WriteResult(unchanged=first.unchanged)
     with generate_lock(project.root):
+        _refuse_changed_inputs(plan)
         if not plan.full:  # what the manifest on disk says now, not when rendering began
             plan.files[MANIFEST_PATH] = partial_manifest(plan)
             plan.files.update(plan_exports(plan))
@@ -458,6 +467,30 @@ def write(plan: Plan) -> WriteResult:
     return WriteResult(
         written=changed, unchanged=status.unchanged, removed=removals, cleaned=cleaned
     )
+
+
+def _refuse_changed_inputs(plan: Plan) -> None:
+    """Refuse to write a plan whose inputs changed after it was rendered: it was rendered
+    before the lock was taken, and another `generate` or `tune --write` may have written a newer
+    variants.toml and its outputs while this one waited. Writing then would replace those
+    outputs with ones rendered from the old text, and report success on a stale tree."""
+    project = plan.project
+    changed = None
+    if project.config_text:
+        try:
+            now = read_config(project.root, newline=None)
+        except ConfigError:
+            now = None
+        if now != universal_newlines(project.config_text):
+            changed = CONFIG_NAME
+    if changed is None and plan.renderer is not None:
+        changed = plan.renderer.changed_source()
+    if changed is not None:
+        raise OutputError(
+            "changed after this generate read it (another generate or an edit while it "
+            "rendered); nothing written: run `doppler-gen generate` again",
+            location=changed,
+        )
 
 
 def _ensure_directory(project: Project) -> bool:

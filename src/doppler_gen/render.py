@@ -442,6 +442,18 @@ class Renderer:
             ) from None
         return _refuse_unsafe_output(text, spec.source_path, variant.name)
 
+    def changed_source(self) -> str | None:
+        """The first template this renderer read whose file no longer holds that text (changed,
+        gone or unreadable), as ``templates/NAME``; None when every one is as it was read."""
+        for name, text in sorted(self._source_cache.items()):
+            try:
+                now = _read_template(self.project.templates_dir, name)
+            except (jinja2.TemplateNotFound, TemplateError):
+                now = None
+            if now != text:
+                return f"{TEMPLATES_DIR}/{name}"
+        return None
+
     def _read(self, name: str) -> str:
         """The text of template ``name``: read once, so what renders is what is hashed.
 
