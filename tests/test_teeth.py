@@ -103,6 +103,14 @@ MUTATIONS = [
         ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"],
     ),
     (
+        # a fully masked row then averages V over the hot keys only
+        "tiered-cold-loop-skips-keys-before-the-window",
+        TIERED_LIB,
+        '("0u", "u.cold_len")',
+        '("min(open_first, u.cold_len)", "u.cold_len")',
+        ["attention_decode_tiered_f16kv", "attention_decode_tiered_int8_f16kv"],
+    ),
+    (
         "int4-lane-position-wrong",
         COLD,
         "{% set p = (i * bits) % 16 %}",

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import (
     REPO_ROOT,
@@ -22,6 +23,7 @@ from gpu_support import adapter_problem, open_run_device
 from doppler_gen.backends import get_backend
 from doppler_gen.config import load_project
 from doppler_gen.families.attention import CaseSpec
+from doppler_gen.families.tiered import tiered_specs
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
@@ -128,6 +130,22 @@ def test_the_four_render_deterministically() -> None:
     assert first == second
     for name, text in first.items():
         assert text == (REPO_ROOT / f"generated/{name}.wgsl").read_text(), f"{name} is stale"
+
+
+@pytest.mark.parametrize("cold", ["f16", "int8", "int4"])
+def test_a_fully_masked_row_with_cold_keys_is_a_case(cold: str) -> None:
+    """The "mean_v" contract averages V over every key, cold ones included: a kernel that skips
+    the cold keys before the window (none visible there) differs only on a fully masked row."""
+
+    def fully_masked_with_cold(s: CaseSpec) -> bool:
+        keys = np.concatenate([np.arange(s.cold_len), s.hot_start + np.arange(s.hot_len)])
+        hidden = (keys > s.start_pos) if s.is_causal else np.zeros(keys.size, bool)
+        if s.sliding_window and s.start_pos >= s.sliding_window:
+            hidden |= keys < s.start_pos - s.sliding_window + 1
+        return s.cold_len > 0 and bool(hidden.all())
+
+    specs = tiered_specs(256, 4096, cold=cold, quick=False, seed=0)
+    assert sum(fully_masked_with_cold(s) for s in specs) >= 2
 
 
 def test_metadata_records_what_a_host_needs() -> None:

@@ -256,6 +256,30 @@ def tiered_specs(
                 head_dim=13,
             )
         )
+    # Every key masked with the cold tier populated: "mean_v" averages V over the cold keys too,
+    # so a kernel that skips the cold keys before the window (no visible key there) fails here;
+    # the cold tier spans several split-KV splits
+    fixed += [
+        CaseSpec(
+            "fully masked row, cold and hot keys",
+            cold_len=300,
+            hot_len=5,
+            hot_start=340,
+            hot_window=8,
+            start_pos=320,
+            sliding_window=4,
+            head_dim=16,
+        ),
+        CaseSpec(
+            "fully masked row, cold only",
+            cold_len=23,
+            hot_len=0,
+            hot_window=8,
+            start_pos=60,
+            sliding_window=8,
+            head_dim=24,
+        ),
+    ]
     # Thousands of keys: every kernel walks its tiers in many steps (up to 256 keys a step at
     # 1024 invocations), so a step that reads another step's rows fails here; the quick tier
     # keeps it (its other cases fit in one or two steps)
