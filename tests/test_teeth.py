@@ -103,6 +103,17 @@ MUTATIONS = [
         ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"],
     ),
     (
+        # the seed's `if (q >= 128)` as `q > 128`: only the most negative code decodes wrong
+        "most-negative-code-decoded-positive",
+        COLD,
+        '    return fma(bitcast<vec4<f32>>(bits), vec4<f32>({{ ns.factor | join(", ") }}), '
+        'vec4<f32>({{ ns.offset | join(", ") }}));',
+        '    let r = fma(bitcast<vec4<f32>>(bits), vec4<f32>({{ ns.factor | join(", ") }}), '
+        'vec4<f32>({{ ns.offset | join(", ") }}));\n'
+        "    return select(r, -r, r == vec4<f32>({{ -(2 ** (bits - 1)) }}.0));",
+        ["attention_decode_tiered_int8_f16kv", "attention_decode_tiered_int4_f16kv"],
+    ),
+    (
         # a fully masked row then averages V over the hot keys only
         "tiered-cold-loop-skips-keys-before-the-window",
         TIERED_LIB,

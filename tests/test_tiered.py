@@ -23,7 +23,8 @@ from gpu_support import adapter_problem, open_run_device
 from doppler_gen.backends import get_backend
 from doppler_gen.config import load_project
 from doppler_gen.families.attention import CaseSpec
-from doppler_gen.families.tiered import tiered_specs
+from doppler_gen.families.quant import unpack_signed
+from doppler_gen.families.tiered import build_tiered, tiered_specs
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
@@ -130,6 +131,22 @@ def test_the_four_render_deterministically() -> None:
     assert first == second
     for name, text in first.items():
         assert text == (REPO_ROOT / f"generated/{name}.wgsl").read_text(), f"{name} is stale"
+
+
+@pytest.mark.parametrize(("cold", "bits"), [("int8", 8), ("int4", 4)])
+def test_validation_feeds_the_most_negative_code(cold: str, bits: int) -> None:
+    """The quantizer never writes -2**(bits-1); the cases must, or a sign extension wrong only
+    there (`q > 128`) passes. The reference still sees exactly the words the kernel reads."""
+    spec = CaseSpec("c", cold_len=40, hot_len=3, hot_start=40, hot_window=4, start_pos=42, seed=5)
+    data = build_tiered(spec, {"Q": "f32"}, cold)
+    stride = int(data.uniforms["packed_stride"])
+    for name, ref in (("K_cold", "k_cold"), ("V_cold", "v_cold")):
+        words = data.buffers[name].reshape(-1, stride)
+        ints = unpack_signed(words, bits, spec.head_dim)
+        assert ints.min() == -(2 ** (bits - 1)), name
+        scales = data.buffers["scales_" + name[0].lower()]
+        expected = ints.astype(np.float64) * scales.astype(np.float64)[:, None]
+        np.testing.assert_array_equal(data.reference_inputs[ref].reshape(expected.shape), expected)
 
 
 @pytest.mark.parametrize("cold", ["f16", "int8", "int4"])

@@ -27,7 +27,14 @@ from doppler_gen.families.attention import (
     tiered_attention,
 )
 from doppler_gen.families.base import AUXILIARY, INPUT, OUTPUT, CaseData, element_types, rounded
-from doppler_gen.families.quant import dequantize_kv, packed_stride_for, quantize_kv
+from doppler_gen.families.quant import (
+    QuantizedKV,
+    dequantize_kv,
+    pack_signed,
+    packed_stride_for,
+    quantize_kv,
+    unpack_signed,
+)
 from doppler_gen.families.tiers import tiered_sizes
 from doppler_gen.formats import QUANT_BITS
 from doppler_gen.sampling import RowSample, choose_sample
@@ -369,8 +376,8 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
         shape = (cold_rows, kv_heads, hd)
         k_raw = normal(rng, shape) * row_gains(rng, spec.magnitude_span, shape)
         v_raw = normal(rng, shape) * row_gains(rng, spec.magnitude_span, shape)
-        kq = quantize_kv(k_raw, bits, packed_stride=stride)
-        vq = quantize_kv(v_raw, bits, packed_stride=stride)
+        kq = _with_most_negative(quantize_kv(k_raw, bits, packed_stride=stride), rng)
+        vq = _with_most_negative(quantize_kv(v_raw, bits, packed_stride=stride), rng)
         uniforms["packed_stride"] = stride
         buffers.update(K_cold=kq.packed, V_cold=vq.packed, scales_k=kq.scales, scales_v=vq.scales)
         reference.update(k_cold=dequantize_kv(kq), v_cold=dequantize_kv(vq))
@@ -389,6 +396,20 @@ def build_tiered(spec: CaseSpec, dtypes: dict[str, str], cold: str) -> CaseData:
         buffers.update(K_cold=k_cold, V_cold=v_cold, cold_page_table=table)
         reference.update(k_cold=k_cold, v_cold=v_cold, cold_page_table=table)
     return CaseData(spec, uniforms, buffers, reference)
+
+
+def _with_most_negative(q: QuantizedKV, rng: np.random.Generator) -> QuantizedKV:
+    """``q`` with about one value in 16 set to the most negative code, -2**(bits-1).
+
+    The symmetric quantizer never writes that code, but the kernels decode every two's
+    complement value (``unpack_quant`` in templates/lib/cold_tier.wgsl.j2); without it a sign
+    extension wrong only there (``if (q > 128) { q -= 256; }``) would pass every case. The
+    reference dequantizes these same words.
+    """
+    rows = q.packed.reshape(-1, q.packed_stride)
+    ints = unpack_signed(rows, q.bits, q.head_dim)
+    ints[rng.random(ints.shape) < 1 / 16] = -(2 ** (q.bits - 1))
+    return replace(q, packed=pack_signed(ints, q.bits, q.packed_stride).reshape(-1))
 
 
 class TieredFamily(AttentionFamily):
