@@ -122,6 +122,15 @@ MUTATIONS = [
         ["attention_decode_tiered_f16kv", "attention_decode_tiered_int8_f16kv"],
     ),
     (
+        # cold keys taken to be always in the past
+        "tiered-causal-mask-skipped-for-cold-keys",
+        TIERED_LIB,
+        "let open{{ s }} = abs{{ s }} >= open_first && abs{{ s }} <= open_last;",
+        "let open{{ s }} = abs{{ s }} >= open_first && "
+        '{{ "true" if tier == "cold" else "abs%d <= open_last" % s }};',
+        ["attention_decode_tiered_f16kv", "attention_decode_tiered_int4_f16kv"],
+    ),
+    (
         "int4-lane-position-wrong",
         COLD,
         "{% set p = (i * bits) % 16 %}",

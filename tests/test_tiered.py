@@ -165,6 +165,16 @@ def test_a_fully_masked_row_with_cold_keys_is_a_case(cold: str) -> None:
     assert sum(fully_masked_with_cold(s) for s in specs) >= 2
 
 
+@pytest.mark.parametrize("cold", ["f16", "int8", "int4"])
+def test_the_causal_mask_over_cold_keys_is_a_case(cold: str) -> None:
+    """The seed masks cold key i when i > start_pos: some case must hide a cold key that way,
+    with other keys visible, or a kernel that never masks the cold tier causally passes."""
+    specs = tiered_specs(256, 4096, cold=cold, quick=False, seed=0)
+    assert any(
+        s.is_causal and s.sliding_window == 0 and 0 <= s.start_pos < s.cold_len - 1 for s in specs
+    )
+
+
 def test_metadata_records_what_a_host_needs() -> None:
     import json
 

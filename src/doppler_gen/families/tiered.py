@@ -286,6 +286,17 @@ def tiered_specs(
             sliding_window=8,
             head_dim=24,
         ),
+        # the query before the cold tier's end: the causal mask hides cold keys too (every other
+        # causal case has its query past the cold tier)
+        CaseSpec(
+            "causal masks future cold keys",
+            cold_len=20,
+            hot_len=4,
+            hot_start=20,
+            hot_window=4,
+            start_pos=12,
+            head_dim=16,
+        ),
     ]
     # Thousands of keys: every kernel walks its tiers in many steps (up to 256 keys a step at
     # 1024 invocations), so a step that reads another step's rows fails here; the quick tier
