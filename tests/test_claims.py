@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 
@@ -79,3 +82,54 @@ def test_a_process_that_collected_other_tests_stops_with_a_usage_error(tmp_path:
     output = other.communicate(timeout=120)[0]
     assert other.returncode == 4, output
     assert "another process collected different tests" in output
+
+
+def _ci_test_tree(root: Path, suite: str, python: str | None = None) -> Path:
+    """`.ci/test` with a fake `.venv` (check passes; pytest is this one's) around ``suite``."""
+    if shutil.which("bash") is None:
+        pytest.skip("bash is needed to run .ci/test")
+    (root / ".ci").mkdir()
+    for name in ("test", "lavapipe-env"):
+        shutil.copy(TESTS.parent / ".ci" / name, root / ".ci" / name)
+    bin_dir = root / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "doppler-gen").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "python").write_text(python or f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    tests = root / "tests"
+    tests.mkdir()
+    shutil.copy(TESTS / "claims.py", tests / "claims.py")
+    (tests / "conftest.py").write_text('pytest_plugins = ["claims"]\n')
+    (tests / "test_suite.py").write_text(suite)
+    return tests
+
+
+# a slice whose pytest starts only once another has made the claims directory (a loaded machine)
+LATE_SLICE = """#!/bin/sh
+for arg; do
+    case "$arg" in --claim=*) dir="${arg#--claim=}" ;; esac
+    [ "$previous" = --claim ] && dir="$arg"
+    previous="$arg"
+done
+if ! mkdir "$FIRST" 2>/dev/null; then
+    while [ ! -d "$dir" ]; do sleep 0.05; done
+fi
+exec "%s" "$@"
+"""
+
+
+def test_ci_test_a_slice_that_starts_after_another_made_the_claims_directory(
+    tmp_path: Path,
+) -> None:
+    """pytest reads its arguments once before plugins load: `--claim DIR` then made DIR a path
+    to test, and a slice that got there after another had created DIR stopped with "unrecognized
+    arguments: --claim" (exit 4), so .ci/test failed at random on a busy machine."""
+    tests = _ci_test_tree(tmp_path, SUITE.replace("{module}", "a"), LATE_SLICE % sys.executable)
+    env = {**os.environ, "DOPPLER_GEN_TEST_SHARDS": "2", "PYTHONPATH": str(tests)}
+    env |= {"CLAIMS_LOG": str(tmp_path / "log.txt"), "FIRST": str(tmp_path / "first")}
+    result = subprocess.run(
+        ["bash", ".ci/test"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "== pytest: all 2 slices passed (12 tests between them)" in result.stdout
