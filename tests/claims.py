@@ -14,12 +14,20 @@ session-scoped ones that the next test shares. Every process must collect the sa
 the same order (the first writes their number and a digest of their ids to ``DIR/collection``;
 another that collects differently stops with a usage error instead of running a different
 suite). When all have finished, ``DIR`` holds one claim per test that ran (`.ci/test` checks).
+
+Ctrl-C stops a process of ``--claim`` as it stops any pytest (KeyboardInterrupt, then the
+summary), though the shell started it as a background job, with SIGINT ignored. A Ctrl-C in a
+terminal reaches every slice and `.ci/test`, which forwards it to each slice (for a SIGINT or
+SIGTERM sent to it alone): a second SIGINT within a second is that same Ctrl-C and is dropped,
+so that it cannot break into the summary the first one started.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +44,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the tests this process claims first in DIR, shared with other pytest "
         "processes of the same command (.ci/test runs one per core)",
     )
+
+
+REPEAT_S = 1.0  # a second SIGINT sooner than this is the same Ctrl-C (module doc)
+
+
+class _Interrupt:
+    """SIGINT's handler in a process of ``--claim``: KeyboardInterrupt, once per Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        __tracebackhide__ = True  # pytest reports where the test was, not this line
+        now = time.monotonic()
+        if self.last is not None and now - self.last < REPEAT_S:
+            return
+        self.last = now
+        raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--claim") is not None and (
+        threading.current_thread() is threading.main_thread()
+    ):
+        signal.signal(signal.SIGINT, _Interrupt())
 
 
 class ClaimQueue:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -84,6 +87,18 @@ def test_a_process_that_collected_other_tests_stops_with_a_usage_error(tmp_path:
     assert "another process collected different tests" in output
 
 
+SLOW_SUITE = """
+import os, time
+import pytest
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_slow(n):
+    open(os.path.join(os.environ["STARTED"], str(os.getpid())), "w").close()
+    time.sleep(60)
+"""
+
+
 def _ci_test_tree(root: Path, suite: str, python: str | None = None) -> Path:
     """`.ci/test` with a fake `.venv` (check passes; pytest is this one's) around ``suite``."""
     if shutil.which("bash") is None:
@@ -133,3 +148,43 @@ def test_ci_test_a_slice_that_starts_after_another_made_the_claims_directory(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "== pytest: all 2 slices passed (12 tests between them)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group", "code"),
+    [
+        pytest.param(signal.SIGINT, True, 130, id="ctrl-c"),
+        pytest.param(signal.SIGTERM, False, 143, id="sigterm-to-ci-test"),
+    ],
+)
+def test_ci_test_stops_its_slices_on_ctrl_c_and_sigterm(
+    tmp_path: Path, signum: int, to_group: bool, code: int
+) -> None:
+    """`.ci/test`'s slices are background jobs, which start with SIGINT ignored: Ctrl-C reached
+    none of them, and a SIGINT or SIGTERM that ended .ci/test left them running, their logs
+    deleted. Now each slice stops as one pytest does on Ctrl-C, saying where, and the logs are
+    printed."""
+    suite = _ci_test_tree(tmp_path, SLOW_SUITE)
+    started = tmp_path / "started"
+    started.mkdir()
+    env = {**os.environ, "DOPPLER_GEN_TEST_SHARDS": "2", "STARTED": str(started)}
+    env["PYTHONPATH"] = str(suite)
+    process = subprocess.Popen(
+        ["bash", ".ci/test"], cwd=tmp_path, env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(list(started.iterdir())) == 2, "the slices did not start"
+        (os.killpg if to_group else os.kill)(process.pid, signum)
+        output = process.communicate(timeout=30)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == code, output
+    assert output.count("test_suite.py:9: KeyboardInterrupt") == 2, output
+    assert "all 2 slices passed" not in output
+    assert f"== pytest: interrupted (exit {code})" in output
