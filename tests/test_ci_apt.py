@@ -126,3 +126,26 @@ def test_this_machines_apt_sources() -> None:
         if p.suffix in (".list", ".sources") and p.name != "bookworm-backports.list"
     ]
     assert any(uri in text for text in texts), uri  # the machine's own mirror, no other host
+
+
+def test_sources_as_apt_reads_them_symlinks_enabled_false_and_folded_fields(
+    tmp_path: Path,
+) -> None:
+    """apt reads a symlinked *.sources, skips a stanza with `Enabled: false` (any of apt's
+    false words) and folds multi-line fields; .ci/apt-backports skipped the first (no bookworm
+    source: setup failed), took the second's mirror and missed the third's suites."""
+    disabled = (
+        "Types: deb\nURIs: http://disabled.example/debian\nSuites: bookworm\nEnabled: false\n"
+    )
+    folded = (
+        "Types: deb\nURIs:\n http://folded.example/debian\nSuites:\n bookworm\n bookworm-updates\n"
+        "Components: main\nArchitectures: amd64\n arm64\n"
+    )
+    root = apt_tree(tmp_path, {"sources.list.d/a-disabled.sources": disabled})
+    (tmp_path / "folded.sources").write_text(folded, encoding="utf-8")
+    (root / "sources.list.d" / "b-folded.sources").symlink_to(tmp_path / "folded.sources")
+    result = derive(root)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "deb [arch=amd64,arm64] http://folded.example/debian bookworm-backports main\n"
+    )
