@@ -149,3 +149,55 @@ def test_sources_as_apt_reads_them_symlinks_enabled_false_and_folded_fields(
     assert result.stdout == (
         "deb [arch=amd64,arm64] http://folded.example/debian bookworm-backports main\n"
     )
+
+
+def configured(apt_dir: Path) -> subprocess.CompletedProcess[str]:
+    derive(apt_dir)  # skips where bash or awk is missing
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--configured", str(apt_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_configured_finds_a_backports_entry_the_machine_already_has(tmp_path: Path) -> None:
+    """.ci/setup writes no second bookworm-backports entry: one with another signed-by than the
+    machine's own makes apt refuse every source ("Conflicting values set for option
+    Signed-By")."""
+    theirs = DEB822.replace("bookworm bookworm-updates", "bookworm-backports")
+    root = apt_tree(
+        tmp_path,
+        {"sources.list": ONE_LINE, "sources.list.d/backports.sources": theirs},
+    )
+    result = configured(root)
+    assert result.returncode == 0, result.stderr
+    assert "http://mirror.lan:3142/debian bookworm-backports main" in result.stdout
+    one_line = apt_tree(
+        tmp_path / "b",
+        {"sources.list": ONE_LINE + "deb http://proxy.lan/debian bookworm-backports main\n"},
+    )
+    assert configured(one_line).returncode == 0
+
+
+def test_configured_is_silent_when_only_setup_wrote_one_or_none_is_enabled(
+    tmp_path: Path,
+) -> None:
+    disabled = DEB822.replace("bookworm bookworm-updates", "bookworm-backports").replace(
+        "Types: deb\n# http", "Types: deb\nEnabled: no\n# http", 1
+    )
+    root = apt_tree(
+        tmp_path,
+        {
+            "sources.list": ONE_LINE,
+            "sources.list.d/bookworm-backports.list": "deb http://x/debian bookworm-backports main\n",
+            "sources.list.d/off.sources": disabled,
+        },
+    )
+    result = configured(root)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", "")
+    # the plain form still derives the line from the bookworm entry
+    assert derive(root).stdout == (
+        "deb [arch=amd64 signed-by=/etc/apt/keyrings/local.gpg] http://proxy.lan/debian "
+        "bookworm-backports main\n"
+    )
