@@ -864,3 +864,34 @@ def test_among_candidates_within_the_fastest_spread_the_simplest_wins(fresh_proj
         32,
     )
     assert run.winner is simple  # 200.5 µs is within the fastest (200 µs) one's p90 (202)
+
+
+def test_a_clear_win_is_not_lost_to_a_simpler_candidate_inside_the_current_spread(
+    fresh_project: Path,
+) -> None:
+    """The simplest candidate within the fastest one's spread was taken first and then held to
+    the current configuration's p10: a simpler candidate that was only noise (297.5 µs against
+    a p10 of 297) made the current configuration win over one 3 % faster (290 µs)."""
+    project = load_project(fresh_project)
+    candidates = _small_candidates(project)
+    current_timing = Timing(tuple(us * 1e3 for us in [297.0] * 3 + [300.0] * 17))
+    current = CandidateResult(
+        candidates[0],
+        "current",
+        "PASS",
+        row=BenchRow("attention_small_f16kv", "prefill", "ok", timing=current_timing),
+    )
+    noise = _timed(candidates[1], "noise", 297.5)  # not below the current p10 (297)
+    faster_timing = Timing(tuple(us * 1e3 for us in [288.0] * 2 + [290.0] * 14 + [298.0] * 4))
+    faster = CandidateResult(
+        candidates[2],
+        "faster",
+        "PASS",
+        row=BenchRow("attention_small_f16kv", "prefill", "ok", timing=faster_timing),
+    )
+    run = _small_run([current, noise, faster])
+    assert run.winner is faster
+    # within the faster one's spread, the simplest candidate that beats the current p10 wins
+    simple = _timed(candidates[1], "simple", 291.0)
+    run.results = [current, simple, faster]
+    assert run.winner is simple

@@ -433,29 +433,26 @@ class TuneRun:
         """The fastest validated candidate, if it beats the current configuration beyond noise.
 
         A candidate whose median is not below the current configuration's p10 is within the
-        current one's run-to-run spread: the current configuration then stays the winner.
+        current one's run-to-run spread and is left out; among the rest, the simplest within
+        the fastest one's spread wins (the current configuration when none is left).
         """
         timed = [r for r in self.results if r.timed and r.validation == "PASS"]
         if not timed:
             return None
+        current = self.current
+        if current in timed and current.row is not None and current.row.timing is not None:
+            # only a candidate below the current p10 beats it; the others are its noise (held
+            # to the p10 before the simplest is picked, so a simpler candidate inside the
+            # current spread cannot hide a faster one beyond it)
+            floor = current.row.timing.percentile_ns(10)
+            timed = [r for r in timed if r is current or (r.median_ns or 0.0) < floor]
         fastest = min(timed, key=lambda r: r.median_ns or 0.0)
         # candidates run in order of fewest changes: among those within the fastest one's
         # spread (median <= its p90), the simplest wins, so a no-op knob never rides along
         spread = fastest.row.timing.percentile_ns(90) if fastest.row and fastest.row.timing else 0.0
-        best = next(
+        return next(
             r for r in timed if (r.median_ns or 0.0) <= max(spread, fastest.median_ns or 0.0)
         )
-        current = self.current
-        within_noise = (
-            best is not current
-            and current in timed
-            and current.row is not None
-            and current.row.timing is not None
-            and (best.median_ns or 0.0) >= current.row.timing.percentile_ns(10)
-        )
-        if within_noise:
-            return current
-        return best
 
     def as_dict(self) -> dict[str, Any]:
         current_ns = self.current.median_ns
