@@ -826,3 +826,17 @@ def test_a_bench_that_timed_nothing_exits_1() -> None:
     document = json.loads(result.stdout)
     assert document["ok"] is False
     assert [row["status"] for row in document["rows"]] == ["n/a"]
+
+
+def test_a_copy_timed_at_0_ns_gives_no_copy_percentage_and_no_traceback() -> None:
+    """A copy whose median was 0 ns (a coarse timer) has no bandwidth: % of it divided by zero
+    and the report ended in a ZeroDivisionError traceback after every row was measured."""
+    from doppler_gen.bench import CopyBandwidth
+
+    run = _synthetic_run()
+    run.profile = None
+    run.copy = CopyBandwidth(1 << 21, Timing((0.0,) * 20))
+    text = format_report(run)
+    assert "%BW is of: measured copy 0.0 GB/s" in text
+    row = run.as_dict()["rows"][0]
+    assert row["pct_copy_bw"] is None and row["pct_peak_bw"] is None and row["gbps"] > 0

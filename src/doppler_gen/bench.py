@@ -255,7 +255,7 @@ class BenchRun:
             return out
         if self.peak_gbps:
             out["pct_peak_bw"] = 100.0 * gbps / self.peak_gbps
-        if self.copy:
+        if self.copy and self.copy.gbps > 0:  # a coarse timer can give the copy 0 ns
             out["pct_copy_bw"] = 100.0 * gbps / self.copy.gbps
         if self.profile:
             out["pct_fp32_peak"] = 100.0 * tflops / self.profile.fp32_tflops
