@@ -30,6 +30,7 @@ NaN or Inf anywhere in the output fails regardless (outputs are NaN-poisoned bef
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,8 +53,11 @@ class Verdict:
 
     @property
     def ratio(self) -> float:
-        """Error as a fraction of the tolerance (> 1 fails)."""
-        return self.max_abs_error / self.tolerance if self.tolerance > 0 else float("inf")
+        """Error as a fraction of the tolerance (> 1 fails; inf where the tolerance is no
+        finite positive number, which judges nothing)."""
+        if not 0 < self.tolerance < float("inf"):
+            return float("inf")
+        return self.max_abs_error / self.tolerance
 
 
 def f16_tolerance(baseline_error: float, ref_max: float) -> float:
@@ -61,7 +65,11 @@ def f16_tolerance(baseline_error: float, ref_max: float) -> float:
 
 
 def judge(output: np.ndarray, reference: np.ndarray, tolerance: float, policy: str) -> Verdict:
-    """Compare ``output`` with ``reference`` (float64) against an absolute tolerance."""
+    """Compare ``output`` with ``reference`` (float64) against an absolute tolerance.
+
+    A tolerance that is not a finite number fails the case whatever the output: an infinite
+    one (a family's bound scaled by an infinite reference, say) would pass any finite output.
+    """
     out = np.asarray(output, np.float64)
     ref = np.asarray(reference, np.float64)
     if out.shape != ref.shape:
@@ -76,5 +84,5 @@ def judge(output: np.ndarray, reference: np.ndarray, tolerance: float, policy: s
     max_abs = float(error.reshape(-1)[flat])
     scale = np.maximum(np.abs(ref), 1e-6 * max(float(np.abs(ref).max()), 1e-30))
     rel = float(np.max(error / scale))
-    passed = non_finite == 0 and max_abs <= tolerance
+    passed = non_finite == 0 and max_abs <= tolerance and math.isfinite(tolerance)
     return Verdict(passed, max_abs, rel, tolerance, worst, non_finite, policy)

@@ -48,6 +48,7 @@ class CaseResult:
     verdict: Verdict | None  # None when the case was refused
     refused: str | None = None
     output: np.ndarray | None = field(default=None, repr=False)
+    elements: int = 0  # output elements the kernel produced and the judge compared
 
     @property
     def passed(self) -> bool:
@@ -447,7 +448,9 @@ class KernelRunner:
             return CaseResult(spec, None, refused=f"{self.name}: {prepared.reason}")
         output = self.run(prepared)
         verdict = self.judge(prepared, output)
-        return CaseResult(spec, verdict, output=output if keep_output else None)
+        return CaseResult(
+            spec, verdict, output=output if keep_output else None, elements=int(output.size)
+        )
 
 
 def describe_compile_error(

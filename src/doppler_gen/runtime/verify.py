@@ -8,8 +8,9 @@ the device cannot run it at all.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, is_dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -93,8 +94,34 @@ def case_specs(
 ) -> list:
     """The variant's case matrix from its family: ``tier`` (quick/default/large) or ``quick``;
     then, for a variant with a folding pass, its ``folded_cases``."""
-    specs = get_family(entry["family"]).specs(entry, tier_of(quick, tier), seed)
+    family = get_family(entry["family"])
+    specs = _checked(family, family.specs(entry, tier_of(quick, tier), seed))
     return specs + folded_cases(entry, seed)
+
+
+def _checked(family: Any, specs: Any) -> list:
+    """``specs`` as the core needs them: a list of frozen dataclasses (hashed to key outputs and
+    folded cases, copied by ``dataclasses.replace``) with a ``name`` and a ``seed``. A family
+    that gets this wrong is a bug, named here rather than as a TypeError deep in the core."""
+    where = f"family {family.name!r} ({type(family).__module__})"
+    if not isinstance(specs, list):
+        raise TypeError(f"{where}: specs() returned {type(specs).__name__}, not a list")
+    for spec in specs:
+        problem = None
+        if not is_dataclass(spec) or isinstance(spec, type):
+            problem = "is not a dataclass instance"
+        elif not isinstance(getattr(spec, "name", None), str):
+            problem = "has no str name"
+        elif not isinstance(getattr(spec, "seed", None), int):
+            problem = "has no int seed"
+        else:
+            try:
+                hash(spec)
+            except TypeError:
+                problem = "is not hashable (make it @dataclass(frozen=True))"
+        if problem:
+            raise TypeError(f"{where}: the case spec {spec!r} {problem}")
+    return specs
 
 
 def folded_cases(entry: dict[str, Any], seed: int) -> list:
@@ -169,17 +196,27 @@ def validate_variant(
     except DopplerGenError as error:
         report.status, report.reason = "FAIL", str(error)
     else:
-        _judge_report(report)
+        _judge_report(report, len(specs))
         if len(report.cases) < len(specs):
             report.reason += f"; stopped there (--fail-fast): {len(specs)} cases in the tier"
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _judge_report(report: VariantReport) -> None:
-    """FAIL with the first refused or failed case as the reason; PASS otherwise."""
+def _judge_report(report: VariantReport, tier_cases: int) -> None:
+    """FAIL with the first refused or failed case as the reason, or when no case compared a
+    single output element (a family that gives no cases, or only empty outputs, would pass
+    any kernel); PASS otherwise."""
     refused = [c for c in report.cases if c.refused]
-    if refused:
+    if not any(c.elements for c in report.cases) and not refused and not report.failures:
+        report.status = "FAIL"
+        report.reason = (
+            f"no case compared any output element ({tier_cases} case(s) in the tier, "
+            "every output empty): the family's case matrix checks nothing"
+            if tier_cases
+            else "the family gives no case for this tier: nothing would check the kernel"
+        )
+    elif refused:
         report.status = "FAIL"
         report.reason = f"case {refused[0].spec.name!r} was refused: {refused[0].refused}"
     elif report.failures:
@@ -188,9 +225,15 @@ def _judge_report(report: VariantReport) -> None:
         assert v is not None
         report.status = "FAIL"
         nan = f", {v.non_finite} NaN/Inf left" if v.non_finite else ""
+        if math.isfinite(v.tolerance):
+            why = f"max abs error {v.max_abs_error:.3g} > tolerance {v.tolerance:.3g} "
+        else:  # judges nothing: a bug in the family's tolerance (or its reference)
+            why = (
+                f"the family's tolerance is {v.tolerance}, not a finite number; "
+                f"max abs error {v.max_abs_error:.3g} "
+            )
         report.reason = (
             f"{len(report.failures)} case(s) failed; first: {first.spec.name!r} "
-            f"(seed {first.spec.seed}): "
-            f"max abs error {v.max_abs_error:.3g} > tolerance {v.tolerance:.3g} "
+            f"(seed {first.spec.seed}): {why}"
             f"(rel {v.max_rel_error:.3g}) at index {list(v.worst_index)}{nan}"
         )
