@@ -18,7 +18,7 @@ from typing import Any
 from doppler_gen.config import CONFIG_NAME, PassSpec, Variant
 from doppler_gen.errors import ConfigError, InterfaceError
 from doppler_gen.families import get_family
-from doppler_gen.families.roles import SCRATCH, UNIFORM
+from doppler_gen.families.roles import AUXILIARY, INPUT, OUTPUT, SCRATCH, UNIFORM
 from doppler_gen.render import RenderedKernel, RenderedPass
 from doppler_gen.wgsl import Binding, Module, parse_module
 
@@ -67,13 +67,24 @@ def entry_point(rendered: RenderedPass, module: Module) -> str | None:
     return rendered.spec.entry or module.entry_point
 
 
-def role_of(variant: Variant, binding: Binding) -> str | None:
-    """uniform, scratch (declared by the template), else what the family says (None: unknown)."""
+# what a family's ``roles`` may give a binding (the WGSL and the template say the rest)
+FAMILY_ROLES = (INPUT, OUTPUT, AUXILIARY)
+
+
+def _own_role(variant: Variant, binding: Binding) -> str | None:
+    """uniform (the address space says so) or scratch (the template declares it); None: the
+    family's ``roles`` decide."""
     if binding.address_space == "uniform":
         return UNIFORM
     if binding.name in variant.template.scratch:
         return SCRATCH
-    return get_family(variant.template.family).roles.get(binding.name)
+    return None
+
+
+def role_of(variant: Variant, binding: Binding) -> str | None:
+    """uniform, scratch (declared by the template), else what the family says (None: unknown)."""
+    own = _own_role(variant, binding)
+    return own or get_family(variant.template.family).roles.get(binding.name)
 
 
 def _binding_dict(variant: Variant, b: Binding) -> dict[str, Any]:
@@ -376,15 +387,34 @@ def _shared_override_problems(
 def _role_problems(
     variant: Variant, modules: tuple[Module, ...], entries: list[str]
 ) -> Iterator[str]:
-    """Every binding a pass uses has a role; the same name binds the same type in every pass."""
+    """Every binding a pass uses has a role the runtime knows; exactly one is the output (the
+    one buffer validate reads back and judges); no input is bound read_write (nothing reads an
+    input back, so a kernel that overwrote one, a KV cache say, would still pass); the same
+    name binds the same type in every pass."""
     family = variant.template.family
+    roles = get_family(family).roles
     seen: dict[str, Binding] = {}
+    outputs: list[str] = []
     for module, entry in zip(modules, entries, strict=True):
         for binding in module.bindings_of(entry):
-            if role_of(variant, binding) is None:
+            role = None if _own_role(variant, binding) else roles.get(binding.name, "")
+            if role == "":
                 yield (
                     f"binding {binding.name} has no role in family {family!r} (nor is it a "
                     "scratch buffer of the template)"
+                )
+            elif role is not None and role not in FAMILY_ROLES:
+                yield (
+                    f"family {family!r} gives binding {binding.name} the role {role!r}; a "
+                    f"family's roles are {', '.join(FAMILY_ROLES)}"
+                )
+            elif role == OUTPUT:
+                if binding.name not in outputs:
+                    outputs.append(binding.name)
+            elif role is not None and binding.access == "read_write":
+                yield (
+                    f"binding {binding.name} is an {role} of family {family!r} but is bound "
+                    "read_write: nothing checks what a kernel writes there (bind it read)"
                 )
             first = seen.setdefault(binding.name, binding)
             if str(first.type) != str(binding.type):
@@ -392,6 +422,17 @@ def _role_problems(
                     f"binding {binding.name} is {first.type} in one pass and {binding.type} "
                     "in another"
                 )
+    if not outputs:
+        named = ", ".join(name for name, role in roles.items() if role == OUTPUT) or "none"
+        yield (
+            f"no entry point binds an output (family {family!r} names: {named}); validate "
+            "reads back and judges exactly one"
+        )
+    elif len(outputs) > 1:
+        yield (
+            f"the entry points bind {len(outputs)} outputs ({', '.join(outputs)}); validate "
+            "reads back and judges exactly one"
+        )
 
 
 def _scratch_problems(variant: Variant, modules: tuple[Module, ...]) -> Iterator[str]:
