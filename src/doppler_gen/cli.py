@@ -54,8 +54,12 @@ def _internal_error(error: Exception, as_json: bool) -> None:
     tree, and a bug must not look like the user's fault."""
     first = (str(error).strip().splitlines() or [""])[0]
     message = f"{type(error).__name__}: {printable(first)}" if first else type(error).__name__
+    culprit = "doppler-gen"
+    location = _family_code_at(error)
+    if location is not None:  # a family module raised it: name the module and line
+        culprit = f"family code, {printable(location)}"
     if as_json:
-        click.echo(error_document("InternalError", message, None, EXIT_INTERNAL))
+        click.echo(error_document("InternalError", message, location, EXIT_INTERNAL))
     state = _current_state()
     debug = state.debug if state is not None else "--debug" in sys.argv[1:]
     if debug:
@@ -63,8 +67,19 @@ def _internal_error(error: Exception, as_json: bool) -> None:
         hint = ""
     else:
         hint = "; rerun with --debug for the traceback"
-    click.echo(f"error: internal error (a bug in doppler-gen): {message}{hint}", err=True)
+    click.echo(f"error: internal error (a bug in {culprit}): {message}{hint}", err=True)
     sys.exit(EXIT_INTERNAL)
+
+
+def _family_code_at(error: BaseException) -> str | None:
+    """Where family code raised ``error`` (``families.family_code_at``); None when that cannot
+    be told (finding it must never hide the error itself)."""
+    try:
+        from doppler_gen.families import family_code_at
+
+        return family_code_at(error)
+    except Exception:
+        return None
 
 
 def _quiet_broken_pipe() -> None:

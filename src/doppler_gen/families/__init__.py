@@ -7,7 +7,12 @@ that is not listed here is a configuration error at its variants.toml line.
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+import traceback
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from doppler_gen.errors import ConfigError
@@ -56,3 +61,36 @@ def registered_at_run_time() -> list[Family]:
 def all_families() -> list[Family]:
     """Every registered family, in registration order."""
     return [get_family(name) for name in FAMILIES]
+
+
+# a frame line of a traceback as text (what a validate worker sends back)
+_FRAME_LINE = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$', re.MULTILINE)
+
+
+def _family_files() -> set[str]:
+    """The modules that hold family code: this package's, and those of families registered
+    at run time (a project's own)."""
+    here = Path(__file__).resolve().parent
+    files = {str(path) for path in here.glob("*.py") if path.name != "__init__.py"}
+    for family in _AT_RUN_TIME.values():
+        module = sys.modules.get(type(family).__module__)
+        if getattr(module, "__file__", None):
+            files.add(str(Path(module.__file__).resolve()))  # type: ignore[arg-type]
+    return files
+
+
+def family_code_at(error: BaseException) -> str | None:
+    """``path:line (in function)`` of the innermost traceback frame of ``error`` in family
+    code (a worker's traceback text included), or None: an internal error that a family
+    module raised should name that module, not only blame doppler-gen."""
+    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__)]
+    frames += [(m[1], int(m[2]), m[3]) for m in _FRAME_LINE.finditer(str(error))]
+    if isinstance(error, SyntaxError) and error.filename:
+        frames.append((error.filename, error.lineno or 0, "<module>"))
+    files = _family_files()
+    for filename, line, function in reversed(frames):
+        if str(Path(filename).resolve()) in files:
+            relative = os.path.relpath(filename)
+            shown = filename if relative.startswith("..") else relative
+            return f"{shown}:{line} (in {function})"
+    return None

@@ -97,6 +97,11 @@ class Family(ABC):
     # what bench's JSON says about this family's FLOP count and torch baseline
     methodology: ClassVar[Mapping[str, str]] = {}
 
+    def _missing(self, method: str, needed_by: str) -> str:
+        """What a NotImplementedError of a method the family left out says."""
+        where = f"family {self.name!r} ({type(self).__module__})"
+        return f"{where} defines no {method}, which {needed_by} needs"
+
     # -- generate ------------------------------------------------------------------------------
 
     def interface_problems(
@@ -154,7 +159,7 @@ class Family(ABC):
 
     def f32_tolerance(self, data: CaseData, ref: np.ndarray, stats: Mapping[str, float]) -> float:
         """The absolute tolerance of an f32 output (a rounding-error bound vs float64)."""
-        raise NotImplementedError
+        raise NotImplementedError(self._missing("f32_tolerance", "a variant with an f32 output"))
 
     def tolerance(
         self,
@@ -177,7 +182,7 @@ class Family(ABC):
 
     def make_shape(self, kind: str, text: str, values: dict[str, int]) -> Shape:
         """The shape of ``kind`` from its parsed key=value pairs (raise ShapeSyntaxError)."""
-        raise NotImplementedError
+        raise NotImplementedError(self._missing("make_shape", f"--shape {text!r}"))
 
     def baseline_dtype(self, entry: Mapping[str, Any]) -> str | None:
         """The dtype the torch baseline runs in for this variant (None: no baseline)."""
@@ -185,7 +190,7 @@ class Family(ABC):
 
     def baseline(self, torch: Any, shape: Shape, dtype: str) -> Baseline:
         """A zero-argument torch call computing what the kernel computes on ``shape``."""
-        raise NotImplementedError
+        raise NotImplementedError(self._missing("baseline", "a baseline_dtype"))
 
     # -- export --------------------------------------------------------------------------------
 
