@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:59d39b1b1313bc3a985e6a178df3414b517d9777261612fb58b42f673c6c9bde
+// source-hash: sha256:84cdad54abcf7e0bb4ac755b526e976e7e65bb9c8400b0709cf718d90e4aaa0d
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -138,18 +138,23 @@ fn main(
     // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
     // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
     // workgroup memory instead
+    // Each subgroup takes the next run of as many invocation slots as it has invocations (a
+    // subgroup of a WORKGROUP_SIZE that is not a multiple of sg_size has fewer than sg_size),
+    // in whatever order the atomic serves the subgroups: the runs tile 0 .. WORKGROUP_SIZE - 1
+    // and, every run being a multiple of LANES_PER_KEY long, start on a key group's first lane
     if (lid == 0u) {
         atomicStore(&subgroup_counter, 0u);
     }
     workgroupBarrier();
+    let subgroup_invocations = subgroupAdd(1u);
     var first_lane_slot: u32 = 0u;
     if (sg_lane == 0u) {
-        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
+        first_lane_slot = atomicAdd(&subgroup_counter, subgroup_invocations);
     }
-    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let slot_in_workgroup = subgroupBroadcast(first_lane_slot, 0u) + sg_lane;
     let subgroup_ok = sg_size >= LANES_PER_KEY;
-    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
-    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
+    let kg = select(lid / LANES_PER_KEY, slot_in_workgroup / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, slot_in_workgroup % LANES_PER_KEY, subgroup_ok);
 
     for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
         let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;

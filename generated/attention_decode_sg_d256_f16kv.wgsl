@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:adb02dd6e24b46e8304ce0ede3e5c6ab71e81180d210a360450141088ee952ec
+// source-hash: sha256:c0e65f64ee2ada31546a7c8ec28a43a88673212b2caf4d30681e49b9c0a92c74
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -132,18 +132,23 @@ fn main(
     // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
     // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
     // workgroup memory instead
+    // Each subgroup takes the next run of as many invocation slots as it has invocations (a
+    // subgroup of a WORKGROUP_SIZE that is not a multiple of sg_size has fewer than sg_size),
+    // in whatever order the atomic serves the subgroups: the runs tile 0 .. WORKGROUP_SIZE - 1
+    // and, every run being a multiple of LANES_PER_KEY long, start on a key group's first lane
     if (lid == 0u) {
         atomicStore(&subgroup_counter, 0u);
     }
     workgroupBarrier();
+    let subgroup_invocations = subgroupAdd(1u);
     var first_lane_slot: u32 = 0u;
     if (sg_lane == 0u) {
-        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
+        first_lane_slot = atomicAdd(&subgroup_counter, subgroup_invocations);
     }
-    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let slot_in_workgroup = subgroupBroadcast(first_lane_slot, 0u) + sg_lane;
     let subgroup_ok = sg_size >= LANES_PER_KEY;
-    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
-    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
+    let kg = select(lid / LANES_PER_KEY, slot_in_workgroup / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, slot_in_workgroup % LANES_PER_KEY, subgroup_ok);
 
     for (var query_pos: u32 = 0u; query_pos < u.query_len; query_pos = query_pos + 1u) {
         let q_offset = query_pos * u.num_heads * head_dim + head_idx * head_dim;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:992dceac1c7d46da236ac3093a84a2f0ea38529d48fa1d390319019fe08bd63d
+// source-hash: sha256:e2cffb01a48e5a153848652bf3b3c9959a84872a46879aabbf550b73104db113
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -154,18 +154,23 @@ fn main(
     // Key group = LANES_PER_KEY consecutive lanes of one subgroup; when subgroups are narrower
     // than that (subgroup_ok false), LANES_PER_KEY consecutive invocations that reduce through
     // workgroup memory instead
+    // Each subgroup takes the next run of as many invocation slots as it has invocations (a
+    // subgroup of a WORKGROUP_SIZE that is not a multiple of sg_size has fewer than sg_size),
+    // in whatever order the atomic serves the subgroups: the runs tile 0 .. WORKGROUP_SIZE - 1
+    // and, every run being a multiple of LANES_PER_KEY long, start on a key group's first lane
     if (lid == 0u) {
         atomicStore(&subgroup_counter, 0u);
     }
     workgroupBarrier();
+    let subgroup_invocations = subgroupAdd(1u);
     var first_lane_slot: u32 = 0u;
     if (sg_lane == 0u) {
-        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
+        first_lane_slot = atomicAdd(&subgroup_counter, subgroup_invocations);
     }
-    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let slot_in_workgroup = subgroupBroadcast(first_lane_slot, 0u) + sg_lane;
     let subgroup_ok = sg_size >= LANES_PER_KEY;
-    let kg = select(lid / LANES_PER_KEY, subgroup_idx * (sg_size / max(LANES_PER_KEY, 1u)) + sg_lane / LANES_PER_KEY, subgroup_ok);
-    let lane = select(lid % LANES_PER_KEY, sg_lane % LANES_PER_KEY, subgroup_ok);
+    let kg = select(lid / LANES_PER_KEY, slot_in_workgroup / LANES_PER_KEY, subgroup_ok);
+    let lane = select(lid % LANES_PER_KEY, slot_in_workgroup % LANES_PER_KEY, subgroup_ok);
 
     let slot = kg % slots;
     let stream = kg / slots;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4b2faab5f827d7072789a67c62afc8bebcc8c940ccd2bba52cb1ddf7dde58267
+// source-hash: sha256:5544c18b8a4764e731b6cbbc186795f56001a510737c31252cf7a0653cf4537d
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

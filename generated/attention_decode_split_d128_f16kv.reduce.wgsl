@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0ed664fcc993426e60aaa53ab96af8c138a5d33f3dc0868f64fabc8192ef1531
+// source-hash: sha256:eb482f6cbf906823947a27dfa413848e6537143a9c1a0cdb00f4df0677706c40
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:af0a360b65469a615b0140e7eb0af9c5b9a5c51328b0bb80d887473a733bb7b2
+// source-hash: sha256:ddb1422846fe0efd43cf7dc8b310c8ea749217732066d19c03ab7d85f109a206
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

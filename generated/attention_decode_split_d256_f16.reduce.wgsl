@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c64a3b54fb7d6a67c22bac5864076eee1a641133dc8dbba240e41497a8c98d28
+// source-hash: sha256:e542761a197cfb1c8d47aafeebcc3c82ea32824181e85cb55b618befdc93ca74
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a61452d2af77e33e4992757a0bf3753f8278e95fd93aebafd421660c31d51f08
+// source-hash: sha256:436b236c21c13c7e62d37750fbe47d7e802971bd424c344e37539a5d17ad0d12
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

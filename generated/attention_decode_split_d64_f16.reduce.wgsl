@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:770663380e2ab42f7dfe997bf43fd5b48ad1d6d219250a4901440d4cfccbde04
+// source-hash: sha256:89849af53ca33ace2816ae29f3aec9e21d9f30a976ba8494f782bba42f41b047
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

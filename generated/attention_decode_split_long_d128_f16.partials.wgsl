@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3b1e8ca36d0e8d85ef7c971b24f155e26d9e23b8405bfc50bb06e409ae826998
+// source-hash: sha256:53b15770d315f21601c6d2b4f71eb10025d84d49cb34c30370ac0be93fdcfdc4
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -152,21 +152,26 @@ fn main(
     let split_begin = split * split_len;
 
     // Key group = LANES_PER_KEY consecutive lanes of one subgroup. This variant has no path for
-    // subgroups narrower than that (MIN_SUBGROUP_SIZE): there every group collapses onto group
-    // 0 (indices stay in bounds) and each stored value is NaN (narrow), so a host that ignores
-    // the manifest's min_subgroup_size gets a loud failure, never a plausible wrong answer
+    // subgroups narrower than that (MIN_SUBGROUP_SIZE): there the groups mix subgroups (indices
+    // stay in bounds) and each stored value is NaN (narrow), so a host that ignores the
+    // manifest's min_subgroup_size gets a loud failure, never a plausible wrong answer
+    // Each subgroup takes the next run of as many invocation slots as it has invocations (a
+    // subgroup of a WORKGROUP_SIZE that is not a multiple of sg_size has fewer than sg_size),
+    // in whatever order the atomic serves the subgroups: the runs tile 0 .. WORKGROUP_SIZE - 1
+    // and, every run being a multiple of LANES_PER_KEY long, start on a key group's first lane
     if (lid == 0u) {
         atomicStore(&subgroup_counter, 0u);
     }
     workgroupBarrier();
+    let subgroup_invocations = subgroupAdd(1u);
     var first_lane_slot: u32 = 0u;
     if (sg_lane == 0u) {
-        first_lane_slot = atomicAdd(&subgroup_counter, 1u);
+        first_lane_slot = atomicAdd(&subgroup_counter, subgroup_invocations);
     }
-    let subgroup_idx = subgroupBroadcast(first_lane_slot, 0u);
+    let slot_in_workgroup = subgroupBroadcast(first_lane_slot, 0u) + sg_lane;
     let narrow = sg_size < LANES_PER_KEY;
-    let kg = subgroup_idx * (sg_size / LANES_PER_KEY) + sg_lane / LANES_PER_KEY;
-    let lane = sg_lane % LANES_PER_KEY;
+    let kg = slot_in_workgroup / LANES_PER_KEY;
+    let lane = slot_in_workgroup % LANES_PER_KEY;
 
     let slot = kg % slots;
     let stream = kg / slots;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5eb03f097fcf0b1db29a00bb304316fee793bd10abab538ac628e45a5e11cf97
+// source-hash: sha256:560a5a93649f008000327bb31ebdbb57f6422a40e2f3c4b564a1f21837047fb0
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7f11ccaac60fd296c7db2a626f5af1079ab397436b350d8ec69323deab146af5
+// source-hash: sha256:afabc76217766c08be03a601709b3b8c4ff2ced0c4818c116473f84d8e8c366c
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:32011f78cace9065176b550b310e31ed2fbcf311fb8464fc1aa620770ee4453c
+// source-hash: sha256:31768a203dbf5d9083a901fe3c95506bed3d7bdf750cb14d4fb7ebd3d6965bf8
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e84ae310f9f88b5e2fe5cfb353d169e611e688e731a9fb82df840f585e2d6081
+// source-hash: sha256:eb6370b397bfe96b41aca0430d973201355ce9a1d01ac0d91a792877eedfb038
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

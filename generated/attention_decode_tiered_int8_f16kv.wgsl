@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1b114a5f127f5b195fe98f776ecacac4b289d9203ff92a68b0b499f09577d22b
+// source-hash: sha256:20a1728f50fdd7b5af836d25242e72f102fe378b2a1cee0c40e5027642794735
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:441336e82f6fcd77e6619aaf586f20d0b71a879323dbdd15047ff4fe064f7203
+// source-hash: sha256:cdbb9ffd0a0f43dc51604188beaa4c3d510d407b826519a5a6cc2204f3c9d996
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ba1fdadd58a109c3ed56f9346242f0a70485670d589f82a80b1bf5883bdd3af2
+// source-hash: sha256:4afb33d24de26e75eb2c2606818beb7de440b00405beea4c2e824c258ad8d63e
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

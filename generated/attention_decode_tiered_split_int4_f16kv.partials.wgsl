@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7bbf97906dbebb262d33c0cd540e5d631f7f39186cc654da771b2937912a18da
+// source-hash: sha256:93d677d7875b49f2730a22b457dcb7c3ce83b18ea8a654a5cf21dbc4487c2975
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:358525eb3cfa02281a11fa4b5942efc0c34aa9ce34cafee264667e261a8911d8
+// source-hash: sha256:7a4627131d5fc18ac558e284b6c54aa6a6ec2ac8bf43bbc8bc7de25202fed8b5
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a4716b35db6704877b505767f8458d4295c399057948f6d76086151aea51351b
+// source-hash: sha256:3690cb3a5fd7926629f9ceb73a7adf69e4d01d591a4f905f7c27499a85c2db01
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ff468b0b2603f1adbb4cbba48e5760e17625f1c07e9d7047da69ef49034dfac7
+// source-hash: sha256:cd894b0df61bd50f069593ffe671b3412463e68e9d223ba2646b856d39c4cde0
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6a775f1d35f305b9d0cd5a2c7b26a34d9bc0b93502ebfb94bfeb4af5e6e9d19a
+// source-hash: sha256:e37ab45fc6aa2c4bff9070f9babb8843ff3cbc3e95ce34e003792ee59256f2c6
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

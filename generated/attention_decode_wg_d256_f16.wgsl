@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:39ed45730ab603ee73ffc17f18bbf49a0a9e1fb0071b921962defd4bb282aa6b
+// source-hash: sha256:63bcf6e5e952fc0e5505e32634da59f61b98c82a51a4385cdb5d474a9ebf1764
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

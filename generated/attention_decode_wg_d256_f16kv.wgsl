@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bb4797c1bca0b90a4469a19aff18decb48ccba7f5a0293e8f3da767ba9a01f55
+// source-hash: sha256:0e3b1e983bd570598c6f3afb5d4acfa145f517cc5d5cf68018743960aa5dfe5b
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

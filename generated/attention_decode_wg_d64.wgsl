@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:def56f9f2a4e491d9200fecf51c4fb52f0a5b070f002a298f2bf9baaba75f028
+// source-hash: sha256:0ed136cf61af8548fdafcc2ce3f0f35a79f14645bf52fbcc10cbeeaf3ffdf239
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -9,6 +9,7 @@ keys, and run an MQA case whose 24 query heads need several head chunks.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -347,6 +348,55 @@ def test_narrow_subgroups_nan_stores_nan_where_the_subgroups_are_too_narrow(
     result = runner.run_case(spec, keep_output=True)
     assert result.output is not None and np.isnan(result.output).all()
     assert not result.passed
+
+
+# The numbering of the key groups' subgroups, served in an order a GPU may use (WGSL fixes
+# none): the subgroups that are not full take their slots first, the full ones after a barrier
+SERVE_PARTIAL_SUBGROUP_FIRST = re.compile(
+    r"    if \(sg_lane == 0u\) \{\n        first_lane_slot = atomicAdd\(&subgroup_counter, (.*?)\);\n    \}\n"
+)
+PLANTED_ORDER = """    let full_subgroup = subgroupAdd(1u) == sg_size;
+    if (sg_lane == 0u && !full_subgroup) {
+        first_lane_slot = atomicAdd(&subgroup_counter, \\1);
+    }
+    workgroupBarrier();
+    if (sg_lane == 0u && full_subgroup) {
+        first_lane_slot = atomicAdd(&subgroup_counter, \\1);
+    }
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "constants"),
+    [
+        ("attention_decode_sg_d64", {}, None),
+        ("attention_decode_split_d64", {}, MANY_SPLITS),
+        ("attention_decode_split_d64_f16", {"narrow_subgroups": "nan"}, MANY_SPLITS),
+    ],
+)
+def test_a_partial_subgroup_served_first_keeps_the_key_groups(
+    device: Device, project_copy: Path, name: str, params: dict, constants: dict | None
+) -> None:
+    """WORKGROUP_SIZE may be any multiple of LANES_PER_KEY: one and a half subgroups leave the
+    second subgroup partial. The atomic that numbers the subgroups may serve it first (on a
+    GPU the subgroups race; lavapipe runs them in order, so the test serves the partial one
+    before a barrier and the full one after it). Numbered by subgroup count, the full
+    subgroup then took key groups past the last and left one unwalked: wrong outputs."""
+    width = subgroup_width(device)
+    assert width is not None and width >= 4
+    path = project_copy / "templates/lib/attention_decode.wgsl.j2"
+    text, planted = SERVE_PARTIAL_SUBGROUP_FIRST.subn(PLANTED_ORDER, path.read_text())
+    assert planted == 1
+    path.write_text(text)
+    lanes = width // 2
+    kernel, entry = render_variant(project_copy, name, {**params, "lanes_per_key": lanes})
+    assert "full_subgroup" in kernel.passes[0].text
+    size = {"WORKGROUP_SIZE": width + lanes}
+    report = validate_variant(
+        device, kernel, entry, quick=True, seed=0, constants={**(constants or {}), **size}
+    )
+    assert report.status == "PASS", [(c.spec.name, c.verdict, c.refused) for c in report.cases]
+    assert len(report.cases) >= 10
 
 
 def test_the_long_context_variant_runs_on_16_lane_lavapipe(device: Device) -> None:
