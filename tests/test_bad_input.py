@@ -526,6 +526,49 @@ CASES: list[tuple[str, Mutation, str]] = [
         "WORKGROUP_SIZE 512 must be a power of two <= MAX_WORKGROUP_SIZE 256 (a constraint of",
     ),
     (
+        # the decode kernels' workgroup arrays hold MAX_WORKGROUP_SIZE invocations: past it
+        # WGSL's clamped indices give a wrong answer, not an error
+        "override-past-the-workgroup-arrays",
+        toml_at(
+            'output = "generated/attention_decode_split_d128_f16.wgsl"',
+            'output = "generated/attention_decode_split_d128_f16.wgsl"\n'
+            "overrides = { WORKGROUP_SIZE = 0x200 }",
+            "overrides = { WORKGROUP_SIZE = 0x200 }",
+        ),
+        "WORKGROUP_SIZE 512 must be <= MAX_WORKGROUP_SIZE 256 (partials pass) (a constraint "
+        "of the tiled family)",
+    ),
+    (
+        "override-splitting-a-key-group",
+        toml_at(
+            'output = "generated/attention_decode_wg_d64.wgsl"',
+            'output = "generated/attention_decode_wg_d64.wgsl"\n'
+            "overrides = { WORKGROUP_SIZE = 102 }",
+            "overrides = { WORKGROUP_SIZE = 102 }",
+        ),
+        "WORKGROUP_SIZE 102 must be a multiple of LANES_PER_KEY 4 (main pass)",
+    ),
+    (
+        "override-the-split-reduce-cannot-halve",
+        toml_at(
+            'output = "generated/attention_decode_split_d64_f16.wgsl"',
+            'output = "generated/attention_decode_split_d64_f16.wgsl"\n'
+            "overrides = { REDUCE_WORKGROUP_SIZE = 96 }",
+            "overrides = { REDUCE_WORKGROUP_SIZE = 96 }",
+        ),
+        "REDUCE_WORKGROUP_SIZE 96 must be a power of two (reduce pass)",
+    ),
+    (
+        "override-past-the-prefill-q-tile",
+        toml_at(
+            'output = "generated/attention_prefill_large_sg_d64_f16.wgsl"',
+            'output = "generated/attention_prefill_large_sg_d64_f16.wgsl"\n'
+            "overrides = { BLOCK_Q = 256 }",
+            "overrides = { BLOCK_Q = 256 }",
+        ),
+        "BLOCK_Q 256 must be <= MAX_BLOCK_Q 128 (main pass)",
+    ),
+    (
         # it named the variant's [[variant]] line; the other override errors name their own
         "override-the-wgsl-does-not-declare",
         toml_at(

@@ -728,6 +728,32 @@ class AttentionFamily(Family):
         """(keys the case holds, how to describe them)."""
         return spec.kv_len, ""
 
+    def constraints(self, entry: Mapping[str, Any], constants: Mapping[str, int]) -> str | None:
+        """Override values the kernels' workgroup arrays are sized for: an override X whose pass
+        declares a module constant MAX_X may not exceed it (WORKGROUP_SIZE, BLOCK_Q, ...); a
+        pass with key groups needs WORKGROUP_SIZE to be a multiple of LANES_PER_KEY; the
+        split reduce halves REDUCE_WORKGROUP_SIZE, a power of two. Past these, WGSL's clamped
+        workgroup indices give a wrong answer, not an error (the comments on each override in
+        the WGSL say the same to a host)."""
+        for p in entry["passes"]:
+            mine = {o["name"] for o in p["overrides"]}
+            values = {name: int(constants[name]) for name in mine if name in constants}
+            consts = p.get("constants") or {}
+            for name, value in values.items():
+                limit = consts.get(f"MAX_{name}")
+                if isinstance(limit, int) and value > limit:
+                    return f"{name} {value} must be <= MAX_{name} {limit} ({p['name']} pass)"
+            size, lanes = values.get("WORKGROUP_SIZE"), consts.get("LANES_PER_KEY")
+            if size is not None and isinstance(lanes, int) and lanes and size % lanes:
+                return (
+                    f"WORKGROUP_SIZE {size} must be a multiple of LANES_PER_KEY {lanes} "
+                    f"({p['name']} pass)"
+                )
+            reduce = values.get("REDUCE_WORKGROUP_SIZE")
+            if reduce is not None and reduce & (reduce - 1):
+                return f"REDUCE_WORKGROUP_SIZE {reduce} must be a power of two ({p['name']} pass)"
+        return None
+
     def host_metadata(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """K/V bound as vecN: the host must not select the variant for other head_dims."""
         width = kv_vector_width(entry)
