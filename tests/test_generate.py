@@ -545,3 +545,23 @@ def test_a_generate_that_waited_for_the_lock_refuses_inputs_changed_since_it_ren
     assert error.value.location == edited
     assert project_snapshot(root) == newer  # nothing written
     assert run_cli(root, "check").exit_code == 0
+
+
+def test_family_constraints_skip_an_override_the_host_supplies(tmp_path: Path) -> None:
+    """An override declared without a default (the host passes its value) has no value to hold
+    to a family's constraints: the attention constraints did int(None) on it, so a variant that
+    set another override of the template stopped generate with an internal error (exit 3)."""
+    root = copy_project(tmp_path / "project")
+    edit(
+        root / "templates/attention.wgsl.j2",
+        "override HEAD_TILE: u32 = {{ head_tile | u32 }};",
+        "override HEAD_TILE: u32;",
+    )
+    edit(
+        root / "variants.toml",
+        'params = { kv_dtype = "f16", block_size = 16 }',
+        'params = { kv_dtype = "f16", block_size = 16 }\noverrides = { BLOCK_SIZE = 16 }',
+    )
+    result = run_cli(root, "generate")
+    assert result.exit_code == 0, result.output
+    assert run_cli(root, "check").exit_code == 0

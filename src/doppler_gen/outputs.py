@@ -159,7 +159,13 @@ def _check_family_constraints(variant: Variant, entry: dict[str, Any]) -> None:
         return
     from doppler_gen.families import get_family
 
-    constants = {o["name"]: o["default"] for p in entry["passes"] for o in p["overrides"]}
+    # an override without a default has no value here (the host supplies one): not a constant
+    constants = {
+        o["name"]: o["default"]
+        for p in entry["passes"]
+        for o in p["overrides"]
+        if o["default"] is not None
+    }
     constants.update(variant.overrides)
     unmet = get_family(entry["family"]).constraints(entry, constants)
     if unmet:
