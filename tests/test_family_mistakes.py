@@ -144,3 +144,16 @@ def test_unhashable_case_specs_name_the_family(project: Path) -> None:
     line = assert_one_line_error(result.stderr)
     assert "family 'rowsum' (families.mistakes)" in line, line
     assert "is not hashable (make it @dataclass(frozen=True))" in line, line
+
+
+def test_the_family_framework_is_not_blamed_as_family_code() -> None:
+    """The registry, the base class and the memo are the core's: an error raised there is a
+    bug in doppler-gen, while one in a family module names that module."""
+    from doppler_gen.families import family_code_at
+
+    package = Path(family_code_at.__code__.co_filename).parent
+    for core in ("base.py", "memo.py", "__init__.py"):
+        error = RuntimeError(f'boom\n  File "{package / core}", line 10, in tolerance\n')
+        assert family_code_at(error) is None, core
+    error = RuntimeError(f'boom\n  File "{package / "tiled.py"}", line 7, in specs\n')
+    assert family_code_at(error).endswith("tiled.py:7 (in specs)")

@@ -71,7 +71,9 @@ def _family_files() -> set[str]:
     """The modules that hold family code: this package's, and those of families registered
     at run time (a project's own)."""
     here = Path(__file__).resolve().parent
-    files = {str(path) for path in here.glob("*.py") if path.name != "__init__.py"}
+    # the framework every family builds on (registry, base class, memo) is the core's code
+    core = {"__init__.py", "base.py", "memo.py", "roles.py"}
+    files = {str(path) for path in here.glob("*.py") if path.name not in core}
     for family in _AT_RUN_TIME.values():
         module = sys.modules.get(type(family).__module__)
         if getattr(module, "__file__", None):
