@@ -673,6 +673,43 @@ def test_a_multi_pass_variant_carries_its_dispatch_rules_and_their_constants(
     }
 
 
+def test_a_family_without_host_formulas_exports_its_dispatch_rule_and_dtypes(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """Doppler's host counts attention's workgroups by tier, so attention's one-kernel entries
+    leave the rule out; for another family the rule is all a host has to count them with, and
+    its dtypes come from its roles (the first input's and the output's element types)."""
+    edit(
+        fresh_project / "variants.toml",
+        'name = "rmsnorm_f16"\n',
+        'name = "rmsnorm_f16"\ndoppler_operation = "norms"\ndoppler_id = "rmsnorm_f16"\n',
+    )
+    assert run_cli(fresh_project, "generate").exit_code == 0
+    registry = json.loads((fresh_project / "generated/doppler/registry.json").read_text())
+    exported = registry["operations"]["norms"]["variants"]["rmsnorm_f16"]
+    entry = json.loads((fresh_project / "generated/manifest.json").read_text())["variants"][
+        "rmsnorm_f16"
+    ]
+    assert exported["dispatch"] == entry["passes"][0]["dispatch"] == "num_rows"
+    assert exported["constants"] == {}  # num_rows is a uniform field
+    assert (exported["inputDtype"], exported["outputDtype"]) == ("f16", "f16")
+    assert "kvDtype" not in exported
+    for operation in ("attention", "attention_tiered", "attention_tiered_quant"):
+        for vid, variant in registry["operations"][operation]["variants"].items():
+            if "passes" not in variant:
+                assert "dispatch" not in variant, vid
+                assert "constants" not in variant, vid
+    # a checkout without the rule (or with another) differs where a host would count wrongly
+    checkout = tmp_path / "doppler"
+    shutil.copytree(fresh_project / "generated/doppler", checkout)
+    theirs = copy.deepcopy(registry)
+    del theirs["operations"]["norms"]["variants"]["rmsnorm_f16"]["dispatch"]
+    (checkout / "registry.json").write_text(json.dumps(theirs), encoding="utf-8")
+    result = run_cli(fresh_project, "export", "--check-against", str(checkout))
+    assert result.exit_code == 1
+    assert 'norms.rmsnorm_f16: dispatch: registry absent, WGSL "num_rows"' in result.output
+
+
 def test_a_number_written_as_a_float_is_the_same_number(
     pristine_project: Path, tmp_path: Path
 ) -> None:

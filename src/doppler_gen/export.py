@@ -61,6 +61,7 @@ _COMPARED_KEYS = (
     "kvDtype",
     "wgslOverrides",
     "constants",
+    "dispatch",
     "passEncoding",
 )
 
@@ -76,6 +77,7 @@ _VARIANT_KEYS = frozenset(
         "scratch",
         "passEncoding",
         "constants",
+        "dispatch",
     }
 )
 # compared otherwise: the layout as Doppler resolves it, and free text
@@ -258,6 +260,7 @@ class ExportedVariant:
     fields: dict[str, Any]  # dtypes, requires, metadata, description
     passes: list[dict[str, Any]]
     scratch: list[dict[str, Any]]
+    host_dispatch: bool = True  # the host counts a one-kernel variant's workgroups itself
 
     @property
     def single(self) -> bool:
@@ -282,12 +285,9 @@ def export_variant(name: str, entry: Mapping[str, Any]) -> ExportedVariant | Non
         # the host compares it with the adapter's subgroupMinSize before selecting the variant
         fields["variantMetadata"]["minSubgroupSize"] = entry["min_subgroup_size"]
     # what else the family knows the host must check (attention: headDimMultiple)
-    fields["variantMetadata"].update(get_family(entry["family"]).host_metadata(entry))
-    for key, meta_key in (("outputDtype", "out_dtype"), ("inputDtype", "q_dtype")):
-        if meta.get(meta_key) is not None:
-            fields[key] = meta[meta_key]
-    if meta.get("kv_dtype") is not None:
-        fields["kvDtype"] = meta["kv_dtype"]
+    family = get_family(entry["family"])
+    fields["variantMetadata"].update(family.host_metadata(entry))
+    fields.update(family.host_dtypes(entry))
     return ExportedVariant(
         name=name,
         operation=doppler["operation"],
@@ -295,6 +295,7 @@ def export_variant(name: str, entry: Mapping[str, Any]) -> ExportedVariant | Non
         fields=fields,
         passes=passes,
         scratch=_scratch(entry),
+        host_dispatch=family.host_dispatch,
     )
 
 
@@ -391,6 +392,10 @@ def _operation(variants: list[tuple[str, ExportedVariant]]) -> dict[str, Any]:
             if only["uniforms"] != base_uniforms:
                 entry["uniformsOverride"] = only["uniforms"]
             assert merge_bindings(base_bindings, override) == only["bindings"]
+            if not variant.host_dispatch:
+                # no host formula counts this family's workgroups: the rule and its constants
+                entry["dispatch"] = only["dispatch"]
+                entry["constants"] = _rule_constants(variant)
         else:
             entry["passes"] = [_public_pass(p) for p in variant.passes]
             entry["scratch"] = variant.scratch

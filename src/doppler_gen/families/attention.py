@@ -754,6 +754,15 @@ class AttentionFamily(Family):
                 return f"REDUCE_WORKGROUP_SIZE {reduce} must be a power of two ({p['name']} pass)"
         return None
 
+    # Doppler's attention host counts a one-kernel variant's workgroups by its tier
+    host_dispatch = True
+
+    def host_dtypes(self, entry: Mapping[str, Any]) -> dict[str, str]:
+        """Q, K/V and output apart, as the host's attention entries name them."""
+        meta = entry.get("metadata") or {}
+        keys = (("outputDtype", "out_dtype"), ("inputDtype", "q_dtype"), ("kvDtype", "kv_dtype"))
+        return {key: meta[name] for key, name in keys if meta.get(name) is not None}
+
     def host_metadata(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """K/V bound as vecN: the host must not select the variant for other head_dims."""
         width = kv_vector_width(entry)

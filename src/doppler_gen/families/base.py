@@ -194,6 +194,28 @@ class Family(ABC):
 
     # -- export --------------------------------------------------------------------------------
 
+    # True where Doppler's host computes a one-kernel variant's workgroup count from formulas
+    # of its own (the attention tiers): the registry then leaves the rule out. Otherwise the
+    # host has nothing to count workgroups with but the rule, so the export writes it.
+    host_dispatch: ClassVar[bool] = False
+
+    def host_dtypes(self, entry: Mapping[str, Any]) -> dict[str, str]:
+        """The export's dtype fields: ``inputDtype``, the element type of the first input
+        binding (passes in order, each by binding index), and ``outputDtype``, the output's. A family whose host
+        tells its inputs apart (attention: Q against K/V) says so itself."""
+        bindings = [
+            b
+            for p in entry["passes"]
+            for b in sorted(p["bindings"], key=lambda b: b["binding"])
+            if b["element_type"]
+        ]
+        dtypes: dict[str, str] = {}
+        for key, role in (("inputDtype", INPUT), ("outputDtype", OUTPUT)):
+            found = next((b for b in bindings if b.get("role") == role), None)
+            if found is not None:
+                dtypes[key] = found["element_type"]
+        return dtypes
+
     def host_metadata(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Fields of the Doppler export's ``variantMetadata`` that only this family can read
         from a manifest entry (a requirement the host must check before selecting it)."""
