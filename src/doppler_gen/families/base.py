@@ -201,8 +201,8 @@ class Family(ABC):
 
     def host_dtypes(self, entry: Mapping[str, Any]) -> dict[str, str]:
         """The export's dtype fields: ``inputDtype``, the element type of the first input
-        binding (passes in order, each by binding index), and ``outputDtype``, the output's. A family whose host
-        tells its inputs apart (attention: Q against K/V) says so itself."""
+        binding (passes in order, each by binding index), and ``outputDtype``, the output's.
+        A family whose host tells its inputs apart (attention: Q against K/V) says so itself."""
         bindings = [
             b
             for p in entry["passes"]
