@@ -7,38 +7,20 @@ mistake, registered as ``rowsum`` over a copy of tests/fixtures/twopass.
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import assert_one_line_error, edit, run_cli
-from families import mistakes
-from families.rowsum import ROWSUM
+from families import mistakes, twopass
 from gpu_support import adapter_problem
 
-from doppler_gen.families import FAMILIES, register_family
+from doppler_gen.families import register_family
 from doppler_gen.tolerance import judge
 
-FIXTURE = Path(__file__).parent / "fixtures" / "twopass"
 needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
-
-
-@pytest.fixture(autouse=True)
-def rowsum_family() -> Iterator[None]:
-    register_family(ROWSUM)
-    yield
-    FAMILIES.pop("rowsum", None)
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "twopass"
-    shutil.copytree(FIXTURE, root, ignore=shutil.ignore_patterns("generated"))
-    result = run_cli(root, "generate")
-    assert result.exit_code == 0, result.output
-    return root
+rowsum_family = pytest.fixture(autouse=True)(twopass.registered_rowsum)
+project = pytest.fixture(twopass.generated_copy)
 
 
 def _validate(root: Path, *args: str) -> tuple[int, dict]:

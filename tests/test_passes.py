@@ -8,41 +8,25 @@ that a family is a plug-in: generate, check, the manifest, validate and bench al
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, edit, line_of, run_cli
+from families import twopass
 from families.rowsum import ROWSUM
 from gpu_support import adapter_problem
 
 from doppler_gen.config import load_project
 from doppler_gen.errors import ConfigError, InterfaceError
-from doppler_gen.families import FAMILIES, register_family
+from doppler_gen.families import FAMILIES
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan
 from doppler_gen.render import Renderer
 from doppler_gen.wgsl import parse_module
 
-FIXTURE = Path(__file__).parent / "fixtures" / "twopass"
 needs_adapter = pytest.mark.skipif(adapter_problem() is not None, reason=str(adapter_problem()))
-
-
-@pytest.fixture(autouse=True)
-def rowsum_family() -> Iterator[None]:
-    register_family(ROWSUM)
-    yield
-    FAMILIES.pop("rowsum", None)
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    root = tmp_path / "twopass"
-    shutil.copytree(FIXTURE, root, ignore=shutil.ignore_patterns("generated"))
-    result = run_cli(root, "generate")
-    assert result.exit_code == 0, result.output
-    return root
+rowsum_family = pytest.fixture(autouse=True)(twopass.registered_rowsum)
+project = pytest.fixture(twopass.generated_copy)
 
 
 def _manifest(root: Path) -> dict:
