@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9ed6d98ca1e1ee1f246c5e1dda3f89455838116e85f0716a05552a757964b0aa
+// source-hash: sha256:69237239c8b2aef638f44932b5036bca0a2fb752e35900ac5f1f26580a81792c
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)
@@ -16,12 +16,12 @@ enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 128u;
 const MAX_WORKGROUP_SIZE: u32 = 256u;
-const LANES_PER_KEY: u32 = 8u;
-const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
+const LANES_PER_KEY: u32 = 16u;
+const VEC_PER_LANE: u32 = 2u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
 const HEADS_PER_GROUP: u32 = 2u;  // query heads each key group serves
 const HEAD_SLOTS: u32 = 2u;       // key-group slots: HEAD_SLOTS * HEADS_PER_GROUP heads at once
-const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+const MAX_KEY_GROUPS: u32 = 16u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 16u;
 const NEG_BIG: f32 = -3.402823e+38;
@@ -220,26 +220,6 @@ fn main(
                 q_h1[j] = vec4<f32>(f32(Q[o_h1]), f32(Q[o_h1 + 1u]), f32(Q[o_h1 + 2u]), f32(Q[o_h1 + 3u]));
             }
         }
-        {
-            let j = 2u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o_h0 = q_offset_h0 + 4u * v;
-                q_h0[j] = vec4<f32>(f32(Q[o_h0]), f32(Q[o_h0 + 1u]), f32(Q[o_h0 + 2u]), f32(Q[o_h0 + 3u]));
-                let o_h1 = q_offset_h1 + 4u * v;
-                q_h1[j] = vec4<f32>(f32(Q[o_h1]), f32(Q[o_h1 + 1u]), f32(Q[o_h1 + 2u]), f32(Q[o_h1 + 3u]));
-            }
-        }
-        {
-            let j = 3u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o_h0 = q_offset_h0 + 4u * v;
-                q_h0[j] = vec4<f32>(f32(Q[o_h0]), f32(Q[o_h0 + 1u]), f32(Q[o_h0 + 2u]), f32(Q[o_h0 + 3u]));
-                let o_h1 = q_offset_h1 + 4u * v;
-                q_h1[j] = vec4<f32>(f32(Q[o_h1]), f32(Q[o_h1 + 1u]), f32(Q[o_h1 + 2u]), f32(Q[o_h1 + 3u]));
-            }
-        }
         var m_h0: f32 = NEG_BIG;
         var l_h0: f32 = 0.0;
         var m_h1: f32 = NEG_BIG;
@@ -275,18 +255,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -307,18 +275,6 @@ fn main(
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0_h0: f32 = 0.0;
@@ -331,18 +287,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
                         let kf = vec4<f32>(k_0[j]);
                         dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
                         dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
@@ -362,32 +306,24 @@ fn main(
                         dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
                         dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
                     }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 8u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 8u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 8u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -455,20 +391,6 @@ fn main(
                         acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
                         acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
                     }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
                 }
             } else {
                 let span = keys.y - min(keys.x, keys.y);
@@ -495,18 +417,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -527,18 +437,6 @@ fn main(
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0_h0: f32 = 0.0;
@@ -551,18 +449,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
                         let kf = vec4<f32>(k_0[j]);
                         dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
                         dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
@@ -582,32 +468,24 @@ fn main(
                         dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
                         dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
                     }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 8u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 8u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 8u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -670,20 +548,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
                         let vf_0 = vec4<f32>(v_0[j]);
                         let vf_1 = vec4<f32>(v_1[j]);
                         acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
@@ -719,18 +583,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -751,18 +603,6 @@ fn main(
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0_h0: f32 = 0.0;
@@ -775,18 +615,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
                         let kf = vec4<f32>(k_0[j]);
                         dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
                         dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
@@ -806,32 +634,24 @@ fn main(
                         dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
                         dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
                     }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 8u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 8u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 8u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -899,20 +719,6 @@ fn main(
                         acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
                         acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
                     }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
                 }
             } else {
                 let span = keys.y - min(keys.x, keys.y);
@@ -939,18 +745,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -971,18 +765,6 @@ fn main(
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0_h0: f32 = 0.0;
@@ -995,18 +777,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_0[j]);
-                        dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
-                        dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
                         let kf = vec4<f32>(k_0[j]);
                         dot_0_h0 = dot_0_h0 + dot(q_h0[j], kf);
                         dot_0_h1 = dot_0_h1 + dot(q_h1[j], kf);
@@ -1026,32 +796,24 @@ fn main(
                         dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
                         dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
                     }
-                    {
-                        let j = 2u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
-                    {
-                        let j = 3u;
-                        let kf = vec4<f32>(k_1[j]);
-                        dot_1_h0 = dot_1_h0 + dot(q_h0[j], kf);
-                        dot_1_h1 = dot_1_h1 + dot(q_h1[j], kf);
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 1u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 2u);
                         dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 4u);
+                        dot_0_h0 = dot_0_h0 + subgroupShuffleXor(dot_0_h0, 8u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 1u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 2u);
                         dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 4u);
+                        dot_0_h1 = dot_0_h1 + subgroupShuffleXor(dot_0_h1, 8u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 1u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 2u);
                         dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 4u);
+                        dot_1_h0 = dot_1_h0 + subgroupShuffleXor(dot_1_h0, 8u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 1u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 2u);
                         dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 4u);
+                        dot_1_h1 = dot_1_h1 + subgroupShuffleXor(dot_1_h1, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -1114,20 +876,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 2u;
-                        let vf_0 = vec4<f32>(v_0[j]);
-                        let vf_1 = vec4<f32>(v_1[j]);
-                        acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
-                        acc_h1[j] = acc_h1[j] * correction_h1 + p_0_h1 * vf_0 + p_1_h1 * vf_1;
-                    }
-                    {
-                        let j = 3u;
                         let vf_0 = vec4<f32>(v_0[j]);
                         let vf_1 = vec4<f32>(v_1[j]);
                         acc_h0[j] = acc_h0[j] * correction_h0 + p_0_h0 * vf_0 + p_1_h0 * vf_1;
@@ -1211,42 +959,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let v = lane + j * LANES_PER_KEY;
-                        if (v < hd4) {
-                            let scaled_h0 = acc_h0[j] * rescale_h0;
-                            if (r == 0u) {
-                                merge_acc[row_h0 + v] = scaled_h0;
-                            } else {
-                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
-                            }
-                            let scaled_h1 = acc_h1[j] * rescale_h1;
-                            if (r == 0u) {
-                                merge_acc[row_h1 + v] = scaled_h1;
-                            } else {
-                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
-                            }
-                        }
-                    }
-                    {
-                        let j = 2u;
-                        let v = lane + j * LANES_PER_KEY;
-                        if (v < hd4) {
-                            let scaled_h0 = acc_h0[j] * rescale_h0;
-                            if (r == 0u) {
-                                merge_acc[row_h0 + v] = scaled_h0;
-                            } else {
-                                merge_acc[row_h0 + v] = merge_acc[row_h0 + v] + scaled_h0;
-                            }
-                            let scaled_h1 = acc_h1[j] * rescale_h1;
-                            if (r == 0u) {
-                                merge_acc[row_h1 + v] = scaled_h1;
-                            } else {
-                                merge_acc[row_h1 + v] = merge_acc[row_h1 + v] + scaled_h1;
-                            }
-                        }
-                    }
-                    {
-                        let j = 3u;
                         let v = lane + j * LANES_PER_KEY;
                         if (v < hd4) {
                             let scaled_h0 = acc_h0[j] * rescale_h0;

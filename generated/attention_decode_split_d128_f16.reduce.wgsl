@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5544c18b8a4764e731b6cbbc186795f56001a510737c31252cf7a0653cf4537d
+// source-hash: sha256:3f7a3d7de618967292b1243d0dd7dc86a6dffc4c710db2e7ceb4ccd96b322dce
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -11,9 +11,9 @@ enable f16;
 
 const MAX_HEAD_DIM: u32 = 128u;
 const NEG_BIG: f32 = -3.402823e+38;
-const MAX_REDUCE_WORKGROUP_SIZE: u32 = 256u;
+const MAX_REDUCE_WORKGROUP_SIZE: u32 = 512u;
 
-override REDUCE_WORKGROUP_SIZE: u32 = 256u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
+override REDUCE_WORKGROUP_SIZE: u32 = 512u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
 override KV_SPLITS: u32 = 32u;          // splits (as in the partials pass)
 override MIN_SPLIT_KEYS: u32 = 64u;     // fewest keys per split (as in the partials pass)
 
