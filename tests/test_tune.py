@@ -496,6 +496,43 @@ def test_a_block_size_workgroup_size_mismatch_is_invalid_not_timed() -> None:
 
 
 @needs_cpu_adapter
+def test_without_shape_tune_times_the_first_default_shape_the_kernel_can_run() -> None:
+    """A split-KV decode kernel's reduce pass needs query_len * num_heads = 65,536 workgroups at
+    the tiled family's first default shape, the 2048-query prefill: tune timed every candidate
+    there, each one refused, and reported no winner. It takes the decode default instead and
+    says why; a prefill kernel keeps the prefill shape."""
+    from doppler_gen.backends import get_backend
+    from doppler_gen.runtime.runner import KernelRunner
+    from doppler_gen.tune import default_shape
+
+    project = load_project(REPO_ROOT)
+    backend = get_backend("wgpu")
+    adapter = choose_adapter(backend, "cpu", True, "tune")
+    picked = {}
+    for name in ("attention_decode_split_d64", "attention_prefill_large_d64"):
+        kernel, entry = CandidateRenderer(project, project.variant(name)).render({})
+        device = open_device(backend, adapter, kernel.variant.requires, "adapter")
+        try:
+            picked[name] = default_shape("tiled", KernelRunner(device, kernel, entry), 0)
+        finally:
+            device.close()
+    shape, passed_over = picked["attention_decode_split_d64"]
+    limit = 65535  # lavapipe's maxComputeWorkgroupsPerDimension, WebGPU's default
+    assert shape.label == "decode:kv=8192,h=32,kvh=8,d=64"
+    assert passed_over == (
+        "prefill:q=2048,kv=2048,h=32,kvh=8,d=64 (65536 workgroups (pass reduce) exceed the "
+        f"device limit {limit} per dimension)",
+    )
+    shape, passed_over = picked["attention_prefill_large_d64"]
+    assert (shape.label, passed_over) == ("prefill:q=2048,kv=2048,h=32,kvh=8,d=64", ())
+    current = _timed(_small_candidates(project)[0], "current", 300.0)
+    passed = picked["attention_decode_split_d64"][1]
+    run = TuneRun("x", "decode", "GPU", False, Settings(), [current], 1, 1, passed_over=passed)
+    assert run.as_dict()["default_shapes_passed_over"] == list(passed)
+    assert f"default shape passed over: {passed[0]}" in format_report(run).splitlines()
+
+
+@needs_cpu_adapter
 def test_tune_json_on_lavapipe(tmp_path: Path) -> None:
     output = tmp_path / "tune.json"
     result = run_cli(

@@ -1159,7 +1159,8 @@ def bench(
     "shape_texts",
     multiple=True,  # so that a second --shape is refused, not silently taken instead
     metavar="KIND:k=v,...",
-    help="The shape candidates are timed on (one). Default: the family's default bench shape.",
+    help="The shape candidates are timed on (one). Default: the first of the family's default "
+    "bench shapes the current configuration can run on the device.",
 )
 @click.option(
     "--max-candidates",

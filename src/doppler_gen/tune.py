@@ -61,6 +61,7 @@ from doppler_gen.runtime.measure import (
     cpu_warning,
     measure_on_fresh_device,
 )
+from doppler_gen.runtime.runner import KernelRunner
 from doppler_gen.runtime.session import Progress, choose_adapter, open_device
 from doppler_gen.runtime.verify import validate_variant
 from doppler_gen.shapes import parse_shape
@@ -404,6 +405,9 @@ class TuneRun:
     parameter_sets: int = 1  # template parameter sets in the grid
     rendered_sets: int = 1  # of them rendered to find the candidates (nearest_candidates)
     depth: int = 0  # every parameter set changing at most this many parameters was rendered
+    # without --shape: the family's default shapes the current configuration cannot run, each
+    # with its reason (the tune shape is the first one after them it can)
+    passed_over: tuple[str, ...] = ()
 
     @property
     def planned(self) -> int:
@@ -461,6 +465,7 @@ class TuneRun:
             "tool": "doppler-gen tune",
             "variant": self.variant,
             "shape": self.shape,
+            "default_shapes_passed_over": list(self.passed_over),
             "adapter": self.adapter,
             "cpu_adapter": self.is_cpu,
             "warning": cpu_warning(self.adapter) if self.is_cpu else None,
@@ -603,12 +608,25 @@ def _space_value(text: str, item: str, kind: type) -> ParamValue:
     return item
 
 
-def default_shape(family: str) -> Shape:
-    """The family's first default bench shape (tiled: the Llama-like prefill)."""
+def default_shape(family: str, runner: KernelRunner, seed: int) -> tuple[Shape, tuple[str, ...]]:
+    """The first of the family's default bench shapes that ``runner`` (the current
+    configuration on the tune device) can run, and why each one before it was passed over.
+
+    The tiled family's first default is the 2048-query prefill; a decode kernel's split-KV
+    reduce would need query_len * num_heads = 65,536 workgroups there, past the device's
+    limit, so every candidate would be refused and none timed. Where no default can run, the
+    first is kept and each candidate says why."""
     defaults = get_family(family).default_shapes
     if not defaults:
         raise DopplerGenError(f"family {family} has no bench shape; tune needs one (--shape)")
-    return parse_shape(defaults[0])
+    passed_over: list[str] = []
+    for text in defaults:
+        shape = parse_shape(text)
+        reason = runner.unrunnable(shape.case_spec(seed))
+        if reason is None:
+            return shape, tuple(passed_over)
+        passed_over.append(f"{shape.label} ({reason})")
+    return parse_shape(defaults[0]), tuple(passed_over)
 
 
 def run_tune(project: Project, request: TuneRequest, progress: Progress | None = None) -> TuneRun:
@@ -616,8 +634,8 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
     from doppler_gen.backends import get_backend
 
     variant = project.variant(request.name)
-    shape = request.shape or default_shape(variant.template.family)
-    if shape.family != variant.template.family:
+    shape = request.shape
+    if shape is not None and shape.family != variant.template.family:
         raise DopplerGenError(
             f"--shape {shape.label!r} is for {shape.family} kernels; {variant.name} is "
             f"{variant.template.family}"
@@ -651,8 +669,17 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             backend, adapter, current_kernel.variant.requires, request.limits, timing=True
         )
 
+    passed_over: tuple[str, ...] = ()
     started = time.monotonic()
     try:
+        if shape is None:
+            runner = KernelRunner(device, current_kernel, current_entry)
+            shape, passed_over = default_shape(
+                variant.template.family, runner, request.settings.seed
+            )
+            if progress:
+                for line in passed_over:
+                    progress(f"default shape {line}: not used", 0)
         for index, candidate in enumerate(kept, start=1):
             if index > 1 and _out_of_time(started, request.time_limit):
                 break
@@ -679,6 +706,7 @@ def run_tune(project: Project, request: TuneRequest, progress: Progress | None =
             parameter_sets=enumeration.parameter_sets,
             rendered_sets=enumeration.rendered,
             depth=enumeration.depth,
+            passed_over=passed_over,
         )
         run.winner_full_validation = _settle_winner(device, renderer, run, request.settings)
     finally:
@@ -794,6 +822,7 @@ def format_report(run: TuneRun) -> str:
     lines = [
         *banner,
         f"tune {run.variant} on {run.shape} — {run.adapter}",
+        *(f"default shape passed over: {line}" for line in run.passed_over),
         f"timing: median and p10–p90 of {run.settings.repeats} GPU-timestamped dispatches after "
         f"{run.settings.warmup} warm-up and a {run.settings.warmup_ms:g} ms GPU-time ramp; every "
         "candidate quick-validated first",

@@ -228,6 +228,24 @@ class KernelRunner:
 
     def prepare(self, spec: Any) -> Prepared | Refusal:
         """Refuse, or build inputs and create every buffer of every pass (outputs poisoned)."""
+        plan = self._plan(spec)
+        if isinstance(plan, Refusal):
+            return plan
+        data, names, grids = plan
+        pipelines = self.compile()
+        return self._bind(data, pipelines, grids, names)
+
+    def unrunnable(self, spec: Any) -> str | None:
+        """Why ``spec`` cannot run on this device (what ``prepare`` would refuse), found
+        without compiling or creating a buffer; None when it can run."""
+        plan = self._plan(spec)
+        return plan.reason if isinstance(plan, Refusal) else None
+
+    def _plan(
+        self, spec: Any
+    ) -> tuple[CaseData, dict[str, float], list[tuple[int, int, int] | None]] | Refusal:
+        """The case's inputs, the names its dispatch rules read and each pass's grid; or the
+        refusal (the family's, or a dispatch or buffer past the device's limits)."""
         reason = self.refuse(spec)
         if reason:
             return Refusal(reason)
@@ -238,8 +256,7 @@ class KernelRunner:
         reason = self._limits_refusal(data, workgroups, grids, names)
         if reason:
             return Refusal(reason)
-        pipelines = self.compile()
-        return self._bind(data, pipelines, grids, names)
+        return data, names, grids
 
     def _workgroup_limit(self) -> int:
         """Workgroups a dispatch dimension holds on this device."""
