@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:487f80a960e0e6bf2545ca690dda9389e903896713fa202c7c248d950f7c6669
+// source-hash: sha256:c5d9bcbfc744934ea971805a3278f7df2c896e7c1060dc118f39aae2df98f39c
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

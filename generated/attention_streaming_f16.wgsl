@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d979b407b1a9f6f56bcedbf3ec65f0e51ac0d69eac9eda43d678b57b1b47b10e
+// source-hash: sha256:295232b5180b173a3e084496a024665a2385b38c381324e2d4573f74c203d676
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c29b95e64ef75e816c41077bc5839520a06157bff956ccdc19a79b50536c138e
+// source-hash: sha256:f32e79e5bca54474599b8299ec79d5bd57f83490ca3870313086b37d31672936
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b947910ea1ee1ff020698a4756d41375f4121f5d57c5315b39530a294b805d63
+// source-hash: sha256:70b54995a8ee9b82101de039cd2081cd5dd6e922e73574c1265266abe0e59aad
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //
@@ -123,7 +123,6 @@ fn main(
     // Workgroup w runs query query_len - 1 - w / num_heads: under a causal mask the last queries
     // see the most keys, and starting them first shortens the tail of the dispatch
     let query = u.query_len - 1u - w / u.num_heads;
-    let t = local_id.x;
     let kv_head = get_kv_head_idx(head);
     let d4_count = (u.head_dim + 3u) / 4u;
     let q_base = (query * u.num_heads + head) * u.head_dim;
@@ -131,12 +130,14 @@ fn main(
 
     var m: f32 = -3.402823e+38;
     var l: f32 = 0.0;
-    // The workgroup must be one subgroup with lanes 0 .. WORKGROUP_SIZE - 1 (else NaN is stored)
+    // The workgroup must be one subgroup with lanes 0 .. WORKGROUP_SIZE - 1 (else NaN is stored):
+    // all WORKGROUP_SIZE invocations in this subgroup, their distinct lane ids up to WORKGROUP_SIZE - 1
     let numbered = (subgroupAdd(1u) == WORKGROUP_SIZE) & (subgroupMax(lane) + 1u == WORKGROUP_SIZE);
-    // Key group g = t / LANES_PER_KEY; lane r = t % LANES_PER_KEY owns vec4 columns r + j * LANES_PER_KEY
-    // of Q (zeros past head_dim), of its group's K/V rows and of the output
-    let g = t / LANES_PER_KEY;
-    let r = t - g * LANES_PER_KEY;
+    // Key group g = lane / LANES_PER_KEY; lane r = lane % LANES_PER_KEY owns vec4 columns r + j * LANES_PER_KEY
+    // of Q (zeros past head_dim), of its group's K/V rows and of the output. Numbered by subgroup
+    // lane, not local index: the shuffles address lanes, and no API promises the two agree
+    let g = lane / LANES_PER_KEY;
+    let r = lane - g * LANES_PER_KEY;
     let hd4 = u.head_dim / 4u;
     let used = (hd4 + LANES_PER_KEY - 1u) / LANES_PER_KEY;  // vec4s per lane in use (uniform)
     var q: array<vec4<f32>, VEC4_PER_LANE>;
@@ -221,7 +222,7 @@ fn main(
         let p0 = select(0.0, exp(s0 - m_new), mine0 < span.y);
         l = l * correction + p0;
         // key k's weight from lane k / 1 of the group (its value p(k % 1))
-        let group_first = t - r;
+        let group_first = lane - r;
         let w0 = subgroupShuffle(p0, group_first + 0u);
         let w1 = subgroupShuffle(p0, group_first + 1u);
         let w2 = subgroupShuffle(p0, group_first + 2u);

@@ -74,6 +74,20 @@ def test_shipped_variants_record_their_32_lane_subgroup_and_vec4_head_dims() -> 
         assert exported is not None and exported.fields["variantMetadata"]["headDimMultiple"] == 4
 
 
+def test_key_groups_are_numbered_by_subgroup_lane_not_by_local_index() -> None:
+    """The shuffles address subgroup lanes, so a lane's key group and head-dim slice must come
+    from subgroup_invocation_id: WGSL does not promise it equals local_invocation_index, and
+    every adapter here (lavapipe, NVIDIA) numbers them alike, so a kernel that mixed the two
+    would pass every case and fail on an adapter that does not. No statement may read the
+    local id (the one-subgroup check proves the lanes are 0 .. WORKGROUP_SIZE - 1)."""
+    for name in SHIPPED + [n.replace("_d128", "_d64") for n in SHIPPED]:
+        kernel, _ = render_variant(REPO_ROOT, name)
+        code = [line.split("//")[0] for line in kernel.text.splitlines()]
+        readers = [line.strip() for line in code if "local_id" in line]
+        assert readers == ["@builtin(local_invocation_id) local_id: vec3<u32>,"], (name, readers)
+        assert "let g = lane / LANES_PER_KEY;" in kernel.text, name
+
+
 @pytest.mark.parametrize(
     ("name", "fraction", "groups"),
     [(name, 1, 1) for name in SHIPPED]
