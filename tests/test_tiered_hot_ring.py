@@ -19,6 +19,7 @@ from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device
 from doppler_gen.families.attention import CaseSpec
+from doppler_gen.families.tiered import tiered_specs
 from doppler_gen.runtime.runner import KernelRunner
 
 pytestmark = [
@@ -27,6 +28,8 @@ pytestmark = [
 ]
 
 TEMPLATE = "templates/attention_decode_tiered.wgsl.j2"
+# the validate matrix's case past 2 * hot_window (families/tiered.py)
+SHARED_ROWS = "hot_len over hot_window, keys share ring rows"
 # one dispatch, int4 cold tier (its hot ring is on whenever hot_window > 0), shipped form
 NAME = "attention_decode_tiered_int4_f16kv_sg"
 CASES = [
@@ -119,3 +122,34 @@ def test_planted_ring_bugs_fail(
 ) -> None:
     edit(project_copy / TEMPLATE, old, new)
     assert must_fail <= set(_failures(device, project_copy))
+
+
+def _reaches_the_fallback(spec: CaseSpec) -> bool:
+    """Whether some hot key's ring offset, hot_start % hot_window + i, is 2 * hot_window or more."""
+    if spec.hot_window == 0 or spec.hot_len == 0:
+        return False
+    return spec.hot_start % spec.hot_window + spec.hot_len - 1 >= 2 * spec.hot_window
+
+
+@pytest.mark.parametrize("cold", ["f16", "int8", "int4"])
+def test_every_tiered_validation_matrix_reaches_the_shared_rows(cold: str) -> None:
+    """validate itself, not only this file, runs hot keys past 2 * hot_window for every cold
+    format (default and large tiers; the quick tier's subset leaves it out)."""
+    specs = tiered_specs(64, 4096, cold=cold, quick=False, seed=0)
+    assert [s.name for s in specs if _reaches_the_fallback(s)] == [SHARED_ROWS]
+
+
+def test_the_validation_case_catches_a_missing_fallback_in_the_split_kernel(
+    device: Device, project_copy: Path
+) -> None:
+    """The validate matrix's shared-rows case fails the split kernel without the division (it
+    failed every tiered variant when planted by hand); the shipped kernel passes it."""
+    spec = next(
+        s for s in tiered_specs(64, 4096, cold="f16", quick=False, seed=0) if s.name == SHARED_ROWS
+    )
+    name = "attention_decode_tiered_split_f16"
+    shipped = KernelRunner(device, *render_variant(REPO_ROOT, name))
+    assert shipped.run_case(spec).passed
+    edit(project_copy / TEMPLATE, PLANTED[0][0], PLANTED[0][1])
+    planted = KernelRunner(device, *render_variant(project_copy, name))
+    assert not planted.run_case(spec).passed

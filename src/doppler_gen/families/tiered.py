@@ -297,6 +297,19 @@ def tiered_specs(
             start_pos=12,
             head_dim=16,
         ),
+        # more hot keys than ring rows: keys i and i + hot_window share a row, which the kernel
+        # reads once for each (as the seed's modulo does). hot_start % 4 = 1 puts the ring
+        # offsets 1 .. 11 on the unwrapped rows, the one-subtraction rows and (8 and up) the
+        # division that get_hot_pos falls back to; every other case stays below 2 * hot_window
+        CaseSpec(
+            "hot_len over hot_window, keys share ring rows",
+            cold_len=5,
+            hot_len=11,
+            hot_start=9,
+            hot_window=4,
+            start_pos=20,
+            head_dim=16,
+        ),
     ]
     # Thousands of keys: every kernel walks its tiers in many steps (up to 256 keys a step at
     # 1024 invocations), so a step that reads another step's rows fails here; the quick tier
