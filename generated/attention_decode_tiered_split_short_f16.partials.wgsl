@@ -1,0 +1,718 @@
+// AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass partials by doppler-gen - do not edit.
+// Edit the template and variants.toml, then run `doppler-gen generate`.
+// source-hash: sha256:d6fd17c90c2a669e4624f590c023509cfd2e5aff6a978025c28fc7b4dd217469
+
+// Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
+//
+// One workgroup per (split, KV head, chunk of HEADS_PER_WORKGROUP of its query heads): dispatch
+// KV_SPLITS * num_kv_heads * ceil(num_heads / num_kv_heads / HEADS_PER_WORKGROUP), the chunks of
+// one split adjacent so that they share the KV head's rows through L2. Each K/V slice is loaded
+// and unpacked once for the chunk's heads. The cold-then-hot keys are cut into at most KV_SPLITS
+// splits of max(MIN_SPLIT_KEYS, ceil(keys / KV_SPLITS)) keys; the workgroup walks its split as
+// below and writes the split's (max, sum, unnormalised accumulator) of each head to scratch;
+// attention_decode_split_reduce combines the splits.
+//
+// One workgroup per query head. The workgroup is split into lane groups of LANES_PER_KEY
+// invocations (the smallest power of two with LANES_PER_KEY * DIMS_PER_LANE >= head_dim); a
+// group scores 2 key(s) per step, each lane owning DIMS_PER_LANE head-dim elements of
+// q, K, V and the output. The q.k dot is reduced across the group
+// by subgroup shuffles (through workgroup memory where a group is wider than the subgroup),
+// and every group keeps its own online-softmax state (running max, running sum, accumulator
+// slice) over the keys it visits, cold tier first, then hot. The groups' states are merged at
+// the end. Nothing is stored per key, so the KV length is bounded only by buffer sizes.
+// Requires head_dim <= MAX_HEAD_DIM and LANES_PER_KEY <= WORKGROUP_SIZE <= MAX_WORKGROUP_SIZE,
+// else the kernel returns without writing.
+// Fully masked row: average of V over all keys (masked scores are -3.4e38).
+
+enable f16;
+enable subgroups;
+
+const MAX_KV_LEN: u32 = 131072u;
+const MAX_HEAD_DIM: u32 = 256u;
+const MAX_WORKGROUP_SIZE: u32 = 1024u;
+const DIMS_PER_LANE: u32 = 4u;
+const MASKED_SCORE: f32 = -3.402823e+38;
+
+override WORKGROUP_SIZE: u32 = 256u;
+const HEADS_PER_WORKGROUP: u32 = 2u;  // query heads each workgroup serves
+override KV_SPLITS: u32 = 16u;          // splits (same value in the reduce pass)
+override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (same value in the reduce pass)
+
+struct Uniforms {
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    cold_len: u32,        // Keys in the cold tier (absolute positions 0 .. cold_len-1)
+    hot_len: u32,         // Keys in the hot tier (absolute positions hot_start ..)
+    seq_len: u32,
+    scale: f32,
+    is_causal: u32,
+    start_pos: u32,       // Absolute position of the query
+    attn_softcap: f32,
+    sliding_window: u32,
+    hot_window: u32,      // Rows of the hot ring buffer
+    hot_start: u32,       // Absolute position of hot key 0
+    cold_page_size: u32,  // Rows per cold page when cold_layout == 2
+    cold_layout: u32,     // 2 = paged through cold_page_table, else contiguous
+    hot_layout: u32,      // 1 = ring of hot_window rows (when hot_window > 0), else linear
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Uniforms;
+@group(0) @binding(1) var<storage, read> Q: array<f16>;
+@group(0) @binding(2) var<storage, read> K_hot: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> V_hot: array<vec4<f16>>;
+@group(0) @binding(4) var<storage, read> K_cold: array<vec4<f16>>;
+@group(0) @binding(5) var<storage, read> V_cold: array<vec4<f16>>;
+@group(0) @binding(7) var<storage, read> cold_page_table: array<u32>;
+
+@group(0) @binding(9) var<storage, read_write> partial_acc: array<f32>; // [split, num_heads, head_dim]
+@group(0) @binding(10) var<storage, read_write> partial_ml: array<f32>;  // [split, num_heads, 2]: max, sum
+
+// Four f32 per invocation: its partial dots (elements 0-1 and 2-3 alternate between steps, so
+// one barrier a step suffices), then the merge of the groups' softmax states
+var<workgroup> exchange: array<f32, 4u * MAX_WORKGROUP_SIZE>;
+
+fn get4(i: u32) -> vec4<f32> {
+    return vec4<f32>(exchange[4u * i], exchange[4u * i + 1u], exchange[4u * i + 2u], exchange[4u * i + 3u]);
+}
+
+fn set4(i: u32, value: vec4<f32>) {
+    exchange[4u * i] = value.x;
+    exchange[4u * i + 1u] = value.y;
+    exchange[4u * i + 2u] = value.z;
+    exchange[4u * i + 3u] = value.w;
+}
+// Per-invocation state: which lane group (key slot) and head-dim slice this invocation owns,
+// its slice of q, and its group's online-softmax state (running max and sum, accumulator slice)
+var<private> tid: u32;
+var<private> lanes: u32;           // lanes per key (a power of two)
+var<private> num_groups: u32;      // lane groups in the workgroup
+var<private> key_group: u32;       // this lane's group
+var<private> group_lane: u32;      // this lane's index within its group
+var<private> in_group: bool;       // false for the WORKGROUP_SIZE % lanes leftover invocations
+var<private> dim0: u32;            // first head-dim element this lane owns
+var<private> lane_live: bool;      // in a group and dim0 < head_dim
+var<private> kv_head: u32;
+var<private> exchange_half: u32;   // which half of the lane's `exchange` elements the next reduction uses
+var<private> open_first: u32;      // absolute positions of the first and last key the query
+var<private> open_last: u32;       // attends (the masks as bounds); the others score MASKED_SCORE
+var<private> hot_base: u32;        // hot_start % hot_window, for get_hot_pos
+var<private> run_max_h0: f32;
+var<private> run_sum_h0: f32;
+var<private> q_0_h0: vec4<f32>;
+var<private> acc_0_h0: vec4<f32>;
+var<private> run_max_h1: f32;
+var<private> run_sum_h1: f32;
+var<private> q_0_h1: vec4<f32>;
+var<private> acc_0_h1: vec4<f32>;
+
+// The split's ends (tier indices) for the step functions' key checks; main's loops use its own
+// `let` copies, which stay workgroup-uniform (barriers run inside the steps)
+var<private> cold_end: u32;
+var<private> hot_end: u32;
+
+// Keys per split: (cold_len + hot_len) over KV_SPLITS splits, at least MIN_SPLIT_KEYS
+fn split_keys() -> u32 {
+    return max(max(MIN_SPLIT_KEYS, 1u), ((u.cold_len + u.hot_len) + KV_SPLITS - 1u) / KV_SPLITS);
+}
+
+// Splits that hold keys (at most KV_SPLITS)
+fn used_splits() -> u32 {
+    let keys = split_keys();
+    return min(KV_SPLITS, ((u.cold_len + u.hot_len) + keys - 1u) / keys);
+}
+
+// Get KV head index for grouped query attention
+fn get_kv_head_idx(query_head_idx: u32) -> u32 {
+    // GQA: multiple query heads share one KV head
+    let heads_per_kv = u.num_heads / u.num_kv_heads;
+    return query_head_idx / heads_per_kv;
+}
+
+// The absolute key positions [x, y] the decode query attends (causal and sliding-window masks
+// as bounds, computed once per invocation into open_first / open_last)
+fn open_keys() -> vec2<u32> {
+    var first: u32 = 0u;
+    var last: u32 = 0xffffffffu;
+    // Causal mask: no key after the query
+    if (u.is_causal != 0u) { last = u.start_pos; }
+    // Sliding window mask: no key before the window
+    if (u.sliding_window > 0u && u.start_pos >= u.sliding_window) {
+        first = u.start_pos - u.sliding_window + 1u;
+    }
+    return vec2<u32>(first, last);
+}
+
+// hot_start % hot_window (0 without a ring), divided once per invocation into hot_base
+fn hot_ring_base() -> u32 {
+    if (u.hot_layout == 1u && u.hot_window > 0u) {
+        return u.hot_start % u.hot_window;
+    }
+    return 0u;
+}
+
+// Physical row of hot key hot_pos: a ring of hot_window rows starting at hot_start, so row
+// (hot_start + hot_pos) % hot_window. A ring holds hot_window keys: with hot_len <= hot_window,
+// hot_base + hot_pos is below 2 * hot_window and one subtraction replaces the division (4 % of
+// the long split kernel's time on the H200)
+fn get_hot_pos(hot_pos: u32) -> u32 {
+    if (u.hot_layout == 1u && u.hot_window > 0u) {
+        let p = hot_base + hot_pos;
+        if (p >= 2u * u.hot_window) {
+            return p % u.hot_window;  // hot_len > hot_window: keys share rows
+        }
+        return select(p, p - u.hot_window, p >= u.hot_window);
+    }
+    return hot_pos;
+}
+
+// Physical row of cold key i: through cold_page_table when cold_layout == 2, else i
+fn get_cold_pos(key_pos: u32) -> u32 {
+    if (u.cold_layout == 2u) {
+        let page_idx = key_pos / u.cold_page_size;
+        let in_page = key_pos - (page_idx * u.cold_page_size);
+        let phys_page = cold_page_table[page_idx];
+        return phys_page * u.cold_page_size + in_page;
+    }
+    return key_pos;
+}
+
+// Scale a key's q.k dot into its score (the loops without softcap); a masked key (not `open`)
+// scores MASKED_SCORE
+fn finish_score(dot: f32, open: bool) -> f32 {
+    return select(MASKED_SCORE, dot * u.scale, open);
+}
+
+// The same with the softcap (the loops that run when u.attn_softcap > 0)
+fn finish_score_capped(dot: f32, open: bool) -> f32 {
+    let s = dot * u.scale;
+    return select(MASKED_SCORE, tanh(s / u.attn_softcap) * u.attn_softcap, open);
+}
+
+// Sum two key slots' partial q.k dots over each lane group
+fn group_reduce(partial: vec2<f32>, width: u32) -> vec2<f32> {
+    if (width > 0u) {
+        var total = partial;
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 32u), 32u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 16u), 16u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 8u), 8u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 4u), 4u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 2u), 2u < width);
+        total += select(vec2<f32>(0.0), subgroupShuffleXor(total, 1u), 1u < width);
+        return total;
+    }
+    let pick = 2u * exchange_half;
+    exchange_half = exchange_half ^ 1u;
+    exchange[4u * tid + pick] = partial.x;
+    exchange[4u * tid + pick + 1u] = partial.y;
+    workgroupBarrier();
+    var sum = vec2<f32>(0.0);
+    if (in_group) {
+        let base = 4u * key_group * lanes + pick;
+        for (var i: u32 = 0u; i < lanes; i++) {
+            sum += vec2<f32>(exchange[base + 4u * i], exchange[base + 4u * i + 1u]);
+        }
+    }
+    return sum;
+}
+
+// cold_step's rows for the next step, loaded by cold_step_fetch one step ahead
+var<private> cold_step_kh0_0: vec4<f16>;
+var<private> cold_step_vh0_0: vec4<f16>;
+var<private> cold_step_kh1_0: vec4<f16>;
+var<private> cold_step_vh1_0: vec4<f16>;
+
+// Load the rows of the step starting at `first` into cold_step's private registers
+fn cold_step_fetch(first: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let at0 = min(key0, cold_end - 1u);
+    let key1 = first + 1u * num_groups + key_group;
+    let at1 = min(key1, cold_end - 1u);
+    let row0 = (get_cold_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let row1 = (get_cold_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+
+    cold_step_kh0_0 = K_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_vh0_0 = V_cold[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_kh1_0 = K_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    cold_step_vh1_0 = V_cold[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
+
+    let kh0_0 = cold_step_kh0_0;
+    let vh0_0 = select(vec4<f16>(), cold_step_vh0_0, live0);
+    let kh1_0 = cold_step_kh1_0;
+    let vh1_0 = select(vec4<f16>(), cold_step_vh1_0, live1);
+    cold_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let part0_h0 = dot(q_0_h0, kf0_0);
+    let part0_h1 = dot(q_0_h1, kf0_0);
+    let part1_h0 = dot(q_0_h0, kf1_0);
+    let part1_h1 = dot(q_0_h1, kf1_0);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let abs0 = key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score(dots0[0], open0);
+    let score0_h1 = finish_score(dots0[1], open0);
+    let score1_h0 = finish_score(dots2[0], open1);
+    let score1_h1 = finish_score(dots2[1], open1);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    run_max_h1 = m_h1;
+}
+
+// hot_step's rows for the next step, loaded by hot_step_fetch one step ahead
+var<private> hot_step_kh0_0: vec4<f16>;
+var<private> hot_step_vh0_0: vec4<f16>;
+var<private> hot_step_kh1_0: vec4<f16>;
+var<private> hot_step_vh1_0: vec4<f16>;
+
+// Load the rows of the step starting at `first` into hot_step's private registers
+fn hot_step_fetch(first: u32) {
+    let key0 = first + 0u * num_groups + key_group;
+    let at0 = min(key0, hot_end - 1u);
+    let key1 = first + 1u * num_groups + key_group;
+    let at1 = min(key1, hot_end - 1u);
+    let row0 = (get_hot_pos(at0) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+    let row1 = (get_hot_pos(at1) * u.num_kv_heads + kv_head) * (u.head_dim / 4u);
+
+    hot_step_kh0_0 = K_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_vh0_0 = V_hot[row0 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_kh1_0 = K_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+    hot_step_vh1_0 = V_hot[row1 + min(dim0 / 4u + 0u, u.head_dim / 4u - 1u)];
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+
+    let kh0_0 = hot_step_kh0_0;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    hot_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let part0_h0 = dot(q_0_h0, kf0_0);
+    let part0_h1 = dot(q_0_h1, kf0_0);
+    let part1_h0 = dot(q_0_h0, kf1_0);
+    let part1_h1 = dot(q_0_h1, kf1_0);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score(dots0[0], open0);
+    let score0_h1 = finish_score(dots0[1], open0);
+    let score1_h0 = finish_score(dots2[0], open1);
+    let score1_h1 = finish_score(dots2[1], open1);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    run_max_h1 = m_h1;
+}
+
+// One step over the cold tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn cold_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < cold_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < cold_end;
+
+    let kh0_0 = cold_step_kh0_0;
+    let vh0_0 = select(vec4<f16>(), cold_step_vh0_0, live0);
+    let kh1_0 = cold_step_kh1_0;
+    let vh1_0 = select(vec4<f16>(), cold_step_vh1_0, live1);
+    cold_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let part0_h0 = dot(q_0_h0, kf0_0);
+    let part0_h1 = dot(q_0_h1, kf0_0);
+    let part1_h0 = dot(q_0_h0, kf1_0);
+    let part1_h1 = dot(q_0_h1, kf1_0);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let abs0 = key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score_capped(dots0[0], open0);
+    let score0_h1 = finish_score_capped(dots0[1], open0);
+    let score1_h0 = finish_score_capped(dots2[0], open1);
+    let score1_h1 = finish_score_capped(dots2[1], open1);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    run_max_h1 = m_h1;
+}
+
+// One step over the hot tier: slot s scores key first + s * num_groups + key_group, s < 2
+fn hot_step_capped(first: u32, width: u32) {
+    // This step's rows were loaded by the previous step (or before the loop); the next step's
+    // are requested now, so that their loads are in flight while this step computes
+    let key0 = first + 0u * num_groups + key_group;
+    let live0 = in_group && key0 < hot_end;
+    let key1 = first + 1u * num_groups + key_group;
+    let live1 = in_group && key1 < hot_end;
+
+    let kh0_0 = hot_step_kh0_0;
+    let vh0_0 = select(vec4<f16>(), hot_step_vh0_0, live0);
+    let kh1_0 = hot_step_kh1_0;
+    let vh1_0 = select(vec4<f16>(), hot_step_vh1_0, live1);
+    hot_step_fetch(first + 2u * num_groups);
+    // Each slice converted (unpacked) once, for all 2 heads
+    let kf0_0 = vec4<f32>(kh0_0);
+    let vf0_0 = vec4<f32>(vh0_0);
+    let kf1_0 = vec4<f32>(kh1_0);
+    let vf1_0 = vec4<f32>(vh1_0);
+    let part0_h0 = dot(q_0_h0, kf0_0);
+    let part0_h1 = dot(q_0_h1, kf0_0);
+    let part1_h0 = dot(q_0_h0, kf1_0);
+    let part1_h1 = dot(q_0_h1, kf1_0);
+    let dots0 = group_reduce(vec2<f32>(part0_h0, part0_h1), width);
+    let dots2 = group_reduce(vec2<f32>(part1_h0, part1_h1), width);
+    let abs0 = u.hot_start + key0;
+    let open0 = abs0 >= open_first && abs0 <= open_last;
+    let abs1 = u.hot_start + key1;
+    let open1 = abs1 >= open_first && abs1 <= open_last;
+    let score0_h0 = finish_score_capped(dots0[0], open0);
+    let score0_h1 = finish_score_capped(dots0[1], open0);
+    let score1_h0 = finish_score_capped(dots2[0], open1);
+    let score1_h1 = finish_score_capped(dots2[1], open1);
+
+    // Online softmax of head 0: fold the step's keys into the group's running max, sum and accumulator
+    var m_h0 = run_max_h0;
+    if (live0) { m_h0 = max(m_h0, score0_h0); }
+    if (live1) { m_h0 = max(m_h0, score1_h0); }
+    let correction_h0 = exp(run_max_h0 - m_h0);
+    let w0_h0 = select(0.0, exp(score0_h0 - m_h0), live0);
+    let w1_h0 = select(0.0, exp(score1_h0 - m_h0), live1);
+    run_sum_h0 = run_sum_h0 * correction_h0 + w0_h0 + w1_h0;
+    acc_0_h0 = acc_0_h0 * correction_h0 + w0_h0 * vf0_0 + w1_h0 * vf1_0;
+    run_max_h0 = m_h0;
+
+    // Online softmax of head 1: fold the step's keys into the group's running max, sum and accumulator
+    var m_h1 = run_max_h1;
+    if (live0) { m_h1 = max(m_h1, score0_h1); }
+    if (live1) { m_h1 = max(m_h1, score1_h1); }
+    let correction_h1 = exp(run_max_h1 - m_h1);
+    let w0_h1 = select(0.0, exp(score0_h1 - m_h1), live0);
+    let w1_h1 = select(0.0, exp(score1_h1 - m_h1), live1);
+    run_sum_h1 = run_sum_h1 * correction_h1 + w0_h1 + w1_h1;
+    acc_0_h1 = acc_0_h1 * correction_h1 + w0_h1 * vf0_0 + w1_h1 * vf1_0;
+    run_max_h1 = m_h1;
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE, 1, 1)
+fn main(
+    @builtin(local_invocation_id) local_id: vec3<u32>,
+    @builtin(workgroup_id) workgroup_id: vec3<u32>,
+    @builtin(subgroup_size) subgroup_size: u32,
+) {
+    // Workgroup -> (split, KV head, chunk of the KV head's query heads); a chunk past the group's
+    // end serves its last head again and stores nothing for it
+    let group = u.num_heads / u.num_kv_heads;
+    let chunks_per_kv = (group + HEADS_PER_WORKGROUP - 1u) / HEADS_PER_WORKGROUP;
+    let split = workgroup_id.x / (u.num_kv_heads * chunks_per_kv);
+    let rest = workgroup_id.x % (u.num_kv_heads * chunks_per_kv);
+    let first_in_group = (rest % chunks_per_kv) * HEADS_PER_WORKGROUP;
+    let first_head = (rest / chunks_per_kv) * group + first_in_group;
+    let head_live_h0 = first_in_group + 0u < group;
+    let head_idx_h0 = first_head + min(0u, group - 1u - first_in_group);
+    let head_live_h1 = first_in_group + 1u < group;
+    let head_idx_h1 = first_head + min(1u, group - 1u - first_in_group);
+    let head_dim = u.head_dim;
+    let total_len = u.cold_len + u.hot_len;
+    // This split's keys [first_key, last_key) of the cold-then-hot sequence, as tier ranges
+    if (split >= used_splits()) {
+        return;
+    }
+    let first_key = split * split_keys();
+    let last_key = min(first_key + split_keys(), total_len);
+    let cold_first = min(first_key, u.cold_len);
+    let cold_last = min(last_key, u.cold_len);
+    let hot_first = max(first_key, u.cold_len) - u.cold_len;
+    let hot_last = max(last_key, u.cold_len) - u.cold_len;
+    cold_end = cold_last;
+    hot_end = hot_last;
+
+    // Lanes per key: the smallest power of two covering head_dim at DIMS_PER_LANE each
+    var lanes_per_key: u32 = 1u;
+    while (lanes_per_key * DIMS_PER_LANE < head_dim) {
+        lanes_per_key = lanes_per_key * 2u;
+    }
+    if (WORKGROUP_SIZE > MAX_WORKGROUP_SIZE || head_dim > MAX_HEAD_DIM ||
+        lanes_per_key > WORKGROUP_SIZE || total_len > MAX_KV_LEN || head_dim % 4u != 0u) {
+        return;
+    }
+
+    tid = local_id.x;
+    lanes = lanes_per_key;
+    num_groups = WORKGROUP_SIZE / lanes_per_key;
+    key_group = tid / lanes;
+    group_lane = tid - key_group * lanes;
+    in_group = key_group < num_groups;
+    dim0 = group_lane * DIMS_PER_LANE;
+    lane_live = in_group && dim0 < head_dim;
+    kv_head = get_kv_head_idx(head_idx_h0);
+    exchange_half = 0u;
+    let open = open_keys();
+    open_first = open.x;
+    open_last = open.y;
+    hot_base = hot_ring_base();
+    run_max_h0 = MASKED_SCORE;
+    run_sum_h0 = 0.0;
+    let q_base_h0 = head_idx_h0 * head_dim + dim0;
+    acc_0_h0 = vec4<f32>(0.0);
+    q_0_h0 = vec4<f32>(0.0);
+    run_max_h1 = MASKED_SCORE;
+    run_sum_h1 = 0.0;
+    let q_base_h1 = head_idx_h1 * head_dim + dim0;
+    acc_0_h1 = vec4<f32>(0.0);
+    q_0_h1 = vec4<f32>(0.0);
+    if (lane_live) {
+        if (dim0 + 0u < head_dim) { q_0_h0[0] = f32(Q[q_base_h0 + 0u]); }
+        if (dim0 + 1u < head_dim) { q_0_h0[1] = f32(Q[q_base_h0 + 1u]); }
+        if (dim0 + 2u < head_dim) { q_0_h0[2] = f32(Q[q_base_h0 + 2u]); }
+        if (dim0 + 3u < head_dim) { q_0_h0[3] = f32(Q[q_base_h0 + 3u]); }
+        if (dim0 + 0u < head_dim) { q_0_h1[0] = f32(Q[q_base_h1 + 0u]); }
+        if (dim0 + 1u < head_dim) { q_0_h1[1] = f32(Q[q_base_h1 + 1u]); }
+        if (dim0 + 2u < head_dim) { q_0_h1[2] = f32(Q[q_base_h1 + 2u]); }
+        if (dim0 + 3u < head_dim) { q_0_h1[3] = f32(Q[q_base_h1 + 3u]); }
+    }
+
+    // Cold tier, then hot tier: every group steps the same number of times (barriers inside)
+    let groups = WORKGROUP_SIZE / lanes_per_key;
+    let keys_per_step = groups * 2u;
+    // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
+    let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    // The key loops twice, with and without the softcap, so that no score branches on it
+    if (u.attn_softcap > 0.0) {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
+        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+            cold_step_capped(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_fetch(hot_first);
+        }
+        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+            hot_step_capped(first, shuffle_width);
+        }
+    } else {
+        if (cold_first < cold_last) {
+            cold_step_fetch(cold_first);
+        }
+        for (var first: u32 = cold_first; first < cold_last; first += keys_per_step) {
+            cold_step(first, shuffle_width);
+        }
+        if (hot_first < hot_last) {
+            hot_step_fetch(hot_first);
+        }
+        for (var first: u32 = hot_first; first < hot_last; first += keys_per_step) {
+            hot_step(first, shuffle_width);
+        }
+    }
+
+    // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
+    let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;
+    if (by_subgroup) {
+        for (var mask: u32 = lanes_per_key; mask < subgroup_size; mask = mask * 2u) {
+            {  // head 0
+            let other_max = subgroupShuffleXor(run_max_h0, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h0, mask);
+            let m = max(run_max_h0, other_max);
+            let mine = exp(run_max_h0 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h0 = run_sum_h0 * mine + other_sum * theirs;
+            acc_0_h0 = acc_0_h0 * mine + subgroupShuffleXor(acc_0_h0, mask) * theirs;
+            run_max_h0 = m;
+            }
+            {  // head 1
+            let other_max = subgroupShuffleXor(run_max_h1, mask);
+            let other_sum = subgroupShuffleXor(run_sum_h1, mask);
+            let m = max(run_max_h1, other_max);
+            let mine = exp(run_max_h1 - m);
+            let theirs = exp(other_max - m);
+            run_sum_h1 = run_sum_h1 * mine + other_sum * theirs;
+            acc_0_h1 = acc_0_h1 * mine + subgroupShuffleXor(acc_0_h1, mask) * theirs;
+            run_max_h1 = m;
+            }
+        }
+    }
+    let block = select(lanes_per_key, subgroup_size, by_subgroup);
+    // One representative group per block of lanes publishes its (max, sum)
+    let reps = WORKGROUP_SIZE / block;
+    let rep = tid / block;
+    let is_rep = rep < reps && tid - rep * block < lanes_per_key;
+    let slot = rep * lanes_per_key + group_lane;
+    {  // head 0 of the workgroup's 2
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h0;
+            exchange[4u * rep + 1u] = run_sum_h0;
+        }
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h0;
+        if (tid == 0u && head_live_h0) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h0 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h0 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h0) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+    }
+    {  // head 1 of the workgroup's 2
+        workgroupBarrier();
+        if (is_rep && group_lane == 0u) {
+            exchange[4u * rep] = run_max_h1;
+            exchange[4u * rep + 1u] = run_sum_h1;
+        }
+        workgroupBarrier();
+        var row_max = MASKED_SCORE;
+        var row_sum = 0.0;
+        for (var r: u32 = 0u; r < reps; r++) {
+            let m = max(row_max, exchange[4u * r]);
+            row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
+            row_max = m;
+        }
+        // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
+        // reduce pass normalises (and applies masked_row)
+        let partial_slot = split * u.num_heads + head_idx_h1;
+        if (tid == 0u && head_live_h1) {
+            partial_ml[2u * partial_slot] = row_max;
+            partial_ml[2u * partial_slot + 1u] = row_sum;
+        }
+        // This block's share of the softmax, relative to the row max
+        let weight = exp(run_max_h1 - row_max);
+        let out_base = partial_slot * head_dim + dim0;
+
+        // Accumulator elements 0..3: the representatives', summed by the first group
+        workgroupBarrier();
+        if (is_rep) {
+            set4(slot, acc_0_h1 * weight);
+        }
+        workgroupBarrier();
+        if (key_group == 0u && lane_live && head_live_h1) {
+            var total = vec4<f32>(0.0);
+            for (var r: u32 = 0u; r < reps; r++) {
+                total += get4(r * lanes_per_key + group_lane);
+            }
+            if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
+            if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
+            if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
+            if (dim0 + 3u < head_dim) { partial_acc[out_base + 3u] = total[3]; }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+// AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass reduce by doppler-gen - do not edit.
+// Edit the template and variants.toml, then run `doppler-gen generate`.
+// source-hash: sha256:d638b82636bcf77ec08a467b6e66538b554ef034278e88904f0e9066474fe91b
+
+// Split-KV decode attention, pass 2: combine the per-split partials into the output
+//
+// The output is f16; partials and arithmetic are f32.
+// Dispatch: query_len * num_heads workgroups.
+
+enable f16;
+
+const MAX_HEAD_DIM: u32 = 256u;
+const NEG_BIG: f32 = -3.402823e+38;
+const MAX_REDUCE_WORKGROUP_SIZE: u32 = 1024u;
+
+override REDUCE_WORKGROUP_SIZE: u32 = 1024u;   // invocations: a power of two, at most MAX_REDUCE_WORKGROUP_SIZE
+override KV_SPLITS: u32 = 16u;          // splits (as in the partials pass)
+override MIN_SPLIT_KEYS: u32 = 128u;     // fewest keys per split (as in the partials pass)
+
+struct Uniforms {
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    cold_len: u32,        // Keys in the cold tier (absolute positions 0 .. cold_len-1)
+    hot_len: u32,         // Keys in the hot tier (absolute positions hot_start ..)
+    seq_len: u32,
+    scale: f32,
+    is_causal: u32,
+    start_pos: u32,       // Absolute position of the query
+    attn_softcap: f32,
+    sliding_window: u32,
+    hot_window: u32,      // Rows of the hot ring buffer
+    hot_start: u32,       // Absolute position of hot key 0
+    cold_page_size: u32,  // Rows per cold page when cold_layout == 2
+    cold_layout: u32,     // 2 = paged through cold_page_table, else contiguous
+    hot_layout: u32,      // 1 = ring of hot_window rows (when hot_window > 0), else linear
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> u: Uniforms;
+@group(0) @binding(6) var<storage, read_write> output: array<f16>; // [num_heads, head_dim]
+@group(0) @binding(9) var<storage, read_write> partial_acc: array<f32>; // [split, num_heads, head_dim]
+@group(0) @binding(10) var<storage, read_write> partial_ml: array<f32>;  // [split, num_heads, 2]: max, sum
+
+// Each part's softmax state (max, sum, element) per invocation
+var<workgroup> red_m: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
+var<workgroup> red_l: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
+var<workgroup> red: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
+
+// Keys per split: (cold_len + hot_len) over KV_SPLITS splits, at least MIN_SPLIT_KEYS
+fn split_keys() -> u32 {
+    return max(max(MIN_SPLIT_KEYS, 1u), ((u.cold_len + u.hot_len) + KV_SPLITS - 1u) / KV_SPLITS);
+}
+
+// Splits that hold keys (at most KV_SPLITS)
+fn used_splits() -> u32 {
+    let keys = split_keys();
+    return min(KV_SPLITS, ((u.cold_len + u.hot_len) + keys - 1u) / keys);
+}
+
+@compute @workgroup_size(REDUCE_WORKGROUP_SIZE, 1, 1)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wg_id: vec3<u32>,
+) {
+    let slot = wg_id.x;  // query_pos * num_heads + head
+    let slots = 1u * u.num_heads;
+    let head_dim = u.head_dim;
+    if (slot >= slots || head_dim > MAX_HEAD_DIM) {
+        return;
+    }
+    let num_splits = used_splits();
+    let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
+    // Invocation lid takes element d0 + lid % width of splits part, part + parts, ... (part =
+    // lid / width), four splits a batch: every load of a batch is issued before any is used
+    let width = min(head_dim, REDUCE_WORKGROUP_SIZE);
+    let parts = REDUCE_WORKGROUP_SIZE / width;
+    let part = lid / width;
+    let last = num_splits - 1u;
+    for (var d0: u32 = 0u; d0 < head_dim; d0 = d0 + width) {
+        let d = d0 + lid % width;
+        let live = part < parts && d < head_dim;
+        let dd = select(0u, d, live);
+        var m_p: f32 = NEG_BIG;
+        var l_p: f32 = 0.0;
+        var a_p: f32 = 0.0;
+        for (var s: u32 = part; s < num_splits; s = s + 4u * parts) {
+            // splits past the last read the last one and weigh nothing
+            let s1 = min(s + parts, last);
+            let s2 = min(s + 2u * parts, last);
+            let s3 = min(s + 3u * parts, last);
+            let m4 = vec4<f32>(partial_ml[ml + 2u * s * slots], partial_ml[ml + 2u * s1 * slots], partial_ml[ml + 2u * s2 * slots], partial_ml[ml + 2u * s3 * slots]);
+            let l4 = vec4<f32>(partial_ml[ml + 2u * s * slots + 1u], partial_ml[ml + 2u * s1 * slots + 1u], partial_ml[ml + 2u * s2 * slots + 1u], partial_ml[ml + 2u * s3 * slots + 1u]);
+            let a4 = vec4<f32>(partial_acc[(s * slots + slot) * head_dim + dd], partial_acc[(s1 * slots + slot) * head_dim + dd], partial_acc[(s2 * slots + slot) * head_dim + dd], partial_acc[(s3 * slots + slot) * head_dim + dd]);
+            let real = vec4<bool>(true, s + parts < num_splits, s + 2u * parts < num_splits, s + 3u * parts < num_splits);
+            let m_new = max(m_p, max(max(m4.x, m4.y), max(m4.z, m4.w)));
+            let weight = select(vec4<f32>(0.0), exp(m4 - m_new), real);
+            let keep = exp(m_p - m_new);
+            l_p = l_p * keep + dot(weight, l4);
+            a_p = a_p * keep + dot(weight, a4);
+            m_p = m_new;
+        }
+        workgroupBarrier();  // the previous element's merge is done with red_*
+        red_m[lid] = m_p;
+        red_l[lid] = l_p;
+        red[lid] = a_p;
+        workgroupBarrier();
+        if (part == 0u && d < head_dim) {
+            var m_all: f32 = NEG_BIG;
+            for (var p: u32 = 0u; p < parts; p = p + 1u) {
+                m_all = max(m_all, red_m[p * width + lid]);
+            }
+            var l_all: f32 = 0.0;
+            var total: f32 = 0.0;
+            for (var p: u32 = 0u; p < parts; p = p + 1u) {
+                let weight = exp(red_m[p * width + lid] - m_all);
+                l_all = l_all + weight * red_l[p * width + lid];
+                total = total + weight * red[p * width + lid];
+            }
+            let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
+            output[slot * head_dim + d] = f16(total * inv_l);
+        }
+    }
+}
