@@ -140,8 +140,52 @@ def test_recorded_overrides_are_the_current_configuration() -> None:
     assert current.overrides_to_record() == {"HEAD_TILE": 32}
     back_to_default = next(c for c in candidates if c.label(current) == "HEAD_TILE=64")
     assert back_to_default.overrides_to_record() == {}
-    smaller = next(c for c in candidates if c.label(current) == "block_size=32 HEAD_TILE=32")
+    # block_size moves WORKGROUP_SIZE's default (to 32) but not HEAD_TILE's: the one-change
+    # candidate keeps the recorded HEAD_TILE = 32, and the one dropping it says so
+    smaller = next(c for c in candidates if c.label(current) == "block_size=32")
+    assert dict(smaller.constants) == {"BLOCK_SIZE": 32, "HEAD_TILE": 32, "WORKGROUP_SIZE": 32}
     assert smaller.overrides_to_record() == {"HEAD_TILE": 32}
+    dropped = next(c for c in candidates if c.label(current) == "block_size=32 HEAD_TILE=64")
+    assert dropped.overrides_to_record() == {}
+
+
+def test_a_parameter_candidate_keeps_a_recorded_override_its_default_leaves_alone() -> None:
+    """A variant that records REDUCE = 128 (default 1024): "unroll=False" must time unroll
+    alone, with REDUCE still 128, and come before the candidate that also drops REDUCE; a
+    parameter that moves REDUCE's default (its maximum) moves REDUCE with it."""
+
+    def entry(params: Mapping[str, Any]) -> dict[str, Any]:
+        return {"overrides": [_override("REDUCE", params["reduce_max"])]}
+
+    candidates = enumerate_candidates(
+        {"unroll": True, "reduce_max": 1024},
+        {"REDUCE": 128},
+        {"unroll": (False,), "reduce_max": (256,)},
+        entry,
+    )
+    current = candidates[0]
+    by_label = {c.label(current): c for c in candidates}
+    assert by_label["unroll=False"].constants == {"REDUCE": 128}
+    assert by_label["unroll=False REDUCE=1024"].constants == {"REDUCE": 1024}
+    labels = [c.label(current) for c in candidates]
+    assert labels.index("unroll=False") < labels.index("unroll=False REDUCE=1024")
+    assert by_label["reduce_max=256"].constants == {"REDUCE": 256}  # the new default
+    assert by_label["reduce_max=256 REDUCE=128"].constants == {"REDUCE": 128}
+    # --space: the knobs it does not name are held the same way
+    spaced = enumerate_candidates(
+        {"unroll": True, "reduce_max": 1024},
+        {"REDUCE": 128},
+        {"unroll": (False,), "reduce_max": (256,)},
+        entry,
+        space={"unroll": (False, True), "reduce_max": (256, 1024)},
+    )
+    held = {c.label(spaced[0]): dict(c.constants) for c in spaced}
+    assert held == {
+        "current": {"REDUCE": 128},
+        "unroll=False": {"REDUCE": 128},
+        "reduce_max=256": {"REDUCE": 256},
+        "reduce_max=256 unroll=False": {"REDUCE": 256},
+    }
 
 
 def test_a_space_sweeps_only_the_knobs_it_names() -> None:

@@ -94,17 +94,37 @@ class Candidate:
         return {k: v for k, v in sorted(self.constants.items()) if v != self.defaults.get(k)}
 
     def changes(self, current: Candidate) -> dict[str, Any]:
-        """Knobs set differently from ``current``: parameters, then constants vs their baseline."""
+        """Knobs set differently from ``current``: parameters, then constants vs what this
+        rendering holds over from ``current`` (``held_constants``)."""
         changed: dict[str, Any] = {
             k: v for k, v in self.params.items() if current.params.get(k) != v
         }
-        baseline = current.constants if not changed else self.defaults
+        baseline = held_constants(self.defaults, current)
         changed.update({k: v for k, v in sorted(self.constants.items()) if baseline.get(k) != v})
         return changed
 
     def label(self, current: Candidate) -> str:
         changes = self.changes(current)
         return " ".join(f"{k}={v}" for k, v in changes.items()) if changes else "current"
+
+
+def held_constants(defaults: Mapping[str, int], current: Candidate) -> dict[str, int]:
+    """The override constants a rendering with these ``defaults`` keeps from ``current``.
+
+    A constant whose default the parameters leave as it is keeps the current configuration's
+    value (a variant's recorded override included), so that "one parameter changed" measures
+    that parameter alone and not also a recorded override quietly dropped (a tiered split
+    kernel's 128-invocation reduce fell back to 1024 in every parameter candidate, which
+    added 1.5-2 µs to each). A constant whose default the parameters move (a workgroup size
+    that follows ``block_size``, a reduce width capped by ``reduce_workgroup_size``) takes the
+    new default.
+    """
+    return {
+        name: current.constants[name]
+        if name in current.constants and current.defaults.get(name) == default
+        else default
+        for name, default in defaults.items()
+    }
 
 
 def override_sweep(entry: Mapping[str, Any]) -> dict[str, list[int]]:
@@ -193,7 +213,7 @@ def nearest_candidates(
     for depth, layer in enumerate(itertools.chain([first], layers)):
         for position, params in layer:
             rendered += 1
-            made = _candidates_for(params, entry_for, space, current_overrides)
+            made = _candidates_for(params, entry_for, space, current)
             for order, candidate in enumerate(made):
                 found.setdefault(candidate.key, (position, order, candidate))
         ordered = sorted(found.values(), key=lambda f: (_rank(f[2], current), f[0], f[1]))
@@ -293,7 +313,7 @@ def _candidates_for(
     params: dict[str, ParamValue],
     entry_for: EntryFor,
     space: Space | None = None,
-    current_overrides: Mapping[str, float] | None = None,
+    current: Candidate | None = None,
 ) -> list[Candidate]:
     try:
         entry = entry_for(params)
@@ -301,12 +321,9 @@ def _candidates_for(
         return [Candidate(params, {}, {}, error=str(error))]
     sweep, defaults = override_sweep(entry), _defaults(entry)
     if space is not None:  # named constants over their values, the others as they are
-        held = current_overrides or {}
+        held = held_constants(defaults, current) if current is not None else defaults
         sweep = {
-            name: [int(v) for v in space[name]]
-            if name in space
-            else [int(held.get(name, defaults[name]))]
-            for name in sweep
+            name: [int(v) for v in space[name]] if name in space else [held[name]] for name in sweep
         }
     names = sorted(sweep)
     kernel = _entry_digest(entry)
@@ -337,7 +354,7 @@ def _rank(candidate: Candidate, current: Candidate) -> tuple[int, int, int]:
     if candidate.key == current.key:
         return (0, 0, 0)
     changed_params = sum(current.params.get(k) != v for k, v in candidate.params.items())
-    baseline = current.constants if not changed_params else candidate.defaults
+    baseline = held_constants(candidate.defaults, current)
     changed_constants = sum(baseline.get(k) != v for k, v in candidate.constants.items())
     return (1, changed_params + changed_constants, changed_constants)
 
