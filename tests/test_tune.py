@@ -180,6 +180,16 @@ def test_a_parameter_candidate_keeps_a_recorded_override_its_default_leaves_alon
         space={"unroll": (False, True), "reduce_max": (256, 1024)},
     )
     held = {c.label(spaced[0]): dict(c.constants) for c in spaced}
+    # a recorded value off the swept powers of two is held too
+    off_grid = enumerate_candidates(
+        {"unroll": True, "reduce_max": 1024},
+        {"REDUCE": 100},
+        {"unroll": (False,), "reduce_max": (1024,)},
+        entry,
+    )
+    assert {"REDUCE": 100} in [
+        dict(c.constants) for c in off_grid if c.label(off_grid[0]) == "unroll=False"
+    ]
     assert held == {
         "current": {"REDUCE": 128},
         "unroll=False": {"REDUCE": 128},

@@ -164,7 +164,9 @@ def enumerate_candidates(
     ``entry_for(params)`` is the manifest entry of the variant rendered with ``params`` (raising
     DopplerGenError when the template refuses them); it is the only link to rendering, so the
     enumeration is testable with synthetic entries. ``space`` (``--space``) narrows the sweep to
-    the knobs it names, over the values it gives; every other knob keeps its current value.
+    the knobs it names, over the values it gives; every other knob keeps its current value
+    (an override constant whose default the parameters move takes the new default:
+    ``held_constants``).
     """
     return nearest_candidates(
         current_params, current_overrides, tunable, entry_for, space
@@ -320,11 +322,13 @@ def _candidates_for(
     except DopplerGenError as error:
         return [Candidate(params, {}, {}, error=str(error))]
     sweep, defaults = override_sweep(entry), _defaults(entry)
+    held = held_constants(defaults, current) if current is not None else defaults
     if space is not None:  # named constants over their values, the others as they are
-        held = held_constants(defaults, current) if current is not None else defaults
         sweep = {
             name: [int(v) for v in space[name]] if name in space else [held[name]] for name in sweep
         }
+    else:  # a held value off the powers of two (a recorded 100) is a candidate too
+        sweep = {name: sorted({*values, held[name]}) for name, values in sweep.items()}
     names = sorted(sweep)
     kernel = _entry_digest(entry)
     return [
