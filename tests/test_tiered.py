@@ -175,6 +175,23 @@ def test_the_causal_mask_over_cold_keys_is_a_case(cold: str) -> None:
     )
 
 
+def _reaches_the_fallback(spec: CaseSpec) -> bool:
+    """Whether some hot key's ring offset, hot_start % hot_window + i, is 2 * hot_window or more."""
+    if spec.hot_window == 0 or spec.hot_len == 0:
+        return False
+    return spec.hot_start % spec.hot_window + spec.hot_len - 1 >= 2 * spec.hot_window
+
+
+@pytest.mark.parametrize("cold", ["f16", "int8", "int4"])
+def test_every_tiered_validation_matrix_reaches_the_shared_rows(cold: str) -> None:
+    """validate itself, not only tests/test_tiered_hot_ring.py, runs hot keys past 2 * hot_window for every cold
+    format (default and large tiers; the quick tier's subset leaves it out)."""
+    specs = tiered_specs(64, 4096, cold=cold, quick=False, seed=0)
+    assert [s.name for s in specs if _reaches_the_fallback(s)] == [
+        "hot_len over hot_window, keys share ring rows"
+    ]
+
+
 def test_metadata_records_what_a_host_needs() -> None:
     import json
 
