@@ -22,6 +22,7 @@ from gpu_support import adapter_problem, open_run_device
 
 from doppler_gen.backends import get_backend
 from doppler_gen.config import load_project
+from doppler_gen.families import get_family
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.families.quant import unpack_signed
 from doppler_gen.families.tiered import build_tiered, tiered_specs
@@ -190,6 +191,30 @@ def test_every_tiered_validation_matrix_reaches_the_shared_rows(cold: str) -> No
     assert [s.name for s in specs if _reaches_the_fallback(s)] == [
         "hot_len over hot_window, keys share ring rows"
     ]
+
+
+def test_the_variants_16_lane_lavapipe_validates_are_the_ones_whose_shuffles_need_it() -> None:
+    """.ci/setup's second validation (16-lane lavapipe) takes each variant whose family says its
+    widest shuffle path needs 9 to 16 lanes: the 16-lane key groups of the tiered f16-cold
+    subgroup kernels (not the quantized ones, which share that code, nor the kernels without
+    subgroups), besides the tiled family's min_subgroup_size and lanes_per_key."""
+    manifest = json.loads((REPO_ROOT / "generated" / "manifest.json").read_text("utf-8"))
+    width = {
+        name: get_family(entry["family"]).wide_subgroup_width(entry)
+        for name, entry in manifest["variants"].items()
+    }
+    assert sorted(n for n, w in width.items() if 8 < w <= 16) == [
+        "attention_decode_split_d128_f16",
+        "attention_decode_split_long_d128_f16",
+        "attention_decode_tiered_f16_sg",
+        "attention_decode_tiered_split_f16",
+        "attention_decode_tiered_split_short_f16",
+        "attention_prefill_large_sg_d64_f16",
+    ]
+    assert width["attention_decode_tiered_split_int8_f16kv"] == 0  # quantized: f16 stands for it
+    assert width["attention_decode_tiered_f16"] == 0  # no subgroups
+    assert width["attention_streaming_sg_d64_f16"] == 32  # GPU only
+    assert ".wide_subgroup_width(e)" in (REPO_ROOT / ".ci" / "setup").read_text("utf-8")
 
 
 def test_metadata_records_what_a_host_needs() -> None:

@@ -221,6 +221,16 @@ class Family(ABC):
         from a manifest entry (a requirement the host must check before selecting it)."""
         return {}
 
+    # -- validation on narrow subgroups ----------------------------------------------------------
+
+    def wide_subgroup_width(self, entry: Mapping[str, Any]) -> int:
+        """The subgroup width (lanes) at which this variant's widest shuffle path runs, where a
+        narrower subgroup takes a workgroup-memory fallback or stores NaN; 0 when every width
+        runs every path. ``.ci/setup`` validates the variants with 8 < width <= 16 a second
+        time on 16-lane lavapipe, beyond its default 8 lanes. By default the manifest's
+        ``min_subgroup_size``."""
+        return int(entry.get("min_subgroup_size") or 0)
+
     # -- tune ----------------------------------------------------------------------------------
 
     def constraints(self, entry: Mapping[str, Any], constants: Mapping[str, int]) -> str | None:

@@ -477,6 +477,22 @@ class TieredFamily(AttentionFamily):
         )
         return fit_head_dims(features + tiered_sizes(entry, tier, seed), entry)
 
+    def wide_subgroup_width(self, entry: Mapping[str, Any]) -> int:
+        """16 for a subgroup kernel with the f16 cold tier whose widest key group passes 8
+        lanes, else ``min_subgroup_size`` or 0.
+
+        A key group is head_dim / dims_per_lane lanes (a power of two), so one whose widest
+        group (at max_head_dim) passes 8 lanes has 16-lane groups at some head_dim of its
+        cases, whose shuffles 8-lane lavapipe replaces by workgroup memory. The quantized cold
+        tiers share that key-group code and took 3.5 times as long on 16-lane lavapipe (230 s
+        of the 300 that all seven such variants took), so the f16 ones stand for them.
+        """
+        params = entry["params"]
+        if entry.get("min_subgroup_size") or "subgroups" not in entry["requires"]:
+            return super().wide_subgroup_width(entry)
+        widest = math.ceil(int(params["max_head_dim"]) / int(params["dims_per_lane"]))
+        return 16 if widest > 8 and params.get("cold") == "f16" else 0
+
     def head_dim_limit(self, entry: Mapping[str, Any], constants: Mapping[str, Any]) -> int | str:
         """The largest head_dim the kernel runs at its WORKGROUP_SIZE.
 

@@ -253,6 +253,12 @@ class TiledFamily(AttentionFamily):
     }
     default_shapes = ("prefill:q=2048,kv=2048,h=32,kvh=8,d=64", "decode:kv=8192,h=32,kvh=8,d=64")
 
+    def wide_subgroup_width(self, entry: Mapping[str, Any]) -> int:
+        """``min_subgroup_size``, or with subgroups the key groups' ``lanes_per_key`` (the
+        decode kernels fall back to workgroup memory on narrower subgroups)."""
+        lanes = entry["params"].get("lanes_per_key") if "subgroups" in entry["requires"] else 0
+        return int(entry.get("min_subgroup_size") or lanes or 0)
+
     def specs(self, entry: Mapping[str, Any], tier: str, seed: int) -> list[CaseSpec]:
         """The feature matrix (its subset for ``quick``), then the tier's size cases."""
         hd = int(entry["metadata"]["max_head_dim"])
