@@ -25,7 +25,7 @@ from doppler_gen.config import load_project
 from doppler_gen.families import get_family
 from doppler_gen.families.attention import CaseSpec
 from doppler_gen.families.quant import unpack_signed
-from doppler_gen.families.tiered import build_tiered, tiered_specs
+from doppler_gen.families.tiered import SHARED_ROWS_CASE, build_tiered, tiered_specs
 from doppler_gen.manifest import parse_kernel, variant_entry
 from doppler_gen.outputs import plan, write
 from doppler_gen.render import Renderer
@@ -185,12 +185,11 @@ def _reaches_the_fallback(spec: CaseSpec) -> bool:
 
 @pytest.mark.parametrize("cold", ["f16", "int8", "int4"])
 def test_every_tiered_validation_matrix_reaches_the_shared_rows(cold: str) -> None:
-    """validate itself, not only tests/test_tiered_hot_ring.py, runs hot keys past 2 * hot_window for every cold
-    format (default and large tiers; the quick tier's subset leaves it out)."""
+    """validate itself, not only tests/test_tiered_hot_ring.py, runs hot keys past
+    2 * hot_window for every cold format (default and large tiers; the quick tier's subset
+    leaves it out)."""
     specs = tiered_specs(64, 4096, cold=cold, quick=False, seed=0)
-    assert [s.name for s in specs if _reaches_the_fallback(s)] == [
-        "hot_len over hot_window, keys share ring rows"
-    ]
+    assert [s.name for s in specs if _reaches_the_fallback(s)] == [SHARED_ROWS_CASE]
 
 
 def test_the_variants_16_lane_lavapipe_validates_are_the_ones_whose_shuffles_need_it() -> None:

@@ -19,7 +19,7 @@ from gpu_support import adapter_problem
 
 from doppler_gen.backends import Device
 from doppler_gen.families.attention import CaseSpec
-from doppler_gen.families.tiered import tiered_specs
+from doppler_gen.families.tiered import SHARED_ROWS_CASE, tiered_specs
 from doppler_gen.runtime.runner import KernelRunner
 
 pytestmark = [
@@ -28,8 +28,6 @@ pytestmark = [
 ]
 
 TEMPLATE = "templates/attention_decode_tiered.wgsl.j2"
-# the validate matrix's case past 2 * hot_window (families/tiered.py)
-SHARED_ROWS = "hot_len over hot_window, keys share ring rows"
 # one dispatch, int4 cold tier (its hot ring is on whenever hot_window > 0), shipped form
 NAME = "attention_decode_tiered_int4_f16kv_sg"
 CASES = [
@@ -130,7 +128,9 @@ def test_the_validation_case_catches_a_missing_fallback_in_the_split_kernel(
     """The validate matrix's shared-rows case fails the split kernel without the division (it
     failed every tiered variant when planted by hand); the shipped kernel passes it."""
     spec = next(
-        s for s in tiered_specs(64, 4096, cold="f16", quick=False, seed=0) if s.name == SHARED_ROWS
+        s
+        for s in tiered_specs(64, 4096, cold="f16", quick=False, seed=0)
+        if s.name == SHARED_ROWS_CASE
     )
     name = "attention_decode_tiered_split_f16"
     shipped = KernelRunner(device, *render_variant(REPO_ROOT, name))

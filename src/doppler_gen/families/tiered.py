@@ -39,6 +39,9 @@ from doppler_gen.families.tiers import tiered_sizes
 from doppler_gen.formats import QUANT_BITS
 from doppler_gen.sampling import RowSample, choose_sample
 
+# the case with more hot keys than ring rows (tiered_specs), which tests look up by name
+SHARED_ROWS_CASE = "hot_len over hot_window, keys share ring rows"
+
 
 def tiered_specs(
     max_head_dim: int, max_kv_len: int, *, cold: str, quick: bool, seed: int
@@ -302,7 +305,7 @@ def tiered_specs(
         # offsets 1 .. 11 on the unwrapped rows, the one-subtraction rows and (8 and up) the
         # division that get_hot_pos falls back to; every other case stays below 2 * hot_window
         CaseSpec(
-            "hot_len over hot_window, keys share ring rows",
+            SHARED_ROWS_CASE,
             cold_len=5,
             hot_len=11,
             hot_start=9,
