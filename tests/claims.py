@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -55,8 +56,12 @@ class _Interrupt:
     def __init__(self) -> None:
         self.last: float | None = None
 
-    def __call__(self, signum: int, frame: object) -> None:
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
         __tracebackhide__ = True  # pytest reports where the test was, not this line
+        if frame is not None and frame.f_code is _Interrupt.__call__.__code__:
+            # The second SIGINT of one Ctrl-C broke into this handler before its first line ran:
+            # raising here made pytest report the outer call's `def` line, not the test's.
+            return
         now = time.monotonic()
         if self.last is not None and now - self.last < REPEAT_S:
             return

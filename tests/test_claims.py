@@ -188,3 +188,31 @@ def test_ci_test_stops_its_slices_on_ctrl_c_and_sigterm(
     assert output.count("test_suite.py:9: KeyboardInterrupt") == 2, output
     assert "all 2 slices passed" not in output
     assert f"== pytest: interrupted (exit {code})" in output
+
+
+def test_a_sigint_that_breaks_into_the_handler_is_the_same_ctrl_c() -> None:
+    """A Ctrl-C reaches a slice twice (the terminal's SIGINT and `.ci/test`'s). When the second
+    broke into the handler before its first line had run, the inner call raised, and pytest
+    reported the outer call's `def` line (tests/claims.py) as where the slice stopped, not the
+    test: CI failed at random. The inner call now returns, and the outer raises once."""
+    import claims
+
+    handler = claims._Interrupt()
+    inner: list[object] = []
+
+    def second_sigint(frame: object, event: str, arg: object) -> None:
+        # the handler's frame exists and no line of it has run: where a signal breaks in
+        if event == "call" and frame.f_code is claims._Interrupt.__call__.__code__ and not inner:
+            inner.append(handler(signal.SIGINT, frame))
+
+    sys.settrace(second_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            handler(signal.SIGINT, None)
+    finally:
+        sys.settrace(None)
+    shown = [entry for entry in info.traceback if not entry.ishidden(info)]
+    assert (
+        shown[-1].frame.code.name == "test_a_sigint_that_breaks_into_the_handler_is_the_same_ctrl_c"
+    )
+    assert inner == [None]
