@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e87fe0037c53e001c8a3bbd5cbae68ca9b3493668c91bbce19153ce6938834f7
+// source-hash: sha256:cfb63c1128bafbced72a1af30bf78d212f5a57abe571935ff2b9d10f2863a789
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:35e5f10a1f723b7b289d1b06989547cab1662cb85a464ecfe5387c63bb926470
+// source-hash: sha256:4b32c82304d1beb6f4a9a412eccdcc5394165ef726cbc951f75f6aae4915cd42
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b7965ee90555929ca08e9eb19258da3469ca1e1cea93ed77c3153f1c4b349e08
+// source-hash: sha256:0ea048a7d990ecea29c2c7fe2371b8e119612214919ce43bd4d5ddf2bebd509b
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

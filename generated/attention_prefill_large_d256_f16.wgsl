@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ce80c42dbe8a1da8d72851cdcd43b58fb7224226ba8eb2c26584adf8d634c12b
+// source-hash: sha256:856268c1ca3755d1848196e4154a02c6d3519730a6cc7922a9fbe6089e88d596
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1441c0fc4e31d16c6874a891af2596f3817563a6013506a99d362b613885e717
+// source-hash: sha256:11cf34c5a25e665c3e838f3ad6aa73c215f091cff02a63e0bf15e3372f48de4e
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

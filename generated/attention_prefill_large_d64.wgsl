@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f15157c329847a8b93bbf2b011e73be8e8313c04ac78fade435d8cadddb4539f
+// source-hash: sha256:cce73bebd98b12d8235dda0de3da50d2ae41517fb283b5ec3666536116641cc3
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c7a223ec9df0a51aafb9ccac7572d58dcd72c7fbb594c2304cf406a08759ddaf
+// source-hash: sha256:d07a7fbe206fa7cb61aa59db9fdd0faa8cfc0691bf46f413a7c93404a94cc2bf
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:60e6c07b96c3c5e63be021a07017640af5b60f31e9ddeb7a2a296f89c9ed1cff
+// source-hash: sha256:0281d677347d68f544f2c8197e3f897c234cc96571fce60fea2c166da0a5ce1b
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c874a23e38b41916ba1d780d8ee842f96649ae814151ebff13cff121c5616028
+// source-hash: sha256:60b9177cacb453efacbe108c78fb61c8bcb261338107c46278a8172bd3b9b29a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -489,8 +489,13 @@ fn main(
     // Row sums: reduce the COLS shares, then normalise and store
     // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
     // by shuffles: a query group's COLS lanes must be consecutive lanes of one subgroup (NaN is
-    // stored where the subgroups are narrower or numbered otherwise)
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size));
+    // stored where the subgroups are narrower or numbered otherwise). Proved here: the subgroup
+    // is lanes 0 .. n - 1 holding t = run_base + sg_lane, one run_base a multiple of sg_size.
+    // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
+    let run_base = t - sg_lane;
+    let lanes_from_zero = sg_lane < subgroupAdd(1u);
+    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & lanes_from_zero &
+        (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

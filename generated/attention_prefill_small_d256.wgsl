@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ca276d10d8979195cddf0916e6c5952adda2a41b1f2b3522955b30ccc865df25
+// source-hash: sha256:565526bec75314d262cae294f4c648a14d5dc05e0a9c0087b6baf09eae725234
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

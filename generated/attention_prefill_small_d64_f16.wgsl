@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6e7884139f0dbf403e307ab503f9b44a9be7b9e8e4ab7fd0a7c4598304abd9af
+// source-hash: sha256:ddc9accb8362f9378df957937dbdc024a464e3f073bdc7e6c0a3d6c5dd1dc808
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

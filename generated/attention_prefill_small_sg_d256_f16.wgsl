@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7d6254c180a149e325e4cc3f45b0450454ee6d175f9ae2f4ec3ad0acddf2323d
+// source-hash: sha256:18d47350b9e3ee443d53373175ec158b4b212ca2a41a1edd432dcdea92abde24
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -663,8 +663,13 @@ fn main(
     // Row sums: reduce the COLS shares, then normalise and store
     // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
     // by shuffles: a query group's COLS lanes must be consecutive lanes of one subgroup (NaN is
-    // stored where the subgroups are narrower or numbered otherwise)
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size));
+    // stored where the subgroups are narrower or numbered otherwise). Proved here: the subgroup
+    // is lanes 0 .. n - 1 holding t = run_base + sg_lane, one run_base a multiple of sg_size.
+    // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
+    let run_base = t - sg_lane;
+    let lanes_from_zero = sg_lane < subgroupAdd(1u);
+    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & lanes_from_zero &
+        (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

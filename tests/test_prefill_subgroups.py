@@ -136,3 +136,31 @@ def test_planted_bugs_fail_validation(
     kernel, entry = render_variant(project_copy, SMALL, _cols(subgroup_lanes(device)))
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "FAIL"
+
+
+@pytest.mark.parametrize("fraction", [1, 2])
+def test_subgroups_numbered_otherwise_store_nan_not_a_wrong_answer(
+    device: Device, project_copy: Path, fraction: int
+) -> None:
+    """WGSL does not say which invocations share a subgroup. The kernel checks its layout and
+    stores NaN where the check fails. Simulated here: invocations 3 and width + 3 trade their
+    local index, so the first two subgroups each hold one query-group member of the other,
+    at the lane number it would have had. The old check (lane == t % subgroup size) passed
+    that, and the shuffles summed other queries' shares into rows stored as finite, wrong
+    values. Now those rows are NaN and every other row is the kernel's usual answer."""
+    width = subgroup_lanes(device)
+    traded = f"select(local_id.x, local_id.x ^ {width}u, local_id.x % {width}u == 3u && local_id.x < {2 * width}u)"
+    spec = CaseSpec("causal", num_heads=4, num_kv_heads=2, query_len=40, kv_len=40, head_dim=64)
+    outputs = []
+    for project, local in ((REPO_ROOT, "local_id.x"), (project_copy, traded)):
+        if local != "local_id.x":
+            edit(project_copy / PREFILL, "let t = local_id.x;", f"let t = {local};")
+        kernel, entry = render_variant(project, SMALL, _cols(width // fraction))
+        result = KernelRunner(device, kernel, entry).run_case(spec, keep_output=True)
+        assert result.output is not None
+        outputs.append(result.output.astype(np.float64))
+    usual, traded_out = outputs
+    assert np.isfinite(usual).all()
+    nan = np.isnan(traded_out)
+    assert np.array_equal(traded_out[~nan], usual[~nan])
+    assert nan.any() and not nan.all()
