@@ -1291,3 +1291,43 @@ def test_a_partial_generate_refuses_a_manifest_it_cannot_keep_entries_from(
     assert project_snapshot(fresh_project) == before
     assert run_cli(fresh_project, "generate").exit_code == 0
     assert run_cli(fresh_project, "check").exit_code == 0
+
+
+ENDLESS = Path("/proc/self/pagemap")  # a "regular file" of size 0 that yields bytes for ~512 GB
+
+
+def _files_not_links(directory: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(directory).as_posix(): path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
+
+
+@pytest.mark.skipif(not ENDLESS.is_file(), reason="needs Linux's /proc/self/pagemap")
+@pytest.mark.parametrize("where", ["orphan", "output", "config"])
+def test_a_link_to_a_file_that_never_ends_is_refused_not_read_forever(
+    fresh_project: Path, where: str
+) -> None:
+    """`check` read every file in generated/ to the end to see whether it was an orphan of ours,
+    and a link to /proc/self/pagemap has none: the check (and a pre-commit hook) hung. Reads now
+    stop past 64 MiB, 70 times the largest file doppler-gen writes: such an orphan is no file of
+    ours, and an output or config behind such a link is one error line, exit 2."""
+    path = {
+        "orphan": fresh_project / "generated/extra.wgsl",
+        "output": fresh_project / "generated/rmsnorm.wgsl",
+        "config": fresh_project / "variants.toml",
+    }[where]
+    path.unlink(missing_ok=True)
+    path.symlink_to(ENDLESS)
+    before = _files_not_links(fresh_project / "generated")
+    for command in ("check", "generate"):
+        result = run_process(fresh_project, command)  # 60 s timeout: a hang fails the test
+        if where == "orphan":
+            assert result.returncode == 0, result.stderr
+        else:
+            assert result.returncode == 2, result.stderr
+            line = assert_one_line_error(result.stderr)
+            assert path.name in line and "larger than 64 MiB" in line, line
+        assert _files_not_links(fresh_project / "generated") == before
+        assert path.is_symlink()

@@ -293,7 +293,7 @@ def read_config(root: Path, *, newline: str | None) -> str:
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:  # where it is, not a byte offset into the file

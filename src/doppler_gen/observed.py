@@ -82,10 +82,32 @@ def _note(question: str, path: Path, answer: object) -> None:
         log.note(question, path, answer)
 
 
+# The most bytes any read here takes from one file. The largest file doppler-gen reads or writes
+# (generated/manifest.json) is under 1 MiB; a file that goes on past this is no input of ours,
+# and some never end: /proc/self/pagemap reports itself a regular file of size 0 and yields
+# bytes for hundreds of gigabytes, so `check` on a link to it hung.
+READ_LIMIT = 64 << 20
+_CHUNK = 1 << 20
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The file's bytes in chunks; OSError (EFBIG) once they pass READ_LIMIT."""
+    total = 0
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            total += len(chunk)
+            if total > READ_LIMIT:
+                raise OSError(
+                    errno.EFBIG, f"larger than {READ_LIMIT >> 20} MiB, no file doppler-gen reads"
+                )
+            yield chunk
+
+
 def read_bytes(path: Path) -> bytes:
-    """``path.read_bytes()``; a failed read is noted as ABSENT."""
+    """The bytes of ``path`` (at most READ_LIMIT: OSError past it); a failed read is noted as
+    ABSENT."""
     try:
-        data = path.read_bytes()
+        data = b"".join(_chunks(path))
     except OSError:
         _note(READ, path, ABSENT)
         raise
@@ -95,15 +117,14 @@ def read_bytes(path: Path) -> bytes:
 
 def read_head(path: Path, limit: int) -> bytes:
     """The first ``limit`` bytes of ``path``, noted as ``read_bytes`` notes the whole file (its
-    digest, streamed in chunks: a huge file is never held whole)."""
+    digest, streamed in chunks: a huge file is never held whole; OSError past READ_LIMIT)."""
     digest = hashlib.sha256()
     head = b""
     try:
-        with path.open("rb") as stream:
-            while chunk := stream.read(1 << 20):
-                if len(head) < limit:
-                    head += chunk[: limit - len(head)]
-                digest.update(chunk)
+        for chunk in _chunks(path):
+            if len(head) < limit:
+                head += chunk[: limit - len(head)]
+            digest.update(chunk)
     except OSError:
         _note(READ, path, ABSENT)
         raise
