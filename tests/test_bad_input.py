@@ -621,6 +621,36 @@ CASES: list[tuple[str, Mutation, str]] = [
         "'no_such_lib_name' is undefined",
     ),
     (
+        # Jinja parses these and writes Python that does not compile (exit 3, "internal error",
+        # at a line of the generated Python); located now from Jinja's line map
+        "macro-repeats-an-argument-in-a-lib",
+        Mutation(
+            LIB,
+            insert_after("fn get_kv_head_idx(", "{% macro twice(a, a) %}{% endmacro %}\n"),
+            LIB,
+            at("twice(a, a)"),
+        ),
+        "invalid Python (duplicate argument",
+    ),
+    (
+        "call-repeats-a-keyword",
+        Mutation(
+            MAIN, insert_before("fn is_masked(", "// {{ dict(a=1, a=2) }}\n"), MAIN, at("a=2")
+        ),
+        "invalid Python (keyword argument repeated: a)",
+    ),
+    (
+        # folded while compiling, and written into the code as the name `inf`
+        "constant-infinite-float",
+        Mutation(
+            MAIN,
+            insert_before("fn is_masked(", '// {% set big = "inf"|float %}{{ big > 1 }}\n'),
+            MAIN,
+            at('"inf"|float'),
+        ),
+        "NameError: name 'inf' is not defined: a constant expression Jinja cannot compile",
+    ),
+    (
         "type-error-main",
         Mutation(
             MAIN, insert_before("fn is_masked(", '// {{ block_size + "px" }}\n'), MAIN, at('"px"')

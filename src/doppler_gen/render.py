@@ -392,6 +392,8 @@ class Renderer:
             ) from None
         except jinja2.TemplateSyntaxError as exc:
             raise _syntax_error(exc, variant.name) from None
+        except SyntaxError as exc:
+            raise self._code_error(env, exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
             missing = _not_a_template(self.project.templates_dir, exc.name)
             raise TemplateError(
@@ -402,6 +404,8 @@ class Renderer:
             text = _limited_render(template, context)
         except jinja2.TemplateSyntaxError as exc:
             raise _syntax_error(exc, variant.name) from None
+        except SyntaxError as exc:  # an imported or included template's code
+            raise self._code_error(env, exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
             where = _template_frame(sys.exc_info()[2], self.project.templates_dir)
             missing = _not_a_template(self.project.templates_dir, exc.name)
@@ -435,12 +439,43 @@ class Renderer:
                 f"ran out of memory rendering (variant {variant.name})",
                 location=variant.template.source_path,
             ) from None
+        except NameError as exc:
+            # Jinja folds constant expressions while compiling and writes the value into its
+            # Python code by repr(): an infinite or NaN float comes out as `inf` / `nan`, a name
+            where = _template_frame(exc.__traceback__, self.project.templates_dir)
+            raise TemplateError(
+                f"NameError: {exc}: a constant expression Jinja cannot compile (an infinite or "
+                f"NaN float?) (variant {variant.name})",
+                location=where or spec.source_path,
+            ) from None
         except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
             where = _template_frame(exc.__traceback__, self.project.templates_dir)
             raise TemplateError(
                 f"{type(exc).__name__}: {exc} (variant {variant.name})", location=where
             ) from None
         return _refuse_unsafe_output(text, spec.source_path, variant.name)
+
+    def _code_error(self, env: jinja2.Environment, exc: SyntaxError, variant: str) -> TemplateError:
+        """A template that parses but whose compiled Python does not (``{% macro m(a, a) %}``, a
+        call repeating a keyword): Jinja checks neither. Located at the template line that
+        generated the failing code line, from the line map Jinja writes into its code."""
+        root = self.project.templates_dir
+        try:
+            name = Path(exc.filename or "").resolve().relative_to(root.resolve()).as_posix()
+        except (OSError, ValueError):
+            name = None
+        location = f"{TEMPLATES_DIR}/{name}" if name else None
+        if name in self._source_cache:
+            line = _template_line(
+                env.compile(self._source_cache[name], name, exc.filename, raw=True), exc.lineno
+            )
+            if line is not None:
+                location = f"{location}:{line}"
+        return TemplateError(
+            f"Jinja compiled this template to invalid Python ({exc.msg}): a repeated macro "
+            f"argument or keyword? (variant {variant})",
+            location=location,
+        )
 
     def changed_source(self) -> str | None:
         """The first template this renderer read whose file no longer holds that text (changed,
@@ -1028,6 +1063,20 @@ def _syntax_error(exc: jinja2.TemplateSyntaxError, variant: str | None) -> Templ
     name = exc.name or (Path(exc.filename).name if exc.filename else "?")
     suffix = f" (variant {variant})" if variant else ""
     return TemplateError(f"{exc.message}{suffix}", location=f"{TEMPLATES_DIR}/{name}:{exc.lineno}")
+
+
+def _template_line(code: str, code_line: int | None) -> int | None:
+    """The template line that generated line ``code_line`` of Jinja's Python ``code``, from the
+    ``debug_info = 'TEMPLATE=CODE&...'`` map at its end; None when there is no such line."""
+    found = re.search(r"^debug_info = '([0-9=&]*)'$", code, re.MULTILINE)
+    if found is None or code_line is None:
+        return None
+    line = None
+    for pair in filter(None, found.group(1).split("&")):
+        template_line, generated = (int(part) for part in pair.split("="))
+        if generated <= code_line:
+            line = template_line
+    return line
 
 
 def _template_frame(tb: TracebackType | None, templates_dir: Path) -> str | None:
