@@ -1361,3 +1361,27 @@ def test_a_link_to_a_file_that_never_ends_is_refused_not_read_forever(
             assert path.name in line and "larger than 64 MiB" in line, line
         assert _files_not_links(fresh_project / "generated") == before
         assert path.is_symlink()
+
+
+@pytest.mark.parametrize("command", ["check", "generate"])
+def test_a_generated_directory_that_cannot_be_searched_is_one_error_line(
+    fresh_project: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """`chmod 000 generated` (for a user other than root, whom modes do not stop): asking
+    whether generated/doppler is a link raised PermissionError, and the command ended in exit
+    3, "internal error". Simulated by that question's answer, since the suite runs as root."""
+    export = fresh_project / "generated" / "doppler"
+    is_symlink = Path.is_symlink
+
+    def denied(path: Path) -> bool:
+        if path == export:
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_symlink(path)
+
+    monkeypatch.setattr(Path, "is_symlink", denied)
+    before = snapshot(fresh_project / "generated")
+    result = run_cli(fresh_project, command)
+    assert result.exit_code == 2, (result.output, result.stderr)
+    line = assert_one_line_error(result.stderr)
+    assert line == "error: generated/doppler: cannot inspect: Permission denied", line
+    assert snapshot(fresh_project / "generated") == before

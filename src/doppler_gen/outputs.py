@@ -255,8 +255,20 @@ def _recorded_entries(project: Project) -> dict[str, dict[str, Any]]:
 def generated_directory(project: Project) -> Path:
     """generated/, after refusing one that is not a directory or lies outside the project.
 
-    A missing generated/ is fine (everything is missing; `generate` creates it).
+    A missing generated/ is fine (everything is missing; `generate` creates it). One that
+    cannot be searched (mode 000, say) is one error line: the questions below raise
+    PermissionError for what lies in it.
     """
+    try:
+        return _generated_directory(project)
+    except OSError as exc:
+        where = GENERATED_DIR
+        with contextlib.suppress(ValueError, TypeError):
+            where = Path(exc.filename).relative_to(project.root).as_posix()
+        raise OutputError(f"cannot inspect: {exc.strerror or exc}", location=where) from None
+
+
+def _generated_directory(project: Project) -> Path:
     directory = project.generated_dir
     if directory.is_symlink() and not directory.exists():
         target = os.readlink(directory)
