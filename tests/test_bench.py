@@ -114,6 +114,10 @@ def test_shapes_parse_to_a_canonical_label_that_parses_back(text: str, label: st
         ("prefill:q=1,,kv=2", "'' is not key=value"),
         ("decode:kv=\u0664", "kv='\u0664' is not an integer"),  # an Arabic-Indic 4: int() took it
         ("decode:kv=" + "1" * 5000, "kv has more than 18 digits"),
+        # `_` groups digits, as in Python: not at the end, not twice in a row
+        ("decode:kv=5_", "kv='5_' is not an integer"),
+        ("decode:kv=1__0", "kv='1__0' is not an integer"),
+        ("decode:kv=_10", "kv='_10' is not an integer"),
     ],
 )
 def test_bad_shapes_name_the_bad_token(text: str, names: str) -> None:
@@ -807,11 +811,12 @@ def test_every_measurement_runs_on_a_device_of_its_own(monkeypatch: pytest.Monke
 
 @needs_cpu_adapter
 def test_a_bench_that_timed_nothing_exits_1() -> None:
-    """rmsnorm asked for a decode shape only: every row n/a, nothing measured (once exit 0)."""
+    """The seed kernel at head_dim 128 needs more workgroup storage than lavapipe has: every
+    row n/a, nothing measured (once exit 0)."""
     result = run_cli(
         REPO_ROOT,
         "bench",
-        "rmsnorm",
+        "attention",
         "--adapter",
         "cpu",
         "--allow-cpu",
@@ -819,13 +824,46 @@ def test_a_bench_that_timed_nothing_exits_1() -> None:
         "0",
         "--no-baseline",
         "--shape",
-        "decode:kv=64",
+        "decode:kv=64,d=128",
         "--json",
     )
     assert result.exit_code == 1, result.output
     document = json.loads(result.stdout)
     assert document["ok"] is False
     assert [row["status"] for row in document["rows"]] == ["n/a"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # the rmsnorm kernel asked for a decode shape only: it timed the copy kernel, then
+        # printed one n/a row and exited 1
+        (
+            ("rmsnorm", "--shape", "decode:kv=64"),
+            "error: --shape 'decode:kv=64,h=32,kvh=8,d=64' is for tiled kernels; the selected "
+            "variants are rmsnorm",
+        ),
+        # a shape for none of the variants named, beside one that is
+        (
+            ("rmsnorm", "--shape", "rmsnorm", "--shape", "prefill:q=4,kv=4"),
+            "error: --shape 'prefill:q=4,kv=4,h=32,kvh=8,d=64' is for tiled kernels; the "
+            "selected variants are rmsnorm",
+        ),
+        # an unknown profile: checked after the device had opened, which was never closed
+        (("rmsnorm", "--profile", "bogus"), "error: unknown device profile 'bogus'"),
+    ],
+    ids=["shape-for-no-variant", "one-of-two-shapes-for-no-variant", "unknown-profile"],
+)
+def test_bench_refuses_what_cannot_run_before_any_device_opens(
+    monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], expected: str
+) -> None:
+    def no_device(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("bench reached for a GPU backend")
+
+    monkeypatch.setattr("doppler_gen.bench.get_backend", no_device)
+    result = run_cli(REPO_ROOT, "bench", *args)
+    assert result.exit_code == 2, (result.output, result.stderr)
+    assert assert_one_line_error(result.stderr).startswith(expected), result.stderr
 
 
 def test_a_copy_timed_at_0_ns_gives_no_copy_percentage_and_no_traceback() -> None:

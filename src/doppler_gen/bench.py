@@ -381,6 +381,7 @@ class BenchRequest:
     baseline: bool = True
     settings: Settings = field(default_factory=Settings)
     from_templates: bool = False  # time a fresh render instead of the committed kernels
+    shapes_given: bool = False  # the shapes are the user's (--shape), not every family's defaults
 
 
 def run_bench(
@@ -390,8 +391,13 @@ def run_bench(
     kernels, entries = load_kernels(
         project, request.patterns, from_templates=request.from_templates
     )
+    if request.shapes_given:
+        _refuse_unused_shapes(request.shapes, {entry["family"] for entry in entries})
+    if request.profile is not None and request.profile.lower() != "none":
+        profile_named(request.profile)  # an unknown name: one line, before any device opens
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
+    profile = _profile(request.profile, adapter)
     requires = {f for k in kernels for f in k.variant.requires}
     device = open_device(backend, adapter, requires, request.limits, timing=True)
     run = BenchRun(
@@ -402,7 +408,7 @@ def run_bench(
         request.limits,
         [s.label for s in request.shapes],
         [],
-        profile=_profile(request.profile, adapter),
+        profile=profile,
     )
     estimate = CpuEstimate(kernels, request, progress) if adapter.is_cpu and progress else None
     try:
@@ -422,6 +428,17 @@ def run_bench(
     else:
         run.baseline_status = f"{BASELINE_UNAVAILABLE} (--no-baseline)"
     return run
+
+
+def _refuse_unused_shapes(shapes: Sequence[Shape], families: set[str]) -> None:
+    """A --shape no selected variant can run is a mistake (`bench rmsnorm --shape decode:...`):
+    refused before a device opens. It used to time the copy kernel, then print only n/a rows."""
+    for shape in shapes:
+        if shape.family not in families:
+            raise DopplerGenError(
+                f"--shape {shape.label!r} is for {shape.family} kernels; the selected variants "
+                f"are {', '.join(sorted(families))}"
+            )
 
 
 def _profile(name: str | None, adapter: AdapterInfo) -> DeviceProfile | None:

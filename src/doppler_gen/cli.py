@@ -1138,6 +1138,7 @@ def bench(
         baseline=not no_baseline,
         settings=Settings(repeats, warmup, seed, storage_overrun, warmup_ms),
         from_templates=from_templates,
+        shapes_given=bool(shape_texts),
     )
     run = run_bench(state.project, request, progress=_progress("bench"))
     plot_error: DopplerGenError | None = None

@@ -113,7 +113,8 @@ def _key_values(text: str, kind: str, body: str, allowed: Any, family: Any) -> d
     return values
 
 
-_INTEGER_RE = re.compile(r"-?[0-9][0-9_]*")  # ASCII digits: int() takes any script's (٤ is 4)
+# ASCII digits (int() takes any script's: ٤ is 4), `_` only between two of them, as in Python
+_INTEGER_RE = re.compile(r"-?[0-9]+(?:_[0-9]+)*")
 _MAX_DIGITS = 18
 
 
