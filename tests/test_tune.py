@@ -813,6 +813,30 @@ def test_space_values_outside_what_variants_toml_accepts_are_refused_first(
     assert message in assert_one_line_error(result.stderr)
 
 
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ("WORKGROUP_SIZE=0", "WORKGROUP_SIZE = 0: it sizes the dispatch or the workgroup"),
+        ("WORKGROUP_SIZE=64,-1", "WORKGROUP_SIZE = -1: out of range for u32"),
+        ("WORKGROUP_SIZE=4294967296", "WORKGROUP_SIZE = 4294967296: out of range for u32"),
+        ("REDUCE_WORKGROUP_SIZE=0", "REDUCE_WORKGROUP_SIZE = 0: it sizes the dispatch"),
+    ],
+)
+def test_override_space_values_variants_toml_would_refuse_are_refused_before_a_device(
+    monkeypatch: pytest.MonkeyPatch, space: str, message: str
+) -> None:
+    """`--space WORKGROUP_SIZE=0` (or -1, or 2**32) went on to compile and run candidates;
+    the same value in `overrides` is a config error. The range checks are variants.toml's."""
+
+    def no_device(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("tune reached for a GPU backend")
+
+    monkeypatch.setattr("doppler_gen.backends.get_backend", no_device)
+    result = run_cli(REPO_ROOT, "tune", "attention_decode_tiered_split_short_f16", "--space", space)
+    assert result.exit_code == 2, (result.output, result.stderr)
+    assert message in assert_one_line_error(result.stderr)
+
+
 def test_tune_shape_of_the_wrong_family_is_one_line() -> None:
     result = run_cli(REPO_ROOT, "tune", "attention_f16", "--shape", TINY_TIERED)
     assert result.exit_code == 2

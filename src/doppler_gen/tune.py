@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import math
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -53,7 +54,7 @@ from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.interrupts import deferred_signals
-from doppler_gen.manifest import check_metadata, parse_kernel, variant_entry
+from doppler_gen.manifest import check_metadata, override_problem, parse_kernel, variant_entry
 from doppler_gen.render import SOURCE_HASH_LINE, RenderedKernel, Renderer
 from doppler_gen.runtime.measure import (
     BenchRow,
@@ -575,7 +576,9 @@ def parse_space(texts: tuple[str, ...], variant: Variant, renderer: CandidateRen
     """
     tunable = variant.template.tunable
     current = {k: v for k, v in variant.params.items() if k in tunable}
-    overrides = {o["name"] for o in all_overrides(renderer.entry(current))}
+    entry = renderer.entry(current)
+    declared = {o["name"]: o for o in all_overrides(entry)}
+    overrides = set(declared)
     space: dict[str, tuple[ParamValue, ...]] = {}
     for text in texts:
         name, sep, values = text.partition("=")
@@ -592,7 +595,33 @@ def parse_space(texts: tuple[str, ...], variant: Variant, renderer: CandidateRen
         kind = type(tunable[name][0]) if tunable.get(name) else int
         space[name] = tuple(_space_value(text, item.strip(), kind) for item in values.split(","))
         _check_space_values(text, name, space[name], variant)
+        if name in declared and name not in tunable:
+            _check_override_values(text, declared[name], space[name], _sizing_names(entry))
     return space
+
+
+def _sizing_names(entry: Mapping[str, Any]) -> set[str]:
+    """The names in any pass's workgroup size or dispatch expression: constants that must be
+    at least 1."""
+    names: set[str] = set()
+    for record in entry.get("passes") or [entry]:
+        for expression in [*record.get("workgroup_size", ()), record.get("dispatch") or ""]:
+            names |= set(re.findall(r"[A-Za-z_]\w*", str(expression)))
+    return names
+
+
+def _check_override_values(
+    text: str, override: Mapping[str, Any], values: tuple[ParamValue, ...], sizing: set[str]
+) -> None:
+    """An override's --space values must be what variants.toml's `overrides` would accept (in
+    its WGSL type's range; at least 1 where it sizes a workgroup or dispatch): 0 or 2**32 went
+    on to compile and run. A value the family's constraints refuse (WORKGROUP_SIZE 7 for 8-lane
+    key groups) is still a candidate, listed as invalid."""
+    name = override["name"]
+    for value in values:
+        problem = override_problem(override["type"], value, size=name in sizing)
+        if problem:
+            raise DopplerGenError(f"--space {text!r}: {name} = {value!r}: {problem}")
 
 
 def _check_space_values(
