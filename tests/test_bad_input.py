@@ -601,6 +601,13 @@ CASES: list[tuple[str, Mutation, str]] = [
         "unknown tag 'endfor'",
     ),
     (
+        # Jinja's lexer names the file where the template name goes: the location was
+        # templates/ followed by the file's whole path
+        "unclosed-raw-in-a-lib",
+        Mutation(LIB, lambda text: text + "{% raw %}\n", LIB, last_line),
+        "Missing end of raw directive",
+    ),
+    (
         "undefined-main",
         Mutation(
             MAIN,

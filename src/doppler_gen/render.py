@@ -391,7 +391,7 @@ class Renderer:
                 location=spec.source_path,
             ) from None
         except jinja2.TemplateSyntaxError as exc:
-            raise _syntax_error(exc, variant.name) from None
+            raise _syntax_error(exc, variant.name, self.project.templates_dir) from None
         except SyntaxError as exc:
             raise self._code_error(env, exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
@@ -403,7 +403,7 @@ class Renderer:
         try:
             text = _limited_render(template, context)
         except jinja2.TemplateSyntaxError as exc:
-            raise _syntax_error(exc, variant.name) from None
+            raise _syntax_error(exc, variant.name, self.project.templates_dir) from None
         except SyntaxError as exc:  # an imported or included template's code
             raise self._code_error(env, exc, variant.name) from None
         except jinja2.TemplateNotFound as exc:
@@ -1059,8 +1059,15 @@ def _wgsl_float(value: Any) -> str:
 # -- error locations ------------------------------------------------------------------------
 
 
-def _syntax_error(exc: jinja2.TemplateSyntaxError, variant: str | None) -> TemplateError:
+def _syntax_error(
+    exc: jinja2.TemplateSyntaxError, variant: str | None, templates_dir: Path
+) -> TemplateError:
     name = exc.name or (Path(exc.filename).name if exc.filename else "?")
+    if exc.filename is None and exc.name:
+        # Jinja's lexer raises some errors (an unclosed `{% raw %}`) with the file's path where
+        # the template's name goes, and no path: `templates/templates/X` was reported
+        with contextlib.suppress(OSError, ValueError):
+            name = Path(exc.name).resolve().relative_to(templates_dir.resolve()).as_posix()
     suffix = f" (variant {variant})" if variant else ""
     return TemplateError(f"{exc.message}{suffix}", location=f"{TEMPLATES_DIR}/{name}:{exc.lineno}")
 
