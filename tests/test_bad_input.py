@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    REPO_ROOT,
     assert_one_line_error,
     edit,
     line_of,
@@ -26,6 +27,9 @@ from conftest import (
     run_process,
     snapshot,
 )
+
+from doppler_gen.config import RESERVED_PARAM_NAMES, load_project
+from doppler_gen.render import Renderer
 
 Where = Callable[[str], int]
 
@@ -577,6 +581,31 @@ CASES: list[tuple[str, Mutation, str]] = [
             "overrides = { NOPE = 1 }",
         ),
         "overrides sets NOPE, which the WGSL does not declare as `override`",
+    ),
+    (
+        # it hid the template function: `fail(...)` became "'int' object is not callable"
+        "parameter-named-like-a-template-function",
+        toml_at(
+            "[templates.rmsnorm.params]\n", "[templates.rmsnorm.params]\nfail = 1\n", "fail = 1"
+        ),
+        "'fail' is a name every template already has",
+    ),
+    (
+        # replaced without a word by the renderer's own pass_name
+        "parameter-named-like-a-renderer-name",
+        toml_at(
+            "[templates.rmsnorm.params]\n",
+            '[templates.rmsnorm.params]\npass_name = "x"\n',
+            'pass_name = "x"',
+        ),
+        "'pass_name' is a name every template already has",
+    ),
+    (
+        "parameter-named-like-a-jinja-word",
+        toml_at(
+            "[templates.rmsnorm.params]\n", "[templates.rmsnorm.params]\nnone = 1\n", "none = 1"
+        ),
+        "'none' is no name a template can use",
     ),
     (
         "missing-included-file",
@@ -1392,3 +1421,13 @@ def test_a_generated_directory_that_cannot_be_searched_is_one_error_line(
     line = assert_one_line_error(result.stderr)
     assert line == "error: generated/doppler: cannot inspect: Permission denied", line
     assert snapshot(fresh_project / "generated") == before
+
+
+def test_every_name_the_renderer_gives_a_template_is_reserved() -> None:
+    """A template parameter may not take a name the renderer sets (RESERVED_PARAM_NAMES): the
+    reserved set must grow with the renderer's context and globals."""
+    project = load_project(REPO_ROOT)
+    renderer = Renderer(project)
+    variant = project.variants[0]
+    given = set(renderer.context(variant)) - set(variant.params)
+    assert given | set(renderer.env.globals) <= RESERVED_PARAM_NAMES

@@ -69,6 +69,19 @@ _VARIANT_KEYS |= {"doppler_operation", "doppler_id", "doppler_tier"}
 ParamValue = int | float | str | bool
 SINGLE_PASS = "main"  # the name of the one pass of a short-form template
 
+# Names a template sees besides its parameters (render.Renderer.context and the environment's
+# globals), and Jinja's own names: a parameter called one of these hid it (`fail` became an int)
+# or was silently replaced. tests/test_bad_input.py checks that the renderer's names are here.
+RESERVED_PARAM_NAMES = frozenset(
+    {"variant_name", "pass_name", "requires", "fail", "QUANT_BITS"}
+    | {"range", "dict", "lipsum", "cycler", "joiner", "namespace"}
+    | {"loop", "self", "caller", "varargs", "kwargs"}
+)
+# Jinja's literal and operator words: no template can name a variable so
+_JINJA_WORDS = frozenset(
+    {"true", "false", "none", "True", "False", "None", "and", "or", "not", "in", "is", "if", "else"}
+)
+
 
 @dataclass(frozen=True)
 class PassSpec:
@@ -761,6 +774,18 @@ class _Parser:
                 f"[templates.{name}.params] must be a table of parameter defaults", line
             )
         for param, value in params.items():
+            if not (param.isascii() and param.isidentifier()) or param in _JINJA_WORDS:
+                raise self.fail(
+                    f"[templates.{name}.params] {_shorten(param)!r} is no name a template can "
+                    "use: ASCII letters, digits and _, not starting with a digit",
+                    self.locate.template(name, param, "params"),
+                )
+            if param in RESERVED_PARAM_NAMES:
+                raise self.fail(
+                    f"[templates.{name}.params] {param!r} is a name every template already has "
+                    f"(reserved: {', '.join(sorted(RESERVED_PARAM_NAMES))})",
+                    self.locate.template(name, param, "params"),
+                )
             if not isinstance(value, ParamValue):
                 raise self.fail(
                     f"[templates.{name}.params] {param} must be an integer, float, string or "
