@@ -608,6 +608,12 @@ CASES: list[tuple[str, Mutation, str]] = [
         "'none' is no name a template can use",
     ),
     (
+        # the same file under another name: another header and source hash for the same kernels
+        "template-source-not-written-plainly",
+        toml_at('source = "attention.wgsl.j2"', 'source = "./attention.wgsl.j2"'),
+        "source './attention.wgsl.j2' is not written plainly: write 'attention.wgsl.j2'",
+    ),
+    (
         "missing-included-file",
         Mutation(LIB, DELETE, MAIN, at('"lib/attention_common.wgsl.j2"')),
         "included template 'lib/attention_common.wgsl.j2' not found",

@@ -763,6 +763,14 @@ class _Parser:
             )
         if "\0" in source:
             raise self.fail(f"[templates.{name}] source {source!r} contains a NUL byte", line)
+        if str(relative) != source:
+            # `./x.j2` or `lib//x.j2` reads the same file under another name: another header
+            # and source hash for the same kernels
+            raise self.fail(
+                f"[templates.{name}] source {source!r} is not written plainly: write "
+                f"{str(relative)!r}",
+                line,
+            )
         problem = _source_problem(self.root / TEMPLATES_DIR / relative)
         if problem:
             raise self.fail(f"template file templates/{_shorten(source)} {problem}", line)
