@@ -164,9 +164,41 @@ def _open_lock(root: Path, where: str) -> int:
 
 
 def _holder(handle: int) -> str:
-    """`` (pid N)`` of the process holding the lock, when it recorded itself."""
+    """`` (pid N)`` of the process holding the lock: as the kernel lists it (Linux's
+    /proc/locks), else the pid the holder recorded in the file, if that process is alive. The
+    recorded pid alone named an earlier, finished run whenever the holder was not a doppler-gen
+    that writes it (a `flock` from a script, a reentrant `tune --write`)."""
+    pid = _kernel_lock_holder(handle) or _recorded_holder(handle)
+    return f" (pid {pid})" if pid else ""
+
+
+def _kernel_lock_holder(handle: int) -> int | None:
+    """The pid /proc/locks gives for the flock on ``handle``'s file; None where it cannot say."""
+    try:
+        info = os.fstat(handle)
+        lines = Path("/proc/locks").read_text(encoding="ascii").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 17788 fe:00:2211852 0 EOF" ("1: -> FLOCK ..." for a waiter)
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+            return int(fields[4]) if fields[4].isdigit() else None
+    return None
+
+
+def _recorded_holder(handle: int) -> int | None:
     try:
         text = os.pread(handle, 32, 0).decode().strip()
     except (OSError, UnicodeDecodeError):
-        return ""
-    return f" (pid {text})" if text.isdigit() else ""
+        return None
+    if not text.isdigit():
+        return None
+    try:
+        os.kill(int(text), 0)  # no signal: does that process exist?
+    except (ProcessLookupError, OverflowError):
+        return None
+    except OSError:  # it exists (EPERM: another user's)
+        pass
+    return int(text)
