@@ -614,6 +614,11 @@ CASES: list[tuple[str, Mutation, str]] = [
         "source './attention.wgsl.j2' is not written plainly: write 'attention.wgsl.j2'",
     ),
     (
+        "feature-required-twice",
+        toml_at('requires = ["shader-f16"]\n', 'requires = ["shader-f16", "shader-f16"]\n'),
+        "requires lists 'shader-f16' twice",
+    ),
+    (
         "missing-included-file",
         Mutation(LIB, DELETE, MAIN, at('"lib/attention_common.wgsl.j2"')),
         "included template 'lib/attention_common.wgsl.j2' not found",

@@ -867,10 +867,15 @@ class _Parser:
                 f"{where}: requires must be a list of feature names",
                 self.locate.variant(index, "requires"),
             )
-        for feature in requires:
+        for position, feature in enumerate(requires):
             if feature not in KNOWN_FEATURES:
                 raise self.fail(
                     f"{where}: unknown feature {feature!r} (known: {', '.join(KNOWN_FEATURES)})",
+                    self.locate.variant(index, "requires"),
+                )
+            if feature in requires[:position]:
+                raise self.fail(
+                    f"{where}: requires lists {feature!r} twice",
                     self.locate.variant(index, "requires"),
                 )
         return Variant(
