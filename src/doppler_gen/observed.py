@@ -82,32 +82,46 @@ def _note(question: str, path: Path, answer: object) -> None:
         log.note(question, path, answer)
 
 
-# The most bytes any read here takes from one file. The largest file doppler-gen reads or writes
-# (generated/manifest.json) is under 1 MiB; a file that goes on past this is no input of ours,
-# and some never end: /proc/self/pagemap reports itself a regular file of size 0 and yields
-# bytes for hundreds of gigabytes, so `check` on a link to it hung.
+# The most bytes a read here holds in memory. The largest file doppler-gen reads or writes
+# (generated/manifest.json) is under 1 MiB. Some files never end: /proc/self/pagemap says it is
+# a regular file of size 0 and yields bytes for hundreds of gigabytes, so `check` on a link to
+# it hung.
 READ_LIMIT = 64 << 20
 _CHUNK = 1 << 20
 
 
-def _chunks(path: Path) -> Iterator[bytes]:
-    """The file's bytes in chunks; OSError (EFBIG) once they pass READ_LIMIT."""
+class TooLarge(OSError):
+    """A file that went on past what the read allows (``errno`` EFBIG)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            errno.EFBIG, f"larger than {READ_LIMIT >> 20} MiB, no file doppler-gen reads"
+        )
+
+
+def _chunks(path: Path, *, streamed: bool = False) -> Iterator[bytes]:
+    """The file's bytes in chunks; TooLarge past READ_LIMIT, or (``streamed``: nothing is kept
+    but a digest) past the larger of READ_LIMIT and the size the file reports, so that an
+    honest large file is digested whole and only one that runs past its own size is cut."""
     total = 0
     with path.open("rb") as stream:
+        limit = max(READ_LIMIT, os.fstat(stream.fileno()).st_size) if streamed else READ_LIMIT
         while chunk := stream.read(_CHUNK):
             total += len(chunk)
-            if total > READ_LIMIT:
-                raise OSError(
-                    errno.EFBIG, f"larger than {READ_LIMIT >> 20} MiB, no file doppler-gen reads"
-                )
+            if total > limit:
+                raise TooLarge
             yield chunk
 
 
+def read_capped(path: Path) -> bytes:
+    """The bytes of ``path``, at most READ_LIMIT (TooLarge past it); nothing noted."""
+    return b"".join(_chunks(path))
+
+
 def read_bytes(path: Path) -> bytes:
-    """The bytes of ``path`` (at most READ_LIMIT: OSError past it); a failed read is noted as
-    ABSENT."""
+    """``read_capped``; a failed read is noted as ABSENT."""
     try:
-        data = b"".join(_chunks(path))
+        data = read_capped(path)
     except OSError:
         _note(READ, path, ABSENT)
         raise
@@ -117,11 +131,12 @@ def read_bytes(path: Path) -> bytes:
 
 def read_head(path: Path, limit: int) -> bytes:
     """The first ``limit`` bytes of ``path``, noted as ``read_bytes`` notes the whole file (its
-    digest, streamed in chunks: a huge file is never held whole; OSError past READ_LIMIT)."""
+    digest, streamed in chunks: a huge file is never held whole; TooLarge for one that runs on
+    past its own size and READ_LIMIT)."""
     digest = hashlib.sha256()
     head = b""
     try:
-        for chunk in _chunks(path):
+        for chunk in _chunks(path, streamed=True):
             if len(head) < limit:
                 head += chunk[: limit - len(head)]
             digest.update(chunk)

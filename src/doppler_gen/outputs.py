@@ -198,7 +198,7 @@ def plan_exports(plan: Plan) -> dict[str, str]:
 
 def _read_text(root: Path, relative: str) -> str | None:
     try:
-        return (root / relative).read_bytes().decode("utf-8")
+        return observed.read_capped(root / relative).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -307,6 +307,11 @@ def _kind(path: Path) -> str:
     return file_kind(path.stat().st_mode)
 
 
+# What read_output gives for a file past observed.READ_LIMIT: unequal to every file doppler-gen
+# writes (each starts with its header or `{`), and shown as such in a diff
+OVERSIZED = f"<larger than {observed.READ_LIMIT >> 20} MiB: not read>\n".encode()
+
+
 def read_output(root: Path, relative: str) -> bytes | None:
     """The bytes of an output file; None when missing. Refuses anything but a regular file
     (reading a FIFO would block forever; a directory cannot be replaced)."""
@@ -324,6 +329,8 @@ def read_output(root: Path, relative: str) -> bytes | None:
     except FileNotFoundError:
         observed.missing(path)
         return None
+    except observed.TooLarge:
+        return OVERSIZED  # stale (generate replaces it), and no orphan doppler-gen wrote
     except OSError as exc:
         raise OutputError(f"cannot read: {exc.strerror or exc}", location=relative) from None
 
