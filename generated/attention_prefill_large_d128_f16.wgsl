@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cfb63c1128bafbced72a1af30bf78d212f5a57abe571935ff2b9d10f2863a789
+// source-hash: sha256:60dca8cf7172a086a24c15202d3803de1074d317d116d0d7ab9e17ba790f3534
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

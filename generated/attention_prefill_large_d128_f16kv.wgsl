@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4b32c82304d1beb6f4a9a412eccdcc5394165ef726cbc951f75f6aae4915cd42
+// source-hash: sha256:d07c5be6f6872759867296140d5aff1b8779287f44bf9ed21a9e311b11bdc533
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:11cf34c5a25e665c3e838f3ad6aa73c215f091cff02a63e0bf15e3372f48de4e
+// source-hash: sha256:308c6b3a87c978fde27cdb1bc6cb583401bada53f7b6ca7d633be41bc2882992
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cce73bebd98b12d8235dda0de3da50d2ae41517fb283b5ec3666536116641cc3
+// source-hash: sha256:c0ff21da1b701eb8fc686e0885fe2b1a0042932ba0765b2c6d891280752bb8b0
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d07a7fbe206fa7cb61aa59db9fdd0faa8cfc0691bf46f413a7c93404a94cc2bf
+// source-hash: sha256:a1fbdc26dcf28020090dbec031f2c3d98218f49e723e0cefe1883e6c84f0bd69
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:53a5451f1bfda077816a2f6bd7514f8915f3da85821b241503d63f83f58cfb8d
+// source-hash: sha256:d275bf7629b0cd0077f1128fe714238280219de62ba6ce4db501798220c01468
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -589,12 +589,13 @@ fn main(
     // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
     // by shuffles: a query group's COLS lanes must be consecutive lanes of one subgroup (NaN is
     // stored where the subgroups are narrower or numbered otherwise). Proved here: the subgroup
-    // is lanes 0 .. n - 1 holding t = run_base + sg_lane, one run_base a multiple of sg_size.
+    // is lanes 0 .. n - 1, n a multiple of COLS, holding t = run_base + sg_lane, one run_base a
+    // multiple of sg_size: so each query group's COLS lanes are all in it, in order.
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
-    let lanes_from_zero = sg_lane < subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & lanes_from_zero &
-        (run_base == subgroupBroadcastFirst(run_base)));
+    let members = subgroupAdd(1u);
+    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

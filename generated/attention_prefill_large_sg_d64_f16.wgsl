@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:60b9177cacb453efacbe108c78fb61c8bcb261338107c46278a8172bd3b9b29a
+// source-hash: sha256:5beb9c66e96c434d76dddc97f1462c5f20ff0cb226e22dfc5088a13e03efaf58
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -490,12 +490,13 @@ fn main(
     // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
     // by shuffles: a query group's COLS lanes must be consecutive lanes of one subgroup (NaN is
     // stored where the subgroups are narrower or numbered otherwise). Proved here: the subgroup
-    // is lanes 0 .. n - 1 holding t = run_base + sg_lane, one run_base a multiple of sg_size.
+    // is lanes 0 .. n - 1, n a multiple of COLS, holding t = run_base + sg_lane, one run_base a
+    // multiple of sg_size: so each query group's COLS lanes are all in it, in order.
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
-    let lanes_from_zero = sg_lane < subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & lanes_from_zero &
-        (run_base == subgroupBroadcastFirst(run_base)));
+    let members = subgroupAdd(1u);
+    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

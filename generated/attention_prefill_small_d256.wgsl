@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:565526bec75314d262cae294f4c648a14d5dc05e0a9c0087b6baf09eae725234
+// source-hash: sha256:7720cb8b82854f119cf20c6d0d8c5a00c09025466b8416fa99184a509e7d13f3
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

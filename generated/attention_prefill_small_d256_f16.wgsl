@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3895123b2d3ef0b6f742b8fbe76147696220e607c39c624577534c2e962c72c3
+// source-hash: sha256:82a6b641bcce4404a05b4384cf8625387062509eeea888a0854ae7e90cdce894
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

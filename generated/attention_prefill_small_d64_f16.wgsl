@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ddc9accb8362f9378df957937dbdc024a464e3f073bdc7e6c0a3d6c5dd1dc808
+// source-hash: sha256:cb91316fbcd3d6661d82167370ba5bcd98af49b35614134925e2249b84eb58f7
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:191e9a434098b4bd70a26d803e4708ffa2a60abab18cfda8ac820c411e842fa8
+// source-hash: sha256:61d4ca70a2a41c6784d8fd2b5f04a4991c7eaf3eec3393b029a660dde9affd3a
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -533,12 +533,13 @@ fn main(
     // (a query whose every key is masked has l == 0 and writes zeros: masked_row = "zero")
     // by shuffles: a query group's COLS lanes must be consecutive lanes of one subgroup (NaN is
     // stored where the subgroups are narrower or numbered otherwise). Proved here: the subgroup
-    // is lanes 0 .. n - 1 holding t = run_base + sg_lane, one run_base a multiple of sg_size.
+    // is lanes 0 .. n - 1, n a multiple of COLS, holding t = run_base + sg_lane, one run_base a
+    // multiple of sg_size: so each query group's COLS lanes are all in it, in order.
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
-    let lanes_from_zero = sg_lane < subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & lanes_from_zero &
-        (run_base == subgroupBroadcastFirst(run_base)));
+    let members = subgroupAdd(1u);
+    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);
