@@ -840,14 +840,14 @@ def test_a_bench_that_timed_nothing_exits_1() -> None:
         # printed one n/a row and exited 1
         (
             ("rmsnorm", "--shape", "decode:kv=64"),
-            "error: --shape 'decode:kv=64,h=32,kvh=8,d=64' is for tiled kernels; the selected "
-            "variants are rmsnorm",
+            "error: --shape 'decode:kv=64,h=32,kvh=8,d=64' is for tiled kernels; no selected "
+            "variant is (their families: rmsnorm)",
         ),
         # a shape for none of the variants named, beside one that is
         (
             ("rmsnorm", "--shape", "rmsnorm", "--shape", "prefill:q=4,kv=4"),
-            "error: --shape 'prefill:q=4,kv=4,h=32,kvh=8,d=64' is for tiled kernels; the "
-            "selected variants are rmsnorm",
+            "error: --shape 'prefill:q=4,kv=4,h=32,kvh=8,d=64' is for tiled kernels; no "
+            "selected variant is (their families: rmsnorm)",
         ),
         # an unknown profile: checked after the device had opened, which was never closed
         (("rmsnorm", "--profile", "bogus"), "error: unknown device profile 'bogus'"),

@@ -436,8 +436,8 @@ def _refuse_unused_shapes(shapes: Sequence[Shape], families: set[str]) -> None:
     for shape in shapes:
         if shape.family not in families:
             raise DopplerGenError(
-                f"--shape {shape.label!r} is for {shape.family} kernels; the selected variants "
-                f"are {', '.join(sorted(families))}"
+                f"--shape {shape.label!r} is for {shape.family} kernels; no selected variant is "
+                f"(their families: {', '.join(sorted(families))})"
             )
 
 

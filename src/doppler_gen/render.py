@@ -441,11 +441,15 @@ class Renderer:
             ) from None
         except NameError as exc:
             # Jinja folds constant expressions while compiling and writes the value into its
-            # Python code by repr(): an infinite or NaN float comes out as `inf` / `nan`, a name
+            # Python code by repr(): an infinite or NaN float comes out as `inf` / `nan`, a name.
+            # Any other NameError is a bug of ours (exit 3, internal error).
+            if type(exc) is not NameError or exc.name not in ("inf", "nan"):
+                raise
             where = _template_frame(exc.__traceback__, self.project.templates_dir)
             raise TemplateError(
-                f"NameError: {exc}: a constant expression Jinja cannot compile (an infinite or "
-                f"NaN float?) (variant {variant.name})",
+                f"a constant expression that Jinja folded to {exc.name}, which it cannot write "
+                f"into its compiled code: compute it from a parameter instead (variant "
+                f"{variant.name})",
                 location=where or spec.source_path,
             ) from None
         except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
