@@ -463,11 +463,7 @@ class Renderer:
         """A template that parses but whose compiled Python does not (``{% macro m(a, a) %}``, a
         call repeating a keyword): Jinja checks neither. Located at the template line that
         generated the failing code line, from the line map Jinja writes into its code."""
-        root = self.project.templates_dir
-        try:
-            name = Path(exc.filename or "").resolve().relative_to(root.resolve()).as_posix()
-        except (OSError, ValueError):
-            name = None
+        name = _template_name(exc.filename, self.project.templates_dir)
         location = f"{TEMPLATES_DIR}/{name}" if name else None
         if name in self._source_cache:
             line = _template_line(
@@ -1070,10 +1066,20 @@ def _syntax_error(
     if exc.filename is None and exc.name:
         # Jinja's lexer raises some errors (an unclosed `{% raw %}`) with the file's path where
         # the template's name goes, and no path: `templates/templates/X` was reported
-        with contextlib.suppress(OSError, ValueError):
-            name = Path(exc.name).resolve().relative_to(templates_dir.resolve()).as_posix()
+        name = _template_name(exc.name, templates_dir) or name
     suffix = f" (variant {variant})" if variant else ""
     return TemplateError(f"{exc.message}{suffix}", location=f"{TEMPLATES_DIR}/{name}:{exc.lineno}")
+
+
+def _template_name(path: str | None, templates_dir: Path) -> str | None:
+    """``path`` (a file Jinja names: a code object's, an error's) as the name of a template in
+    ``templates_dir``; None when it lies elsewhere."""
+    if not path:
+        return None
+    try:
+        return Path(path).resolve().relative_to(templates_dir.resolve()).as_posix()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop
+        return None
 
 
 def _template_line(code: str, code_line: int | None) -> int | None:
@@ -1097,15 +1103,9 @@ def _template_frame(tb: TracebackType | None, templates_dir: Path) -> str | None
     filename and line number; the innermost such frame is where the error happened.
     """
     where = None
-    root = str(templates_dir.resolve())
     while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        try:
-            resolved = str(Path(filename).resolve())
-        except (OSError, ValueError):
-            resolved = filename
-        if resolved.startswith(root):
-            relative = Path(resolved).relative_to(root).as_posix()
-            where = f"{TEMPLATES_DIR}/{relative}:{tb.tb_lineno}"
+        name = _template_name(tb.tb_frame.f_code.co_filename, templates_dir)
+        if name is not None:
+            where = f"{TEMPLATES_DIR}/{name}:{tb.tb_lineno}"
         tb = tb.tb_next
     return where
