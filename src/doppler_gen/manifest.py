@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from doppler_gen.config import CONFIG_NAME, PassSpec, Variant
@@ -502,14 +502,22 @@ _OVERRIDE_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+def sizing_names(dispatches: Iterable[str], workgroup_sizes: Iterable[str]) -> set[str]:
+    """The names in dispatch and workgroup-size expressions: an override constant among them
+    sizes a dispatch or a workgroup, so its value must be at least 1 (``override_problem``).
+    Shared by ``check_overrides`` (variants.toml) and tune's ``--space``."""
+    names: set[str] = set()
+    for expression in (*dispatches, *workgroup_sizes):
+        names |= set(re.findall(r"[A-Za-z_]\w*", expression))
+    return names
+
+
 def check_overrides(variant: Variant, module: Module) -> None:
     """Each override value fits its WGSL type; one that sizes the dispatch or workgroup is >= 1."""
-    sizes: set[str] = set()
-    for spec in variant.template.passes:
-        sizes |= set(spec.dispatch_expression.names)
-    for entry in module.entry_points.values():
-        for expression in entry.workgroup_size:
-            sizes |= set(re.findall(r"[A-Za-z_]\w*", expression))
+    sizes = sizing_names(
+        (spec.dispatch for spec in variant.template.passes),
+        (size for entry in module.entry_points.values() for size in entry.workgroup_size),
+    )
     for name, value in variant.overrides.items():
         declared = module.overrides.get(name)
         if declared is None:

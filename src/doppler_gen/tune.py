@@ -32,7 +32,6 @@ import hashlib
 import itertools
 import math
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -54,7 +53,13 @@ from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.interrupts import deferred_signals
-from doppler_gen.manifest import check_metadata, override_problem, parse_kernel, variant_entry
+from doppler_gen.manifest import (
+    check_metadata,
+    override_problem,
+    parse_kernel,
+    sizing_names,
+    variant_entry,
+)
 from doppler_gen.render import SOURCE_HASH_LINE, RenderedKernel, Renderer
 from doppler_gen.runtime.measure import (
     BenchRow,
@@ -601,13 +606,12 @@ def parse_space(texts: tuple[str, ...], variant: Variant, renderer: CandidateRen
 
 
 def _sizing_names(entry: Mapping[str, Any]) -> set[str]:
-    """The names in any pass's workgroup size or dispatch expression: constants that must be
-    at least 1."""
-    names: set[str] = set()
-    for record in entry.get("passes") or [entry]:
-        for expression in [*record.get("workgroup_size", ()), record.get("dispatch") or ""]:
-            names |= set(re.findall(r"[A-Za-z_]\w*", str(expression)))
-    return names
+    """``sizing_names`` of every pass of a manifest entry."""
+    records = entry.get("passes") or [entry]
+    return sizing_names(
+        (str(record.get("dispatch") or "") for record in records),
+        (str(size) for record in records for size in record.get("workgroup_size", ())),
+    )
 
 
 def _check_override_values(
