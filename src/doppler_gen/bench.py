@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from doppler_gen.backends import AdapterInfo, Device, get_backend
+from doppler_gen.backends import Device, get_backend
 from doppler_gen.config import Project
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.families import get_family
@@ -393,11 +393,10 @@ def run_bench(
     )
     if request.shapes_given:
         _refuse_unused_shapes(request.shapes, {entry["family"] for entry in entries})
-    if request.profile is not None and request.profile.lower() != "none":
-        profile_named(request.profile)  # an unknown name: one line, before any device opens
+    named = _named_profile(request.profile)  # an unknown name: one line, before any device
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
-    profile = _profile(request.profile, adapter)
+    profile = match_profile(adapter.name) if request.profile is None else named
     requires = {f for k in kernels for f in k.variant.requires}
     device = open_device(backend, adapter, requires, request.limits, timing=True)
     run = BenchRun(
@@ -441,10 +440,10 @@ def _refuse_unused_shapes(shapes: Sequence[Shape], families: set[str]) -> None:
             )
 
 
-def _profile(name: str | None, adapter: AdapterInfo) -> DeviceProfile | None:
-    if name is None:
-        return match_profile(adapter.name)
-    return None if name.lower() == "none" else profile_named(name)
+def _named_profile(name: str | None) -> DeviceProfile | None:
+    """The profile --profile names; None for none given (matched to the adapter later) or
+    `none`."""
+    return None if name is None or name.lower() == "none" else profile_named(name)
 
 
 def _copy(
