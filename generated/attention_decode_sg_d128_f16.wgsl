@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:84cdad54abcf7e0bb4ac755b526e976e7e65bb9c8400b0709cf718d90e4aaa0d
+// source-hash: sha256:1c2d387d3516559f1a3a489c7e1a645ca3a455d57acf035faaa0836b4e6bd1c1
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -16,10 +16,10 @@ enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 128u;
 const MAX_WORKGROUP_SIZE: u32 = 1024u;
-const LANES_PER_KEY: u32 = 8u;
-const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
+const LANES_PER_KEY: u32 = 16u;
+const VEC_PER_LANE: u32 = 2u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 4u;
-const MAX_KEY_GROUPS: u32 = 128u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+const MAX_KEY_GROUPS: u32 = 64u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 16u;
 const NEG_BIG: f32 = -3.402823e+38;
@@ -179,22 +179,6 @@ fn main(
                 q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
             }
         }
-        {
-            let j = 2u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
-            }
-        }
-        {
-            let j = 3u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(f32(Q[o]), f32(Q[o + 1u]), f32(Q[o + 2u]), f32(Q[o + 3u]));
-            }
-        }
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
@@ -231,18 +215,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -259,18 +231,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
                         let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
@@ -295,18 +255,6 @@ fn main(
                         k_2[j] = K[row_2 + v];
                         v_2[j] = V[row_2 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
 
                     // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -327,18 +275,6 @@ fn main(
                         k_3[j] = K[row_3 + v];
                         v_3[j] = V[row_3 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0: f32 = 0.0;
@@ -348,14 +284,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                     }
                     // dot products of key 1 (an invalid key's score is never used)
@@ -368,14 +296,6 @@ fn main(
                         let j = 1u;
                         dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
                     // dot products of key 2 (an invalid key's score is never used)
                     var dot_2: f32 = 0.0;
                     {
@@ -384,14 +304,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                     }
                     // dot products of key 3 (an invalid key's score is never used)
@@ -404,28 +316,24 @@ fn main(
                         let j = 1u;
                         dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -481,14 +389,6 @@ fn main(
                         let j = 1u;
                         acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                     }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
                 }
             } else {
                 let span = keys.y - min(keys.x, keys.y);
@@ -515,18 +415,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -543,18 +431,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
                         let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
@@ -579,18 +455,6 @@ fn main(
                         k_2[j] = K[row_2 + v];
                         v_2[j] = V[row_2 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
 
                     // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -611,18 +475,6 @@ fn main(
                         k_3[j] = K[row_3 + v];
                         v_3[j] = V[row_3 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0: f32 = 0.0;
@@ -632,14 +484,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                     }
                     // dot products of key 1 (an invalid key's score is never used)
@@ -652,14 +496,6 @@ fn main(
                         let j = 1u;
                         dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
                     // dot products of key 2 (an invalid key's score is never used)
                     var dot_2: f32 = 0.0;
                     {
@@ -668,14 +504,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                     }
                     // dot products of key 3 (an invalid key's score is never used)
@@ -688,28 +516,24 @@ fn main(
                         let j = 1u;
                         dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -763,14 +587,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
                         acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                     }
                 }
@@ -803,18 +619,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -831,18 +635,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
                         let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
@@ -867,18 +659,6 @@ fn main(
                         k_2[j] = K[row_2 + v];
                         v_2[j] = V[row_2 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
 
                     // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -899,18 +679,6 @@ fn main(
                         k_3[j] = K[row_3 + v];
                         v_3[j] = V[row_3 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0: f32 = 0.0;
@@ -920,14 +688,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                     }
                     // dot products of key 1 (an invalid key's score is never used)
@@ -940,14 +700,6 @@ fn main(
                         let j = 1u;
                         dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
                     // dot products of key 2 (an invalid key's score is never used)
                     var dot_2: f32 = 0.0;
                     {
@@ -956,14 +708,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                     }
                     // dot products of key 3 (an invalid key's score is never used)
@@ -976,28 +720,24 @@ fn main(
                         let j = 1u;
                         dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -1053,14 +793,6 @@ fn main(
                         let j = 1u;
                         acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                     }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
                 }
             } else {
                 let span = keys.y - min(keys.x, keys.y);
@@ -1087,18 +819,6 @@ fn main(
                         k_0[j] = K[row_0 + v];
                         v_0[j] = V[row_0 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_0[j] = K[row_0 + v];
-                        v_0[j] = V[row_0 + v];
-                    }
 
                     // key 1 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -1115,18 +835,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_1[j] = K[row_1 + v];
-                        v_1[j] = V[row_1 + v];
-                    }
-                    {
-                        let j = 3u;
                         let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                         k_1[j] = K[row_1 + v];
                         v_1[j] = V[row_1 + v];
@@ -1151,18 +859,6 @@ fn main(
                         k_2[j] = K[row_2 + v];
                         v_2[j] = V[row_2 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_2[j] = K[row_2 + v];
-                        v_2[j] = V[row_2 + v];
-                    }
 
                     // key 3 of this iteration: K and V rows loaded whether it counts or not (a key
                     // past the end reads the last key's row), so no load waits behind a branch
@@ -1183,18 +879,6 @@ fn main(
                         k_3[j] = K[row_3 + v];
                         v_3[j] = V[row_3 + v];
                     }
-                    {
-                        let j = 2u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
-                    {
-                        let j = 3u;
-                        let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                        k_3[j] = K[row_3 + v];
-                        v_3[j] = V[row_3 + v];
-                    }
 
                     // dot products of key 0 (an invalid key's score is never used)
                     var dot_0: f32 = 0.0;
@@ -1204,14 +888,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                     }
                     // dot products of key 1 (an invalid key's score is never used)
@@ -1224,14 +900,6 @@ fn main(
                         let j = 1u;
                         dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                    }
                     // dot products of key 2 (an invalid key's score is never used)
                     var dot_2: f32 = 0.0;
                     {
@@ -1240,14 +908,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 2u;
-                        dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                    }
-                    {
-                        let j = 3u;
                         dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                     }
                     // dot products of key 3 (an invalid key's score is never used)
@@ -1260,28 +920,24 @@ fn main(
                         let j = 1u;
                         dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                     }
-                    {
-                        let j = 2u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
-                    {
-                        let j = 3u;
-                        dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                    }
                     // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                     if (subgroup_ok) {
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                         dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                        dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                         dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                        dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                         dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                        dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                         dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                        dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                     } else {
                         // subgroups narrower than a key group: through workgroup memory (uniform branch)
                         let parity = 0u;
@@ -1335,14 +991,6 @@ fn main(
                     }
                     {
                         let j = 1u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 2u;
-                        acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                    }
-                    {
-                        let j = 3u;
                         acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                     }
                 }
@@ -1392,30 +1040,6 @@ fn main(
                 }
                 {
                     let j = 1u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 2u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 3u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;

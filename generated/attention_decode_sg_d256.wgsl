@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bb28865adba225e4dd35f0068913c2481e71ea63f2f59fa6c7f1d99c602baeb1
+// source-hash: sha256:3f35bede520d261c95972db0cdb55c1714bb88c9f99952d41b955e80538bd7a1
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -14,10 +14,10 @@ enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 512u;
-const LANES_PER_KEY: u32 = 8u;
-const VEC_PER_LANE: u32 = 8u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
+const LANES_PER_KEY: u32 = 16u;
+const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 2u;
-const MAX_KEY_GROUPS: u32 = 64u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 8u;
 const NEG_BIG: f32 = -3.402823e+38;
@@ -193,38 +193,6 @@ fn main(
                 q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
             }
         }
-        {
-            let j = 4u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
-        {
-            let j = 5u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
-        {
-            let j = 6u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
-        {
-            let j = 7u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
@@ -268,30 +236,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = ((u.kv_start + min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -314,30 +258,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
@@ -384,30 +304,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = ((u.kv_start + min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -434,30 +330,6 @@ fn main(
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
 
                 // dot products of key 0 (an invalid key's score is never used)
                 var dot_0: f32 = 0.0;
@@ -475,22 +347,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 7u;
                     dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 // dot products of key 1 (an invalid key's score is never used)
@@ -511,30 +367,16 @@ fn main(
                     let j = 3u;
                     dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
-                {
-                    let j = 4u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
                 // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                 if (subgroup_ok) {
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                 } else {
                     // subgroups narrower than a key group: through workgroup memory (uniform branch)
                     let parity = 0u;
@@ -588,22 +430,6 @@ fn main(
                     let j = 3u;
                     acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
                 }
-                {
-                    let j = 4u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
-                {
-                    let j = 5u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
-                {
-                    let j = 6u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
-                {
-                    let j = 7u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
             }
         } else {
             let span = keys.y - min(keys.x, keys.y);
@@ -640,30 +466,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -686,30 +488,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
@@ -756,30 +534,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -806,30 +560,6 @@ fn main(
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
 
                 // dot products of key 0 (an invalid key's score is never used)
                 var dot_0: f32 = 0.0;
@@ -847,22 +577,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 7u;
                     dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 // dot products of key 1 (an invalid key's score is never used)
@@ -883,30 +597,16 @@ fn main(
                     let j = 3u;
                     dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
-                {
-                    let j = 4u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
                 // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                 if (subgroup_ok) {
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                 } else {
                     // subgroups narrower than a key group: through workgroup memory (uniform branch)
                     let parity = 0u;
@@ -958,22 +658,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
-                {
-                    let j = 4u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
-                {
-                    let j = 5u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
-                {
-                    let j = 6u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
-                }
-                {
-                    let j = 7u;
                     acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]);
                 }
             }
@@ -1046,54 +730,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 4u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 5u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 6u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 7u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;

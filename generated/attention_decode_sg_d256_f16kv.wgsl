@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c0e65f64ee2ada31546a7c8ec28a43a88673212b2caf4d30681e49b9c0a92c74
+// source-hash: sha256:1390a32664e3ba49b2ec3d2e681ef5d8cc8f6d42d3124e14950d965170553bb3
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //
@@ -16,10 +16,10 @@ enable subgroups;
 
 const MAX_HEAD_DIM: u32 = 256u;
 const MAX_WORKGROUP_SIZE: u32 = 512u;
-const LANES_PER_KEY: u32 = 8u;
-const VEC_PER_LANE: u32 = 8u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
+const LANES_PER_KEY: u32 = 16u;
+const VEC_PER_LANE: u32 = 4u;  // MAX_HEAD_DIM / 4 / LANES_PER_KEY
 const KEYS_PER_ITER: u32 = 4u;
-const MAX_KEY_GROUPS: u32 = 64u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
+const MAX_KEY_GROUPS: u32 = 32u;  // MAX_WORKGROUP_SIZE / LANES_PER_KEY
 // Rows of the merge buffer: 8 KiB of partial accumulators at most
 const MERGE_ROWS: u32 = 8u;
 const NEG_BIG: f32 = -3.402823e+38;
@@ -189,38 +189,6 @@ fn main(
                 q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
             }
         }
-        {
-            let j = 4u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
-        {
-            let j = 5u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
-        {
-            let j = 6u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
-        {
-            let j = 7u;
-            let v = lane + j * LANES_PER_KEY;
-            if (v < hd4) {
-                let o = q_offset + 4u * v;
-                q[j] = vec4<f32>(Q[o], Q[o + 1u], Q[o + 2u], Q[o + 3u]);
-            }
-        }
         var m: f32 = NEG_BIG;
         var l: f32 = 0.0;
 
@@ -268,30 +236,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -314,30 +258,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
@@ -368,30 +288,6 @@ fn main(
                     next_k_2[j] = K[next_row_2 + v];
                     next_v_2[j] = V[next_row_2 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
 
                 let next_row_3 = (get_kv_pos(min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -414,30 +310,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_3[j] = K[next_row_3 + v];
                     next_v_3[j] = V[next_row_3 + v];
@@ -496,30 +368,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -542,30 +390,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
@@ -596,30 +420,6 @@ fn main(
                     next_k_2[j] = K[next_row_2 + v];
                     next_v_2[j] = V[next_row_2 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
 
                 let next_row_3 = (get_kv_pos(min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -646,30 +446,6 @@ fn main(
                     next_k_3[j] = K[next_row_3 + v];
                     next_v_3[j] = V[next_row_3 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
 
                 // dot products of key 0 (an invalid key's score is never used)
                 var dot_0: f32 = 0.0;
@@ -687,22 +463,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 7u;
                     dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 // dot products of key 1 (an invalid key's score is never used)
@@ -723,22 +483,6 @@ fn main(
                     let j = 3u;
                     dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
-                {
-                    let j = 4u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
                 // dot products of key 2 (an invalid key's score is never used)
                 var dot_2: f32 = 0.0;
                 {
@@ -755,22 +499,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 7u;
                     dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                 }
                 // dot products of key 3 (an invalid key's score is never used)
@@ -791,36 +519,24 @@ fn main(
                     let j = 3u;
                     dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                 }
-                {
-                    let j = 4u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
                 // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                 if (subgroup_ok) {
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                 } else {
                     // subgroups narrower than a key group: through workgroup memory (uniform branch)
                     let parity = 0u;
@@ -884,22 +600,6 @@ fn main(
                     let j = 3u;
                     acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                 }
-                {
-                    let j = 4u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
-                {
-                    let j = 5u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
-                {
-                    let j = 6u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
-                {
-                    let j = 7u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
             }
         } else {
             let span = keys.y - min(keys.x, keys.y);
@@ -940,30 +640,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = (get_kv_pos(min(keys.x + kg + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -986,30 +662,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
@@ -1040,30 +692,6 @@ fn main(
                     next_k_2[j] = K[next_row_2 + v];
                     next_v_2[j] = V[next_row_2 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
 
                 let next_row_3 = (get_kv_pos(min(keys.x + kg + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -1086,30 +714,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_3[j] = K[next_row_3 + v];
                     next_v_3[j] = V[next_row_3 + v];
@@ -1168,30 +772,6 @@ fn main(
                     next_k_0[j] = K[next_row_0 + v];
                     next_v_0[j] = V[next_row_0 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_0[j] = K[next_row_0 + v];
-                    next_v_0[j] = V[next_row_0 + v];
-                }
 
                 let next_row_1 = (get_kv_pos(min(base + per_iter + 1u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -1214,30 +794,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_1[j] = K[next_row_1 + v];
-                    next_v_1[j] = V[next_row_1 + v];
-                }
-                {
-                    let j = 7u;
                     let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
                     next_k_1[j] = K[next_row_1 + v];
                     next_v_1[j] = V[next_row_1 + v];
@@ -1268,30 +824,6 @@ fn main(
                     next_k_2[j] = K[next_row_2 + v];
                     next_v_2[j] = V[next_row_2 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_2[j] = K[next_row_2 + v];
-                    next_v_2[j] = V[next_row_2 + v];
-                }
 
                 let next_row_3 = (get_kv_pos(min(base + per_iter + 3u * nkg, keys.y - 1u)) * u.num_kv_heads + kv_head_idx) * hd4;
                 {
@@ -1318,30 +850,6 @@ fn main(
                     next_k_3[j] = K[next_row_3 + v];
                     next_v_3[j] = V[next_row_3 + v];
                 }
-                {
-                    let j = 4u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 5u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 6u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
-                {
-                    let j = 7u;
-                    let v = min(lane + j * LANES_PER_KEY, hd4 - 1u);
-                    next_k_3[j] = K[next_row_3 + v];
-                    next_v_3[j] = V[next_row_3 + v];
-                }
 
                 // dot products of key 0 (an invalid key's score is never used)
                 var dot_0: f32 = 0.0;
@@ -1359,22 +867,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
-                }
-                {
-                    let j = 7u;
                     dot_0 = dot_0 + dot(q[j], vec4<f32>(k_0[j]));
                 }
                 // dot products of key 1 (an invalid key's score is never used)
@@ -1395,22 +887,6 @@ fn main(
                     let j = 3u;
                     dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
                 }
-                {
-                    let j = 4u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_1 = dot_1 + dot(q[j], vec4<f32>(k_1[j]));
-                }
                 // dot products of key 2 (an invalid key's score is never used)
                 var dot_2: f32 = 0.0;
                 {
@@ -1427,22 +903,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 4u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
-                }
-                {
-                    let j = 7u;
                     dot_2 = dot_2 + dot(q[j], vec4<f32>(k_2[j]));
                 }
                 // dot products of key 3 (an invalid key's score is never used)
@@ -1463,36 +923,24 @@ fn main(
                     let j = 3u;
                     dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
                 }
-                {
-                    let j = 4u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
-                {
-                    let j = 5u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
-                {
-                    let j = 6u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
-                {
-                    let j = 7u;
-                    dot_3 = dot_3 + dot(q[j], vec4<f32>(k_3[j]));
-                }
                 // Sum the partial dot products of the LANES_PER_KEY lanes of each key group
                 if (subgroup_ok) {
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 1u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 2u);
                     dot_0 = dot_0 + subgroupShuffleXor(dot_0, 4u);
+                    dot_0 = dot_0 + subgroupShuffleXor(dot_0, 8u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 1u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 2u);
                     dot_1 = dot_1 + subgroupShuffleXor(dot_1, 4u);
+                    dot_1 = dot_1 + subgroupShuffleXor(dot_1, 8u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 1u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 2u);
                     dot_2 = dot_2 + subgroupShuffleXor(dot_2, 4u);
+                    dot_2 = dot_2 + subgroupShuffleXor(dot_2, 8u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 1u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 2u);
                     dot_3 = dot_3 + subgroupShuffleXor(dot_3, 4u);
+                    dot_3 = dot_3 + subgroupShuffleXor(dot_3, 8u);
                 } else {
                     // subgroups narrower than a key group: through workgroup memory (uniform branch)
                     let parity = 0u;
@@ -1554,22 +1002,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
-                {
-                    let j = 4u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
-                {
-                    let j = 5u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
-                {
-                    let j = 6u;
-                    acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
-                }
-                {
-                    let j = 7u;
                     acc[j] = acc[j] * correction + p_0 * vec4<f32>(v_0[j]) + p_1 * vec4<f32>(v_1[j]) + p_2 * vec4<f32>(v_2[j]) + p_3 * vec4<f32>(v_3[j]);
                 }
             }
@@ -1642,54 +1074,6 @@ fn main(
                 }
                 {
                     let j = 3u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 4u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 5u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 6u;
-                    let v = lane + j * LANES_PER_KEY;
-                    if (v < hd4) {
-                        let scaled = acc[j] * rescale;
-                        if (r == 0u) {
-                            merge_acc[row + v] = scaled;
-                        } else {
-                            merge_acc[row + v] = merge_acc[row + v] + scaled;
-                        }
-                    }
-                }
-                {
-                    let j = 7u;
                     let v = lane + j * LANES_PER_KEY;
                     if (v < hd4) {
                         let scaled = acc[j] * rescale;
