@@ -203,6 +203,10 @@ def test_the_variants_16_lane_lavapipe_validates_are_the_ones_whose_shuffles_nee
         for name, entry in manifest["variants"].items()
     }
     assert sorted(n for n, w in width.items() if 8 < w <= 16) == [
+        "attention_decode_sg_d128_f16",
+        "attention_decode_sg_d256",
+        "attention_decode_sg_d256_f16",
+        "attention_decode_sg_d256_f16kv",
         "attention_decode_split_d128_f16",
         "attention_decode_split_long_d128_f16",
         "attention_decode_tiered_f16_sg",
