@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:560a5a93649f008000327bb31ebdbb57f6422a40e2f3c4b564a1f21837047fb0
+// source-hash: sha256:bd15534d736aac3c780c3203d45af717109aa6a7f999a37ff7b69259e2494a47
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:09c98111391d570f952e5a8558329f8de0cbcd5948df7c8c827713e7c3ca2e45
+// source-hash: sha256:79b7ba192bb4ca19696afe1882a18cba90bbcc6d5a048afefa25a6132229cfb4
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:31768a203dbf5d9083a901fe3c95506bed3d7bdf750cb14d4fb7ebd3d6965bf8
+// source-hash: sha256:98fc8f52b71754dbfdc1efb84c6034fec674c76a3f15806a140b05904d8e60d2
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cdbb9ffd0a0f43dc51604188beaa4c3d510d407b826519a5a6cc2204f3c9d996
+// source-hash: sha256:6e5573335753c1c889e46347ec7ab42c3d5f88c007b3253a12e00d5744327145
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -542,6 +542,7 @@ fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
     @builtin(workgroup_id) workgroup_id: vec3<u32>,
     @builtin(subgroup_size) subgroup_size: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
     let head_idx = workgroup_id.x;
     let head_dim = u.head_dim;
@@ -594,6 +595,8 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    // What is stored where the subgroups are laid out otherwise than the shuffles need
+    let poison = bitcast<f32>(0x7fc00000u | (subgroup_size & 0u));
     // The key loops twice, with and without the softcap, so that no score branches on it
     if (u.attn_softcap > 0.0) {
         if (head_dim % DIMS_PER_LANE == 0u) {
@@ -653,6 +656,18 @@ fn main(
         }
     }
 
+    // The shuffles need each subgroup to be lanes 0 .. n - 1 holding tid = run_base + sg_lane, one
+    // run_base a multiple of subgroup_size, n a multiple of lanes_per_key (so every lane group is
+    // whole, in order), and n = subgroup_size where the workgroup is whole subgroups (the merge
+    // below takes a subgroup's groups to be its block's). Any subgroup laid out otherwise holds a
+    // representative of some block (a block's first lanes sit in no subgroup that passes), which
+    // flags the row.
+    let run_base = tid - sg_lane;
+    let members = subgroupAdd(1u);
+    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+        (members % lanes_per_key == 0u) & (run_base == subgroupBroadcastFirst(run_base)) &
+        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+    let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;
     if (by_subgroup) {
@@ -678,15 +693,22 @@ fn main(
     if (is_rep && group_lane == 0u) {
         exchange[4u * rep] = run_max;
         exchange[4u * rep + 1u] = run_sum;
+        exchange[4u * rep + 2u] = select(0.0, 1.0, misplaced);
     }
     workgroupBarrier();
     var row_max = MASKED_SCORE;
     var row_sum = 0.0;
+    var flagged = false;
     for (var r: u32 = 0u; r < reps; r++) {
         let m = max(row_max, exchange[4u * r]);
         row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
         row_max = m;
+        flagged = flagged || exchange[4u * r + 2u] != 0.0;
     }
+    // NaN is stored where a subgroup is laid out otherwise
+    let spoiled = flagged;
+    row_max = select(row_max, poison, spoiled);
+    row_sum = select(row_sum, poison, spoiled);
     var inv_sum = select(0.0, 1.0 / row_sum, row_sum > 0.0);
     // This block's share of the softmax, relative to the row max
     let weight = exp(run_max - row_max);
@@ -703,6 +725,7 @@ fn main(
         for (var r: u32 = 0u; r < reps; r++) {
             total += get4(r * lanes_per_key + group_lane);
         }
+        total = select(total, vec4<f32>(poison), spoiled);
         total = total * inv_sum;
         if (dim0 + 0u < head_dim) { output[out_base + 0u] = total[0]; }
         if (dim0 + 1u < head_dim) { output[out_base + 1u] = total[1]; }
@@ -721,6 +744,7 @@ fn main(
         for (var r: u32 = 0u; r < reps; r++) {
             total += get4(r * lanes_per_key + group_lane);
         }
+        total = select(total, vec4<f32>(poison), spoiled);
         total = total * inv_sum;
         if (dim0 + 4u < head_dim) { output[out_base + 4u] = total[0]; }
         if (dim0 + 5u < head_dim) { output[out_base + 5u] = total[1]; }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:93d677d7875b49f2730a22b457dcb7c3ce83b18ea8a654a5cf21dbc4487c2975
+// source-hash: sha256:d985bdb488670fc56a389c153c87901aeb6df8860baf25ad8db7990563c42b13
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -938,6 +938,7 @@ fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
     @builtin(workgroup_id) workgroup_id: vec3<u32>,
     @builtin(subgroup_size) subgroup_size: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
     // Workgroup -> (split, KV head, chunk of the KV head's query heads); a chunk past the group's
     // end serves its last head again and stores nothing for it
@@ -1062,6 +1063,8 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    // What is stored where the subgroups are laid out otherwise than the shuffles need
+    let poison = bitcast<f32>(0x7fc00000u | (subgroup_size & 0u));
     // The key loops twice, with and without the softcap, so that no score branches on it
     if (u.attn_softcap > 0.0) {
         if (head_dim % DIMS_PER_LANE == 0u) {
@@ -1121,6 +1124,18 @@ fn main(
         }
     }
 
+    // The shuffles need each subgroup to be lanes 0 .. n - 1 holding tid = run_base + sg_lane, one
+    // run_base a multiple of subgroup_size, n a multiple of lanes_per_key (so every lane group is
+    // whole, in order), and n = subgroup_size where the workgroup is whole subgroups (the merge
+    // below takes a subgroup's groups to be its block's). Any subgroup laid out otherwise holds a
+    // representative of some block (a block's first lanes sit in no subgroup that passes), which
+    // flags the row.
+    let run_base = tid - sg_lane;
+    let members = subgroupAdd(1u);
+    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+        (members % lanes_per_key == 0u) & (run_base == subgroupBroadcastFirst(run_base)) &
+        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+    let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;
     if (by_subgroup) {
@@ -1182,15 +1197,22 @@ fn main(
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h0;
             exchange[4u * rep + 1u] = run_sum_h0;
+            exchange[4u * rep + 2u] = select(0.0, 1.0, misplaced);
         }
         workgroupBarrier();
         var row_max = MASKED_SCORE;
         var row_sum = 0.0;
+        var flagged = false;
         for (var r: u32 = 0u; r < reps; r++) {
             let m = max(row_max, exchange[4u * r]);
             row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
             row_max = m;
+            flagged = flagged || exchange[4u * r + 2u] != 0.0;
         }
+        // NaN is stored where a subgroup is laid out otherwise
+        let spoiled = flagged;
+        row_max = select(row_max, poison, spoiled);
+        row_sum = select(row_sum, poison, spoiled);
         // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
         // reduce pass normalises (and applies masked_row)
         let partial_slot = split * u.num_heads + head_idx_h0;
@@ -1213,6 +1235,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
             if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
@@ -1230,6 +1253,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
             if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
@@ -1241,15 +1265,22 @@ fn main(
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h1;
             exchange[4u * rep + 1u] = run_sum_h1;
+            exchange[4u * rep + 2u] = select(0.0, 1.0, misplaced);
         }
         workgroupBarrier();
         var row_max = MASKED_SCORE;
         var row_sum = 0.0;
+        var flagged = false;
         for (var r: u32 = 0u; r < reps; r++) {
             let m = max(row_max, exchange[4u * r]);
             row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
             row_max = m;
+            flagged = flagged || exchange[4u * r + 2u] != 0.0;
         }
+        // NaN is stored where a subgroup is laid out otherwise
+        let spoiled = flagged;
+        row_max = select(row_max, poison, spoiled);
+        row_sum = select(row_sum, poison, spoiled);
         // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
         // reduce pass normalises (and applies masked_row)
         let partial_slot = split * u.num_heads + head_idx_h1;
@@ -1272,6 +1303,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
             if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
@@ -1289,6 +1321,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
             if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
@@ -1300,15 +1333,22 @@ fn main(
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h2;
             exchange[4u * rep + 1u] = run_sum_h2;
+            exchange[4u * rep + 2u] = select(0.0, 1.0, misplaced);
         }
         workgroupBarrier();
         var row_max = MASKED_SCORE;
         var row_sum = 0.0;
+        var flagged = false;
         for (var r: u32 = 0u; r < reps; r++) {
             let m = max(row_max, exchange[4u * r]);
             row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
             row_max = m;
+            flagged = flagged || exchange[4u * r + 2u] != 0.0;
         }
+        // NaN is stored where a subgroup is laid out otherwise
+        let spoiled = flagged;
+        row_max = select(row_max, poison, spoiled);
+        row_sum = select(row_sum, poison, spoiled);
         // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
         // reduce pass normalises (and applies masked_row)
         let partial_slot = split * u.num_heads + head_idx_h2;
@@ -1331,6 +1371,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
             if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
@@ -1348,6 +1389,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
             if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }
@@ -1359,15 +1401,22 @@ fn main(
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h3;
             exchange[4u * rep + 1u] = run_sum_h3;
+            exchange[4u * rep + 2u] = select(0.0, 1.0, misplaced);
         }
         workgroupBarrier();
         var row_max = MASKED_SCORE;
         var row_sum = 0.0;
+        var flagged = false;
         for (var r: u32 = 0u; r < reps; r++) {
             let m = max(row_max, exchange[4u * r]);
             row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
             row_max = m;
+            flagged = flagged || exchange[4u * r + 2u] != 0.0;
         }
+        // NaN is stored where a subgroup is laid out otherwise
+        let spoiled = flagged;
+        row_max = select(row_max, poison, spoiled);
+        row_sum = select(row_sum, poison, spoiled);
         // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
         // reduce pass normalises (and applies masked_row)
         let partial_slot = split * u.num_heads + head_idx_h3;
@@ -1390,6 +1439,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
             if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
@@ -1407,6 +1457,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
             if (dim0 + 6u < head_dim) { partial_acc[out_base + 6u] = total[2]; }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d6fd17c90c2a669e4624f590c023509cfd2e5aff6a978025c28fc7b4dd217469
+// source-hash: sha256:988ecf4278ed5416bd31a71f123aeca63f08a47dc065f34ae3504727b31b80ab
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -492,6 +492,7 @@ fn main(
     @builtin(local_invocation_id) local_id: vec3<u32>,
     @builtin(workgroup_id) workgroup_id: vec3<u32>,
     @builtin(subgroup_size) subgroup_size: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
     // Workgroup -> (split, KV head, chunk of the KV head's query heads); a chunk past the group's
     // end serves its last head again and stores nothing for it
@@ -570,6 +571,8 @@ fn main(
     let keys_per_step = groups * 2u;
     // Lane groups reduce by subgroup shuffles when a group fits in a subgroup (0: workgroup memory)
     let shuffle_width = select(0u, lanes_per_key, lanes_per_key <= subgroup_size);
+    // What is stored where the subgroups are laid out otherwise than the shuffles need
+    let poison = bitcast<f32>(0x7fc00000u | (subgroup_size & 0u));
     // The key loops twice, with and without the softcap, so that no score branches on it
     if (u.attn_softcap > 0.0) {
         if (cold_first < cold_last) {
@@ -599,6 +602,18 @@ fn main(
         }
     }
 
+    // The shuffles need each subgroup to be lanes 0 .. n - 1 holding tid = run_base + sg_lane, one
+    // run_base a multiple of subgroup_size, n a multiple of lanes_per_key (so every lane group is
+    // whole, in order), and n = subgroup_size where the workgroup is whole subgroups (the merge
+    // below takes a subgroup's groups to be its block's). Any subgroup laid out otherwise holds a
+    // representative of some block (a block's first lanes sit in no subgroup that passes), which
+    // flags the row.
+    let run_base = tid - sg_lane;
+    let members = subgroupAdd(1u);
+    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+        (members % lanes_per_key == 0u) & (run_base == subgroupBroadcastFirst(run_base)) &
+        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+    let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;
     if (by_subgroup) {
@@ -636,15 +651,22 @@ fn main(
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h0;
             exchange[4u * rep + 1u] = run_sum_h0;
+            exchange[4u * rep + 2u] = select(0.0, 1.0, misplaced);
         }
         workgroupBarrier();
         var row_max = MASKED_SCORE;
         var row_sum = 0.0;
+        var flagged = false;
         for (var r: u32 = 0u; r < reps; r++) {
             let m = max(row_max, exchange[4u * r]);
             row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
             row_max = m;
+            flagged = flagged || exchange[4u * r + 2u] != 0.0;
         }
+        // NaN is stored where a subgroup is laid out otherwise
+        let spoiled = flagged;
+        row_max = select(row_max, poison, spoiled);
+        row_sum = select(row_sum, poison, spoiled);
         // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
         // reduce pass normalises (and applies masked_row)
         let partial_slot = split * u.num_heads + head_idx_h0;
@@ -667,6 +689,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
             if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }
@@ -678,15 +701,22 @@ fn main(
         if (is_rep && group_lane == 0u) {
             exchange[4u * rep] = run_max_h1;
             exchange[4u * rep + 1u] = run_sum_h1;
+            exchange[4u * rep + 2u] = select(0.0, 1.0, misplaced);
         }
         workgroupBarrier();
         var row_max = MASKED_SCORE;
         var row_sum = 0.0;
+        var flagged = false;
         for (var r: u32 = 0u; r < reps; r++) {
             let m = max(row_max, exchange[4u * r]);
             row_sum = row_sum * exp(row_max - m) + exchange[4u * r + 1u] * exp(exchange[4u * r] - m);
             row_max = m;
+            flagged = flagged || exchange[4u * r + 2u] != 0.0;
         }
+        // NaN is stored where a subgroup is laid out otherwise
+        let spoiled = flagged;
+        row_max = select(row_max, poison, spoiled);
+        row_sum = select(row_sum, poison, spoiled);
         // Split-KV pass 1: this split's (max, sum) and unnormalised accumulator go to scratch; the
         // reduce pass normalises (and applies masked_row)
         let partial_slot = split * u.num_heads + head_idx_h1;
@@ -709,6 +739,7 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
             if (dim0 + 2u < head_dim) { partial_acc[out_base + 2u] = total[2]; }

@@ -229,3 +229,64 @@ def test_unrolled_rounds_that_add_the_neighbours_fail(device: Device, project_co
     report = validate_variant(device, kernel, entry, quick=True, seed=0)
     assert report.status == "FAIL"
     assert not KernelRunner(device, kernel, entry).run_case(_narrow_case(64)).passed
+
+
+TRADE_CASE = CaseSpec(
+    "GQA 4, head_dim 32 (lane groups of 4 or 8, within the subgroup)",
+    num_heads=8,
+    num_kv_heads=2,
+    cold_len=300,
+    hot_len=20,
+    hot_start=300,
+    hot_window=32,
+    start_pos=319,
+    head_dim=32,
+    seed=3,
+)
+
+
+@pytest.mark.parametrize(
+    "name", ["attention_decode_tiered_f16_sg", "attention_decode_tiered_split_short_f16"]
+)
+def test_subgroups_laid_out_otherwise_store_nan_not_a_wrong_answer(
+    device: Device, project_copy: Path, name: str
+) -> None:
+    """WGSL does not say which invocations share a subgroup; the shuffles need runs of
+    consecutive invocations. Simulated: invocations 3 and width + 3 trade their local index,
+    keeping their lane numbers (lane == index % width still holds). Without the layout check
+    the shuffles mix two key groups' dots and the kernel stores finite, wrong values; with it,
+    every element is NaN (the split variant's through its reduce pass). Untraded, the answer
+    passes as usual."""
+    width = subgroup_width(device)
+    if width is None or width < 8:
+        pytest.skip(
+            f"this adapter's subgroups are {width} wide: the case's 8-lane groups do not fit"
+        )
+    usual = KernelRunner(device, *render_variant(REPO_ROOT, name)).run_case(
+        TRADE_CASE, keep_output=True
+    )
+    assert usual.passed and np.isfinite(usual.output).all()
+    traded = (
+        f"select(local_id.x, local_id.x ^ {width}u, "
+        f"local_id.x % {width}u == 3u && local_id.x < {2 * width}u)"
+    )
+    edit(
+        project_copy / "templates/attention_decode_tiered.wgsl.j2",
+        'tiered.init_lane("local_id.x"',
+        f'tiered.init_lane("{traded}"',
+    )
+    checked = KernelRunner(device, *render_variant(project_copy, name)).run_case(
+        TRADE_CASE, keep_output=True
+    )
+    assert checked.output is not None and np.isnan(checked.output).all()
+    assert not checked.passed
+    edit(
+        project_copy / "templates/lib/tiered_decode.wgsl.j2",
+        "let misplaced = shuffle_width > 0u && !laid_out;",
+        "let misplaced = false;",
+    )
+    unchecked = KernelRunner(device, *render_variant(project_copy, name)).run_case(
+        TRADE_CASE, keep_output=True
+    )
+    assert unchecked.output is not None and np.isfinite(unchecked.output).all()
+    assert not unchecked.passed, "the trade must matter, or this test proves nothing"
