@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:79b7ba192bb4ca19696afe1882a18cba90bbcc6d5a048afefa25a6132229cfb4
+// source-hash: sha256:6c688c911d33a14de3512d16fc06eca24292e66dfed553d97d4449eeed094c61
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

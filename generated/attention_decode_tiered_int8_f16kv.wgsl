@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:50c4037ea236c9ca52b11a88fa0d9568e2f1920f3759a845e975ac6772d9f9cc
+// source-hash: sha256:0a1e1bf2da62ca2f06dda2ca1eb414a6ac7bde8f38242cfe5eb8729362aea55b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6e5573335753c1c889e46347ec7ab42c3d5f88c007b3253a12e00d5744327145
+// source-hash: sha256:a5665756b1241cc626d0e6d606c395981568ad50eb5d39fcb18ea3676f3ea624
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -658,14 +658,16 @@ fn main(
 
     // The shuffles need each subgroup to be lanes 0 .. n - 1 holding tid = run_base + sg_lane, one
     // run_base a multiple of subgroup_size, n a multiple of lanes_per_key (so every lane group is
-    // whole, in order), and n = subgroup_size where the workgroup is whole subgroups (the merge
-    // below takes a subgroup's groups to be its block's). Any subgroup laid out otherwise holds a
-    // representative of some block (a block's first lanes sit in no subgroup that passes), which
-    // flags the row.
+    // whole, in order) unless the run ends the workgroup (whose last, partial group is in no key
+    // group), and n = subgroup_size where the workgroup is whole subgroups (the merge below takes
+    // a subgroup's groups to be its block's). A subgroup laid out otherwise that holds a live
+    // lane holds the representative of that lane's block (a subgroup that passes holds whole
+    // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
     let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
-        (members % lanes_per_key == 0u) & (run_base == subgroupBroadcastFirst(run_base)) &
+        ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
+        (run_base == subgroupBroadcastFirst(run_base)) &
         ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
@@ -725,8 +727,10 @@ fn main(
         for (var r: u32 = 0u; r < reps; r++) {
             total += get4(r * lanes_per_key + group_lane);
         }
-        total = select(total, vec4<f32>(poison), spoiled);
         total = total * inv_sum;
+        // (selected after the last product: the NaN stored is the poison's bits, not the result
+        // of arithmetic on a NaN, which WGSL lets an implementation assume away)
+        total = select(total, vec4<f32>(poison), spoiled);
         if (dim0 + 0u < head_dim) { output[out_base + 0u] = total[0]; }
         if (dim0 + 1u < head_dim) { output[out_base + 1u] = total[1]; }
         if (dim0 + 2u < head_dim) { output[out_base + 2u] = total[2]; }
@@ -744,8 +748,10 @@ fn main(
         for (var r: u32 = 0u; r < reps; r++) {
             total += get4(r * lanes_per_key + group_lane);
         }
-        total = select(total, vec4<f32>(poison), spoiled);
         total = total * inv_sum;
+        // (selected after the last product: the NaN stored is the poison's bits, not the result
+        // of arithmetic on a NaN, which WGSL lets an implementation assume away)
+        total = select(total, vec4<f32>(poison), spoiled);
         if (dim0 + 4u < head_dim) { output[out_base + 4u] = total[0]; }
         if (dim0 + 5u < head_dim) { output[out_base + 5u] = total[1]; }
         if (dim0 + 6u < head_dim) { output[out_base + 6u] = total[2]; }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:84217e2bcb4d8966e9548424eee0b95b6d2030315a1cc827fa0c7407dbf45789
+// source-hash: sha256:b671c119f7562c6f6bdc20001461342317d091fd8ec09e20136f390211eb102a
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -857,14 +857,16 @@ fn main(
 
     // The shuffles need each subgroup to be lanes 0 .. n - 1 holding tid = run_base + sg_lane, one
     // run_base a multiple of subgroup_size, n a multiple of lanes_per_key (so every lane group is
-    // whole, in order), and n = subgroup_size where the workgroup is whole subgroups (the merge
-    // below takes a subgroup's groups to be its block's). Any subgroup laid out otherwise holds a
-    // representative of some block (a block's first lanes sit in no subgroup that passes), which
-    // flags the row.
+    // whole, in order) unless the run ends the workgroup (whose last, partial group is in no key
+    // group), and n = subgroup_size where the workgroup is whole subgroups (the merge below takes
+    // a subgroup's groups to be its block's). A subgroup laid out otherwise that holds a live
+    // lane holds the representative of that lane's block (a subgroup that passes holds whole
+    // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
     let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
-        (members % lanes_per_key == 0u) & (run_base == subgroupBroadcastFirst(run_base)) &
+        ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
+        (run_base == subgroupBroadcastFirst(run_base)) &
         ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
@@ -966,6 +968,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -984,6 +988,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1034,6 +1040,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1052,6 +1060,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1102,6 +1112,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1120,6 +1132,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1170,6 +1184,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1188,6 +1204,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d985bdb488670fc56a389c153c87901aeb6df8860baf25ad8db7990563c42b13
+// source-hash: sha256:fdb85e0321d3cb6de91d24925351c23691093907d55aa2d37264940d89560248
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -1126,14 +1126,16 @@ fn main(
 
     // The shuffles need each subgroup to be lanes 0 .. n - 1 holding tid = run_base + sg_lane, one
     // run_base a multiple of subgroup_size, n a multiple of lanes_per_key (so every lane group is
-    // whole, in order), and n = subgroup_size where the workgroup is whole subgroups (the merge
-    // below takes a subgroup's groups to be its block's). Any subgroup laid out otherwise holds a
-    // representative of some block (a block's first lanes sit in no subgroup that passes), which
-    // flags the row.
+    // whole, in order) unless the run ends the workgroup (whose last, partial group is in no key
+    // group), and n = subgroup_size where the workgroup is whole subgroups (the merge below takes
+    // a subgroup's groups to be its block's). A subgroup laid out otherwise that holds a live
+    // lane holds the representative of that lane's block (a subgroup that passes holds whole
+    // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
     let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
-        (members % lanes_per_key == 0u) & (run_base == subgroupBroadcastFirst(run_base)) &
+        ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
+        (run_base == subgroupBroadcastFirst(run_base)) &
         ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
@@ -1235,6 +1237,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1253,6 +1257,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1303,6 +1309,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1321,6 +1329,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1371,6 +1381,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1389,6 +1401,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1439,6 +1453,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1457,6 +1473,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }

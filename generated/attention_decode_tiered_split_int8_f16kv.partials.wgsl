@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fdbf829a29be7a07b7fb3d335396669114e9810d5138dc54c1b1f9e626e2acba
+// source-hash: sha256:a96e6221283ee233b63e71ddd65eebcbd661496f77f7c6e84a4e613a845b5abd
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -1137,14 +1137,16 @@ fn main(
 
     // The shuffles need each subgroup to be lanes 0 .. n - 1 holding tid = run_base + sg_lane, one
     // run_base a multiple of subgroup_size, n a multiple of lanes_per_key (so every lane group is
-    // whole, in order), and n = subgroup_size where the workgroup is whole subgroups (the merge
-    // below takes a subgroup's groups to be its block's). Any subgroup laid out otherwise holds a
-    // representative of some block (a block's first lanes sit in no subgroup that passes), which
-    // flags the row.
+    // whole, in order) unless the run ends the workgroup (whose last, partial group is in no key
+    // group), and n = subgroup_size where the workgroup is whole subgroups (the merge below takes
+    // a subgroup's groups to be its block's). A subgroup laid out otherwise that holds a live
+    // lane holds the representative of that lane's block (a subgroup that passes holds whole
+    // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
     let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
-        (members % lanes_per_key == 0u) & (run_base == subgroupBroadcastFirst(run_base)) &
+        ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
+        (run_base == subgroupBroadcastFirst(run_base)) &
         ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
@@ -1246,6 +1248,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1264,6 +1268,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1314,6 +1320,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1332,6 +1340,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1382,6 +1392,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1400,6 +1412,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }
@@ -1450,6 +1464,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 0u < head_dim) { partial_acc[out_base + 0u] = total[0]; }
             if (dim0 + 1u < head_dim) { partial_acc[out_base + 1u] = total[1]; }
@@ -1468,6 +1484,8 @@ fn main(
             for (var r: u32 = 0u; r < reps; r++) {
                 total += get4(r * lanes_per_key + group_lane);
             }
+            // (selected after the last product: the NaN stored is the poison's bits, not the result
+            // of arithmetic on a NaN, which WGSL lets an implementation assume away)
             total = select(total, vec4<f32>(poison), spoiled);
             if (dim0 + 4u < head_dim) { partial_acc[out_base + 4u] = total[0]; }
             if (dim0 + 5u < head_dim) { partial_acc[out_base + 5u] = total[1]; }

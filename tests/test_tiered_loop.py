@@ -290,3 +290,21 @@ def test_subgroups_laid_out_otherwise_store_nan_not_a_wrong_answer(
     )
     assert unchecked.output is not None and np.isfinite(unchecked.output).all()
     assert not unchecked.passed, "the trade must matter, or this test proves nothing"
+
+
+def test_a_workgroup_ending_in_a_partial_lane_group_is_not_flagged(device: Device) -> None:
+    """A workgroup that is not whole lane groups ends in a subgroup whose lane count is not a
+    multiple of the lane group; its last, partial group is in no key group, so that subgroup is
+    laid out as the shuffles need and must not make the row NaN. Here 62 invocations on 8-lane
+    subgroups with 4-lane groups (head_dim 32): the last subgroup holds lanes 56..61, among them
+    the representative of the group at 56."""
+    width = subgroup_width(device)
+    if width is None or width < 8:
+        pytest.skip(f"this adapter's subgroups are {width} wide: the case's 4-lane groups need 8")
+    kernel, entry = render_variant(REPO_ROOT, "attention_decode_tiered_f16_sg")
+    size = 8 * width - 2  # 62 on 8 lanes: the trailing subgroup holds 6 of them
+    result = KernelRunner(device, kernel, entry, {"WORKGROUP_SIZE": size}).run_case(
+        TRADE_CASE, keep_output=True
+    )
+    assert result.output is not None and np.isfinite(result.output).all()
+    assert result.passed, result.verdict
