@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bff03602ca5324bcf7cee3f329fb0719fada912f5c664bbc669b4bb8badc9bd3
+// source-hash: sha256:977d1629b6d53ad34ae988d8276d360821e1b27c49a97e4c66a59870b7905254
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1c2d387d3516559f1a3a489c7e1a645ca3a455d57acf035faaa0836b4e6bd1c1
+// source-hash: sha256:e209bc50aa72fa2506a98e0175d53233bec31fec0dcd85245a47458458b792da
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2e1dd77a743eb531bc539e5cd06a5882618094d9b6bff7ca366de8935a29fe53
+// source-hash: sha256:acf6c715aa98a840aa7845b5fcf63a5a2b48f13eb0e8455fb735a4b7883035e6
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3f35bede520d261c95972db0cdb55c1714bb88c9f99952d41b955e80538bd7a1
+// source-hash: sha256:6b91445551af94b476cdbd53de287e011182dad87e5f899561ce1b2b3ed63ede
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

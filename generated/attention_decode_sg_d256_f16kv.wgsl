@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1390a32664e3ba49b2ec3d2e681ef5d8cc8f6d42d3124e14950d965170553bb3
+// source-hash: sha256:3421b47c98880f2920789e5cffc85c3b4d27b53e7dc1e6b44096908ef15dcb67
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8023530484f60464e258fdbd1b83851a37bc9ffd914f4da1ca64d36f184842d6
+// source-hash: sha256:3eb94d901756c53a67d404c25a800bd1482b02d92916f01e2e0fea8f339fe5ae
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d8d61a52aa81f3b610f8c9d8f7650324795de47b26ebff53462605f4cdca5677
+// source-hash: sha256:8bbd150db3c64434b1fe265266570da15fd236f961569dac4b141ab2bac6578d
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:369923d3f40c7059049ac0901864b6bffaa313fa94fcf4a24940d8b5f09b96ae
+// source-hash: sha256:9713dba80919be91675804f3d07dcd1b1b21532ed486976d351ed1694e344c51
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

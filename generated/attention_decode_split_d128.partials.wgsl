@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e2cffb01a48e5a153848652bf3b3c9959a84872a46879aabbf550b73104db113
+// source-hash: sha256:998f2d88bc7ad258e997885b33e0753a9f1a17bce11a8e359ef3be5a70436937
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4a0faea0611754f09a21274619a6d8aeb342eab82c9b3f4bcb0c1f2a1958a7e3
+// source-hash: sha256:1a94c5f928069ba56c5c787d017d6002ee605063e36b445d958e4d8eae4e3ed3
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3f7a3d7de618967292b1243d0dd7dc86a6dffc4c710db2e7ceb4ccd96b322dce
+// source-hash: sha256:4738db5fbcac3a54939e2e9197594418630ae3d6d9c582adf8d24d737c537d28
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

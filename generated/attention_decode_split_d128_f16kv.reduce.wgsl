@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:eb482f6cbf906823947a27dfa413848e6537143a9c1a0cdb00f4df0677706c40
+// source-hash: sha256:448f8b346873ffe73523712189a4b985a0092f58e3c3367681be2045a87e3303
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

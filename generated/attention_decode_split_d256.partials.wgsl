@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:670a6881bfb2a3455f269ef018d5efba5739bbebfb742b7c2cd770077f5fbd42
+// source-hash: sha256:a7ea939a853b848fb0bf9637e7f4a42fd9b381121267faa3376f7b9ee3b43e8e
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ddb1422846fe0efd43cf7dc8b310c8ea749217732066d19c03ab7d85f109a206
+// source-hash: sha256:e33acbd5daf8291cf9cd7b874a349b7836bc0382645f734dba557e40de7d6999
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

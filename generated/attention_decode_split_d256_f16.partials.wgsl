@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d3f22dc697644cc71b7a02c97d846fb79421d938c25d2fa8092636baa65a8794
+// source-hash: sha256:94be6b9c7c56e41b7e55f7a7c8846f280312a8bff112ba858a2ca4783cc2f824
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e542761a197cfb1c8d47aafeebcc3c82ea32824181e85cb55b618befdc93ca74
+// source-hash: sha256:ca64bb2e6b3f5500e5ef84c4f1851379b3d73ae31c0d81d27d1ccfc7fa096aa1
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

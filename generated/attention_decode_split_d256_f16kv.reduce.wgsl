@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d256_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2b2ac029c09e4d54b6b8746ae3925d2a7878eb7a2272738b71b4500d159a97a6
+// source-hash: sha256:73c59aff311baee85076740b589208cc502c206a2d72e0bb6a2c5fa2e8511eea
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

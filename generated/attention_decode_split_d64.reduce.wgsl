@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:436b236c21c13c7e62d37750fbe47d7e802971bd424c344e37539a5d17ad0d12
+// source-hash: sha256:c5f25acdf85ad66443b4a0a718e3801f51e70810adaa2f200c1ddc4dbf10b4da
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:bbb832e7f957ca0c1ab30e734d6bcc97694b285b38a76dcb0ad72c51586c33f5
+// source-hash: sha256:6924045c1488e4350ec90460e5fe0b6e3d1463dc6e59f26439f686e139b8f8c3
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:89849af53ca33ace2816ae29f3aec9e21d9f30a976ba8494f782bba42f41b047
+// source-hash: sha256:906cc688b9e40808b5b9792996adc03e0c5cba8a3cc3850e74c28ebc9bf58e73
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

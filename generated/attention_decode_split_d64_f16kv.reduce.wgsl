@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d64_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6ce62f260ceeabf7a40ac458cfecbdbf792dac0a76da9d5de260b2968ecc0377
+// source-hash: sha256:adb4a7d66d2c6fc8cabaf80d21d0777eec5053f08b5984f4d71555beadc33e25
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:53b15770d315f21601c6d2b4f71eb10025d84d49cb34c30370ac0be93fdcfdc4
+// source-hash: sha256:f97586b416c8d5ffc9b6f1659df04cd1a745255c8920d675b53e79fb87abaab5
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2e56f6c567a0c7dcfa4599442dfe0ff9ecfe6f3ff42c8d2d6d5eb05d102aeab1
+// source-hash: sha256:5d21aaab12e35f06c8195d8e5eb6ab03ecbe49c3effe393f46d446f95ae3f05b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6c688c911d33a14de3512d16fc06eca24292e66dfed553d97d4449eeed094c61
+// source-hash: sha256:4a1d7e68489f9dad184927ffe00242ec2076f80e352c8fd5da0c8e6f1a71beb1
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

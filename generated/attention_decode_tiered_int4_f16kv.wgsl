@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2a73d26cb9855b4ff2c82a2dae3fe4ce831247ca0a8a0144587017fe2540cf1c
+// source-hash: sha256:13950bc3e7be5140f077145edac222031f6b5e1f00f323fa180b629a50b24388
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:695fcbbae158529fcaa617e485bf821f0b1013d71f7198fb92cc8d80a922ef81
+// source-hash: sha256:525a4894c9421525762df899e735facb96e566cd8f7e0714144098d8720ae0cb
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //
@@ -652,10 +652,10 @@ fn main(
     // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
-    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+    let laid_out = subgroupAll(((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)) &
+        (sg_lane == tid % subgroup_size) & (sg_lane < members) &
         ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
-        (run_base == subgroupBroadcastFirst(run_base)) &
-        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+        (run_base == subgroupBroadcastFirst(run_base)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;

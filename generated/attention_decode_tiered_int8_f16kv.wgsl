@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0a1e1bf2da62ca2f06dda2ca1eb414a6ac7bde8f38242cfe5eb8729362aea55b
+// source-hash: sha256:45d239ff6abcedf8d89f0ceb8b7ce028034bb257f669110f9c905dd2299baa63
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a5665756b1241cc626d0e6d606c395981568ad50eb5d39fcb18ea3676f3ea624
+// source-hash: sha256:ea1a5e969e238d65a7a4b508ea39ddc9e9318e1c078cd96c86b4b3d56fe94c74
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //
@@ -665,10 +665,10 @@ fn main(
     // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
-    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+    let laid_out = subgroupAll(((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)) &
+        (sg_lane == tid % subgroup_size) & (sg_lane < members) &
         ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
-        (run_base == subgroupBroadcastFirst(run_base)) &
-        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+        (run_base == subgroupBroadcastFirst(run_base)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;

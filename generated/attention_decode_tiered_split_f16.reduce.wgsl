@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7ff4efd3050271f11f855273f4fc4a02f5cce5f8eea751f99af8b90923928f9f
+// source-hash: sha256:231f7a1044c492231642cfd37203da2e69a141f84a7fd5573f189f3c98715faa
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

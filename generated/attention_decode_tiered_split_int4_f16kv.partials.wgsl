@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fdb85e0321d3cb6de91d24925351c23691093907d55aa2d37264940d89560248
+// source-hash: sha256:93c8197e240e038fc3503911c33b552be5f0755b8b68951db1e22b631454b53a
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -1133,10 +1133,10 @@ fn main(
     // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
-    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+    let laid_out = subgroupAll(((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)) &
+        (sg_lane == tid % subgroup_size) & (sg_lane < members) &
         ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
-        (run_base == subgroupBroadcastFirst(run_base)) &
-        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+        (run_base == subgroupBroadcastFirst(run_base)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:7a4627131d5fc18ac558e284b6c54aa6a6ec2ac8bf43bbc8bc7de25202fed8b5
+// source-hash: sha256:a5df2adcd24cc91ec2b9045c822aa50361a3908b993b080596416e2b31b6bb50
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

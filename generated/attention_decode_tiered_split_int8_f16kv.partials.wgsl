@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a96e6221283ee233b63e71ddd65eebcbd661496f77f7c6e84a4e613a845b5abd
+// source-hash: sha256:d0eb59484ed468f9b7e50294907db9a57cf2d0c8f2b59e291ae4f68c23ed359b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //
@@ -1144,10 +1144,10 @@ fn main(
     // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
-    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+    let laid_out = subgroupAll(((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)) &
+        (sg_lane == tid % subgroup_size) & (sg_lane < members) &
         ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
-        (run_base == subgroupBroadcastFirst(run_base)) &
-        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+        (run_base == subgroupBroadcastFirst(run_base)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f55eab42252efdce0f8bc092940f5edc95da4aef0c3829bc682fc04467a9e1fa
+// source-hash: sha256:753c65b0e334f1e2feba08b627f51c082ad42661c260afc6a0fcdb836d5a1098
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:949fa42b90d0d2b996f720412473bb449aaafdcc2d75a1ad9b8351e717309956
+// source-hash: sha256:b523b243e806f4a1b741c9f67b02c46bdf149633c50bb5e5ae44a548e9a1884d
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
@@ -611,10 +611,10 @@ fn main(
     // blocks), which flags the row.
     let run_base = tid - sg_lane;
     let members = subgroupAdd(1u);
-    let laid_out = subgroupAll((sg_lane == tid % subgroup_size) & (sg_lane < members) &
+    let laid_out = subgroupAll(((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)) &
+        (sg_lane == tid % subgroup_size) & (sg_lane < members) &
         ((members % lanes_per_key == 0u) | (run_base + members == WORKGROUP_SIZE)) &
-        (run_base == subgroupBroadcastFirst(run_base)) &
-        ((members == subgroup_size) | (WORKGROUP_SIZE % subgroup_size != 0u)));
+        (run_base == subgroupBroadcastFirst(run_base)));
     let misplaced = shuffle_width > 0u && !laid_out;
     // Merge the groups of each subgroup by xor shuffles (every group ends with the merged state)
     let by_subgroup = shuffle_width > 0u && WORKGROUP_SIZE % subgroup_size == 0u;

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d638b82636bcf77ec08a467b6e66538b554ef034278e88904f0e9066474fe91b
+// source-hash: sha256:f2ad00c701b4df44b1d300bea454b8913d8045d3fcedb253c7654296456b9b93
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3b0f0d87b59928567c0f64d0f3ae65776ec142da8e37d3351b5e6441e855d826
+// source-hash: sha256:d0f2b6422220aa23cf89f27ba49c53885a77bb5bc917f082c3d674e7d3b43cd7
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

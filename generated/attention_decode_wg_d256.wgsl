@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e37ab45fc6aa2c4bff9070f9babb8843ff3cbc3e95ce34e003792ee59256f2c6
+// source-hash: sha256:e7c03c771db0dd0f83769b1d3a5d8306df4c5ba55ba0f9b7b2919324b162c6b3
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

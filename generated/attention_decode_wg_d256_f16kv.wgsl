@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0e3b1e983bd570598c6f3afb5d4acfa145f517cc5d5cf68018743960aa5dfe5b
+// source-hash: sha256:daff5b4e6e53ae57716ebc1cae690264e4c6a3ca41ec99b0d57e0d84f845743f
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0ed136cf61af8548fdafcc2ce3f0f35a79f14645bf52fbcc10cbeeaf3ffdf239
+// source-hash: sha256:4d900d4e7cb3dfd751c289d0b1b1ba796e421622ce096d6363eae6cf482b2a22
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d948c08223b55e84d3ede8d64985eaf8a6c4787e196f99ec25eb84565206b3b2
+// source-hash: sha256:f93378a91cf2a5974eb194c75363f8f2d62a33efa9ffac41b1caa05c9ec4bc8c
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2e413128e404cad4a37b3476172d11f0fa4119bcd494244aea0011dd43468bba
+// source-hash: sha256:db1660f7019bf9587cea6c397e62da23696e6e80d0282720d5879ad13f0771c8
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c3ee138326cc559b39c3a860dff3e23335b930ce4b866b1c5afc535ca63fecac
+// source-hash: sha256:85930fdcf4a058f92042e4262cd4d277834b8894377211f59508c79fb367510d
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:60dca8cf7172a086a24c15202d3803de1074d317d116d0d7ab9e17ba790f3534
+// source-hash: sha256:dc247cd73adf347287324aec429350b3c0cb9bc30399685e501219e81343dbce
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

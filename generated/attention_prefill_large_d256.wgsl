@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:126b4b25e19adf186c723d0df5f2bb3096de7d307417342274a42a4b68fa3117
+// source-hash: sha256:2f817ee85fd1dde28504c548c682b97e71b5034fa78d2065f128713f9cd34ceb
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1ff9a9b2cb5b8fc3dd8cff994ad41f1774cef53ba223d1eb3a1e402bc619f7fe
+// source-hash: sha256:2a32eae1655b7f8201956785f74785764bc171b5fc9e98665bc16b75bf27eb34
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

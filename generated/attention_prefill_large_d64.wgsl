@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c0ff21da1b701eb8fc686e0885fe2b1a0042932ba0765b2c6d891280752bb8b0
+// source-hash: sha256:45bd40f14994320059ec30954720155ea8a468604aeb7418956cccaae2cadf3e
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a1fbdc26dcf28020090dbec031f2c3d98218f49e723e0cefe1883e6c84f0bd69
+// source-hash: sha256:fa29db152838ca4ea588fe2d5f04c322a321fed68e18e1541c4f4b84ee2c9763
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d0a37b5ebb1659a07897b9fd198b50ad4522398386984651613edd9548b4f394
+// source-hash: sha256:944672489c5385300efe8d1d497ecc3ab1d26cdd5ad530edc0cf0528602310f4
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d275bf7629b0cd0077f1128fe714238280219de62ba6ce4db501798220c01468
+// source-hash: sha256:3b14df9b992334b0c44f25540d9e6fb5bb101697bd0613d35715aa3477de7e7e
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -594,8 +594,10 @@ fn main(
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
     let members = subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
-        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
+    let numbered = subgroupAll((sg_size >= COLS) &
+        (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) &
+        (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

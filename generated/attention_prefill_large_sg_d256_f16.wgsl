@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a71fa51136e9e3202b3f4701ad0c45f36edd51e6f50abcb0d7eaf696c5008d0a
+// source-hash: sha256:1fffc80109cc20a3fc2ab9a7282afc6886cf514c2739f5b20f3ef979d0819202
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -501,8 +501,10 @@ fn main(
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
     let members = subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
-        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
+    let numbered = subgroupAll((sg_size >= COLS) &
+        (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) &
+        (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

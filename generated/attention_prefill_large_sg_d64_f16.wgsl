@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:5beb9c66e96c434d76dddc97f1462c5f20ff0cb226e22dfc5088a13e03efaf58
+// source-hash: sha256:4513a7ab9c9b2abaa6f693cadedf527159141c5f37cc56ceea21eeba41478b5d
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -495,8 +495,10 @@ fn main(
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
     let members = subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
-        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
+    let numbered = subgroupAll((sg_size >= COLS) &
+        (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) &
+        (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

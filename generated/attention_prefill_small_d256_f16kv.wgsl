@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1725babb42a652d67c2e46274d30a592a78980423a691eb16a258af7d8808ce1
+// source-hash: sha256:49481944a392f66201834969b5284eaabcc5c3a7568d5ea270033629d249d1d3
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:55483446ada39883943b2e0453cf3f63a9cb13bc473fb7a415be3064f19505bc
+// source-hash: sha256:a6a20d27dbd58e3a2d3e96832513b3fc08735392c1aadae416f0bdfecd085a59
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:cb91316fbcd3d6661d82167370ba5bcd98af49b35614134925e2249b84eb58f7
+// source-hash: sha256:0f1f20644322398692cd88d5ca57642c8cb2fa9ea0827ab0b38ef398ef0196ec
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

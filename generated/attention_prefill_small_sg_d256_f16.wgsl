@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4ae24d394adb31c65e2cfc8fc0e63686ec41debe3bec636cd61ef0fe2165ee51
+// source-hash: sha256:8bce1b2f9c209a81da7714f510f307345ceed8400d608a0644144d62a19018e5
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -669,8 +669,10 @@ fn main(
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
     let members = subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
-        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
+    let numbered = subgroupAll((sg_size >= COLS) &
+        (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) &
+        (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:61d4ca70a2a41c6784d8fd2b5f04a4991c7eaf3eec3393b029a660dde9affd3a
+// source-hash: sha256:aa6e429627607e92baa6506b15d167e7c88256c558af78bf773d54a31024f649
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //
@@ -538,8 +538,10 @@ fn main(
     // (sg_lane == t % sg_size alone let two subgroups trade invocations of one lane number.)
     let run_base = t - sg_lane;
     let members = subgroupAdd(1u);
-    let numbered = subgroupAll((sg_size >= COLS) & (sg_lane == t % sg_size) & (sg_lane < members) &
-        (members % COLS == 0u) & (run_base == subgroupBroadcastFirst(run_base)));
+    let numbered = subgroupAll((sg_size >= COLS) &
+        (sg_lane == t % sg_size) & (sg_lane < members) &
+        (members % COLS == 0u) &
+        (run_base == subgroupBroadcastFirst(run_base)));
     let poison = bitcast<f32>(0x7fc00000u | (sg_size & 0u));
     var total0 = l[0];
     total0 = total0 + subgroupShuffleXor(total0, 1u);

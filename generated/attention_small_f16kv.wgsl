@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e509eb6b43895518ca284dbe2930abbef280825533a6bc1e3ba11aa40a81c135
+// source-hash: sha256:6b02f0caa8604f23a2590ee0df1236bc1d2aa9d309b4fcfc1e2a3e3750f887c3
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c5d9bcbfc744934ea971805a3278f7df2c896e7c1060dc118f39aae2df98f39c
+// source-hash: sha256:2b9602b5dcd4d970a254af89e2d6504e3e0e0bfaa690ac71e800f6a7237e1a55
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

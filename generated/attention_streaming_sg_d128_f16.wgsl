@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:28b9389a979c61cf9ecb11dc45858ef84d0d21ed0bacded7b3fb27d632f5263e
+// source-hash: sha256:c51a7ffd9e0d8a5948dbb0cab4c92ede2b5138c1965f6ac5c27eebc37487e4e7
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //
