@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:90c75ddfec0b1a6aa0cd05d955e8c9d9c5f19c58a3150c48aca6fc905ca3d6f2
+// source-hash: sha256:ed382f1921139cbd3093c83a0d3c5b1a7b21027d84243a20386b3863ab90db55
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

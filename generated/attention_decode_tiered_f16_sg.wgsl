@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d6bdf8123b26f202d05838939db6c31d0fa838d09cb692561d8247f8fd5cfdba
+// source-hash: sha256:d842380b1c42338805d95435161fa88a62458c8bc4b5ecdf35eaa8c35cf64356
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

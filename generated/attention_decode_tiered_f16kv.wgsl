@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4a1d7e68489f9dad184927ffe00242ec2076f80e352c8fd5da0c8e6f1a71beb1
+// source-hash: sha256:fb0b3feef641296c074bf3e2a3b3fe03d1dcdb4535f8ea28d4874481c4cfa4d0
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

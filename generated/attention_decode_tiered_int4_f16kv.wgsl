@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:13950bc3e7be5140f077145edac222031f6b5e1f00f323fa180b629a50b24388
+// source-hash: sha256:3037489d59a07a017c7c229ba932d92b77fd2bb20bc7e5c223583f94eb810ab8
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

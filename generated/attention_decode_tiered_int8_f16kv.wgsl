@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:45d239ff6abcedf8d89f0ceb8b7ce028034bb257f669110f9c905dd2299baa63
+// source-hash: sha256:20dfa055c7b7ff8c141e0fb748a2b6093747ed57465645ca7482a694fa5e4a26
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

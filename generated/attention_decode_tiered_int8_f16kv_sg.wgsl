@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ea1a5e969e238d65a7a4b508ea39ddc9e9318e1c078cd96c86b4b3d56fe94c74
+// source-hash: sha256:9f09f1add9a1122e5a4dc32da49b531e95f90677d8d1b2f5d39dc8d4cc48954b
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0471a520d0433e20c0faf0fc6357ab555037a1c8d33edbc20141fab2df045b55
+// source-hash: sha256:c2df8e20f58c07704cdf52540fd4671739e48fcddb9973d5c2f17173ffdfb2a7
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

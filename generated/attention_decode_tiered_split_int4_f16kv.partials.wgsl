@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:93c8197e240e038fc3503911c33b552be5f0755b8b68951db1e22b631454b53a
+// source-hash: sha256:87d2b4d01469df4f05d4830b935b91be8088083bce4b5b80a884c416c08bc72f
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

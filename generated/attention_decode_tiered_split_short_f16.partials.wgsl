@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:b523b243e806f4a1b741c9f67b02c46bdf149633c50bb5e5ae44a548e9a1884d
+// source-hash: sha256:a2b311f1cbd67e47940e09c224563e4363ab22df37bc33b97eb55e2d6093ca49
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //
