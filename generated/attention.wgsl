@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:021918fedf0ce639b51056172eb52ef515af02e69d2973cbd9e089920ac9d072
+// source-hash: sha256:a3f435beccf6e236ab8b28132a5bde129b09a9e54a54459c294004e608044111
 
 // Fused Multi-Head Attention Kernel (f32 Q/K/V and output)
 //

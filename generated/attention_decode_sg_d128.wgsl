@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:977d1629b6d53ad34ae988d8276d360821e1b27c49a97e4c66a59870b7905254
+// source-hash: sha256:3881aea316d7e9b2ef440b785e49239648315ba0ad391623f4ad23eede5e77f8
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

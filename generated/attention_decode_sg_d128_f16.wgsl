@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e209bc50aa72fa2506a98e0175d53233bec31fec0dcd85245a47458458b792da
+// source-hash: sha256:f9132c4b983884d2dd95406e381cbbbdba5ccf7f4c8a370381a44f18197386b5
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:acf6c715aa98a840aa7845b5fcf63a5a2b48f13eb0e8455fb735a4b7883035e6
+// source-hash: sha256:1f63dda9c78d8f86dabc502ae96e7c7daf7186351f1e326adf5f57bc5305b288
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

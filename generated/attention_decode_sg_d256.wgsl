@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6b91445551af94b476cdbd53de287e011182dad87e5f899561ce1b2b3ed63ede
+// source-hash: sha256:ecee20fe6760e7084d0e1252a2c84db7edd01d3e8705c404b78fec149518d361
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

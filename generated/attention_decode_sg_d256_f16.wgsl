@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:28c6107b57873c458f1a5b88d2decaa75a44de7aeef20eca30b8040a609db71e
+// source-hash: sha256:1ad6fcc7cb83df42b8e3f092ab4d6531e76bce2f842ad902307b8fe9eb3a39d0
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3421b47c98880f2920789e5cffc85c3b4d27b53e7dc1e6b44096908ef15dcb67
+// source-hash: sha256:f6adddeccf8f5de9f201d16289fb3bc24765a31e8a59384aff361a90fb522395
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3eb94d901756c53a67d404c25a800bd1482b02d92916f01e2e0fea8f339fe5ae
+// source-hash: sha256:7429442c3beb063eee0137bb6fc47b29ba91a0fb9b4ba3c30d0d31c66f749903
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8bbd150db3c64434b1fe265266570da15fd236f961569dac4b141ab2bac6578d
+// source-hash: sha256:f0a257b33d06767e1fbb9b860fe23298d29719a3a00a6fa450c95fecd6e8812a
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9713dba80919be91675804f3d07dcd1b1b21532ed486976d351ed1694e344c51
+// source-hash: sha256:27e0f1a21bcfa5ccd77e79183bac2193cc7c3bab12d9d3ba2f16d2ed7a3d2dd5
 
 // Decode attention, one workgroup per query head, parallel over keys (subgroup reductions)
 //

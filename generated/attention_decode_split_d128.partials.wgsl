@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:998f2d88bc7ad258e997885b33e0753a9f1a17bce11a8e359ef3be5a70436937
+// source-hash: sha256:de8ea6f57fdce1491553420eda1018e3887e5382cff9acc6ef10f7022ef8747a
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f345e0f9e785440a25ce2be31ef92de47f2afa26577012172c8e4fd9d02b68e5
+// source-hash: sha256:da8ccea532f6a03b8acc7eae15222b24ea1c8a18ed2f3c1041e567fbf1f924b7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

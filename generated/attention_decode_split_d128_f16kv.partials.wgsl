@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d128_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a213d1619d8145f6e87b52eb6748b911a9c97bc2846c033b730a91c3b8dfc73e
+// source-hash: sha256:055d8d9809b0aad1aec1a61effe5cfd930bda26dee9b7b0585cba7c9440e36c7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a7ea939a853b848fb0bf9637e7f4a42fd9b381121267faa3376f7b9ee3b43e8e
+// source-hash: sha256:cf6acb47119cf1f677f6e464809a50ceeb7ff92f032751f67b02101566b7c22d
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:94be6b9c7c56e41b7e55f7a7c8846f280312a8bff112ba858a2ca4783cc2f824
+// source-hash: sha256:eafe93609f4149e8a69784d1e50abe81ddd9088a908bcbf6187d372a3196edeb
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

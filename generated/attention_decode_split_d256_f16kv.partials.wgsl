@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d256_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:22472e8072d093dae6a44612d0af2097890d89e0b096e9b38a9b51a07f34887e
+// source-hash: sha256:efcd11220d0717f71e0abfad8df9361c1ef66d4b6dee1de151575abfeb4a96d8
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

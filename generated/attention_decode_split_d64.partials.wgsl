@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4ca196cb1ec0694358754c52152b8e162ce3e6fbcf340f4265cf4f1c2ebaefe6
+// source-hash: sha256:5359f178323f876eb711a3d31aa1da05281c2cda99c50de4980436ea720340e1
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6924045c1488e4350ec90460e5fe0b6e3d1463dc6e59f26439f686e139b8f8c3
+// source-hash: sha256:06c6ef1472e209661c7a922c93b3444f002f9d7161ff656c2dc2cf016c6ef572
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_d64_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3faaacc822e69da045a7bfedf98274c60ffdaf70b27bad0230e90c78ef931e04
+// source-hash: sha256:e0869cf8e595e37cbbc42eecc36701f0ced02fa4db2a54f5cf9fd67d3ea85634
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_partials.wgsl.j2 for variant attention_decode_split_long_d128_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f97586b416c8d5ffc9b6f1659df04cd1a745255c8920d675b53e79fb87abaab5
+// source-hash: sha256:769b2f2dd6126f0a4a487f64301cdaa1e5375665d715005277ca5ac7d60db7d7
 
 // Split-KV decode attention, pass 1: partial (max, sum, accumulator) of one KV split for every
 // query head of one KV head (subgroup reductions)

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:ed382f1921139cbd3093c83a0d3c5b1a7b21027d84243a20386b3863ab90db55
+// source-hash: sha256:b8a75f1226958c0116f015e35162e5d538b777d84b51d267a81ecfd4f2995b4c
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d842380b1c42338805d95435161fa88a62458c8bc4b5ecdf35eaa8c35cf64356
+// source-hash: sha256:2d53f4ce9582da4a64ddd541c8b2be80e532459bce0da55fa0f0220ad6734c86
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output)
 //

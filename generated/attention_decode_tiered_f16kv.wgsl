@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fb0b3feef641296c074bf3e2a3b3fe03d1dcdb4535f8ea28d4874481c4cfa4d0
+// source-hash: sha256:9ec975faefe7aa50e7fb6cb785e7c55007907eca70efdda66288d6c2d5dfca41
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3037489d59a07a017c7c229ba932d92b77fd2bb20bc7e5c223583f94eb810ab8
+// source-hash: sha256:7b36aa5770784773b20ec63bdf79451c507db1019da574d7c2f7dc74786ba938
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

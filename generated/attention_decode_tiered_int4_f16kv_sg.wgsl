@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int4_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:535265f4dca0f73bca9364e526eece78ef921046f633b7b891226a6781128d2d
+// source-hash: sha256:149a9596fc00b2f2ead94c725c53b1d924107eae9f9d159b93fb0e7f65ba5283
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:20dfa055c7b7ff8c141e0fb748a2b6093747ed57465645ca7482a694fa5e4a26
+// source-hash: sha256:b471344ff325a001c18f034f81a2c98fb43e328b1c8df2f96c209bdfba493f5c
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

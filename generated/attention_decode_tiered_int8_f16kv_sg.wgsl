@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_int8_f16kv_sg by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9f09f1add9a1122e5a4dc32da49b531e95f90677d8d1b2f5d39dc8d4cc48954b
+// source-hash: sha256:78ac2e47c5513220bf435c7496344477f9d8b6893ce2801df7c8f3fca6f2fbd4
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output)
 //

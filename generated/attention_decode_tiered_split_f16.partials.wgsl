@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c2df8e20f58c07704cdf52540fd4671739e48fcddb9973d5c2f17173ffdfb2a7
+// source-hash: sha256:0e3b2cc292facefef1d93c88a114f800b5e35e3767cd95c4e4ba8bc18a2a860d
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:231f7a1044c492231642cfd37203da2e69a141f84a7fd5573f189f3c98715faa
+// source-hash: sha256:32e175b1d28be7b852ac7213e8395f1abbddf1501913a6475a19f300d60fbf9b
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -42,6 +42,10 @@ struct Uniforms {
 @group(0) @binding(9) var<storage, read_write> partial_acc: array<f32>; // [split, num_heads, head_dim]
 @group(0) @binding(10) var<storage, read_write> partial_ml: array<f32>;  // [split, num_heads, 2]: max, sum
 
+// Nonzero once any invocation read a NaN partial (zeroed by invocation 0 at the start: wgpu-native
+// does not zero workgroup memory; the first barrier of every path orders that store before any
+// atomicOr)
+var<workgroup> read_nan_any: atomic<u32>;
 // Each part's softmax state (max, sum, element) per invocation
 var<workgroup> red_m: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
 var<workgroup> red_l: array<f32, MAX_REDUCE_WORKGROUP_SIZE>;
@@ -71,6 +75,10 @@ fn main(
     }
     let num_splits = used_splits();
     let ml = 2u * slot;  // partial_ml of split s at ml + 2 * s * slots
+    var read_nan = false;  // whether this invocation read a NaN partial
+    if (lid == 0u) {
+        atomicStore(&read_nan_any, 0u);
+    }
     // Invocation lid takes element d0 + lid % width of splits part, part + parts, ... (part =
     // lid / width), four splits a batch: every load of a batch is issued before any is used
     let width = min(head_dim, REDUCE_WORKGROUP_SIZE);
@@ -92,6 +100,7 @@ fn main(
             let m4 = vec4<f32>(partial_ml[ml + 2u * s * slots], partial_ml[ml + 2u * s1 * slots], partial_ml[ml + 2u * s2 * slots], partial_ml[ml + 2u * s3 * slots]);
             let l4 = vec4<f32>(partial_ml[ml + 2u * s * slots + 1u], partial_ml[ml + 2u * s1 * slots + 1u], partial_ml[ml + 2u * s2 * slots + 1u], partial_ml[ml + 2u * s3 * slots + 1u]);
             let a4 = vec4<f32>(partial_acc[(s * slots + slot) * head_dim + dd], partial_acc[(s1 * slots + slot) * head_dim + dd], partial_acc[(s2 * slots + slot) * head_dim + dd], partial_acc[(s3 * slots + slot) * head_dim + dd]);
+            read_nan = read_nan | any((bitcast<vec4<u32>>(m4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)) | any((bitcast<vec4<u32>>(l4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)) | any((bitcast<vec4<u32>>(a4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
             let real = vec4<bool>(true, s + parts < num_splits, s + 2u * parts < num_splits, s + 3u * parts < num_splits);
             let m_new = max(m_p, max(max(m4.x, m4.y), max(m4.z, m4.w)));
             let weight = select(vec4<f32>(0.0), exp(m4 - m_new), real);
@@ -101,6 +110,9 @@ fn main(
             m_p = m_new;
         }
         workgroupBarrier();  // the previous element's merge is done with red_*
+        if (read_nan) {
+            atomicOr(&read_nan_any, 1u);
+        }
         red_m[lid] = m_p;
         red_l[lid] = l_p;
         red[lid] = a_p;
@@ -117,8 +129,9 @@ fn main(
                 l_all = l_all + weight * red_l[p * width + lid];
                 total = total + weight * red[p * width + lid];
             }
+            let spoiled = atomicLoad(&read_nan_any) != 0u;
             let inv_l = select(0.0, 1.0 / l_all, l_all > 0.0);
-            output[slot * head_dim + d] = f16(total * inv_l);
+            output[slot * head_dim + d] = f16(select(total * inv_l, bitcast<f32>(0x7fc00000u | (d & 0u)), spoiled));
         }
     }
 }

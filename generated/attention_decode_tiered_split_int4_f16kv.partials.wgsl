@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int4_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:87d2b4d01469df4f05d4830b935b91be8088083bce4b5b80a884c416c08bc72f
+// source-hash: sha256:61d929af2a7b6a5be6e7bdb7a7f9b8310775d87f6d02ce98acd4c9feb6547e97
 
 // Tiered Decode Attention Kernel (int4 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

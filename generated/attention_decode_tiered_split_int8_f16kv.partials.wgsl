@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_int8_f16kv pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:43ffcae8a65f94478d65c8d2e4f07242cc5c7a1c1c8897fbc653d839c2c62cb1
+// source-hash: sha256:28d95aaa9e8a2c5713de16f46e80aebd96e84ed08e2c0d8f0d89a1f65ee24743
 
 // Tiered Decode Attention Kernel (int8 cold, f16 hot, f32 Q, f32 output): split-KV pass 1, partials
 //

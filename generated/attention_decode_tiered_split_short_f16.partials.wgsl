@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_tiered.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass partials by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a2b311f1cbd67e47940e09c224563e4363ab22df37bc33b97eb55e2d6093ca49
+// source-hash: sha256:63558b47aa0f03477a2fac475349add6d3d14f772069fe64176a30981b341a83
 
 // Tiered Decode Attention Kernel (f16 cold, f16 hot, f16 Q, f16 output): split-KV pass 1, partials
 //

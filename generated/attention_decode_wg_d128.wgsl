@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d0f2b6422220aa23cf89f27ba49c53885a77bb5bc917f082c3d674e7d3b43cd7
+// source-hash: sha256:307ce5a00aed23240826a4a376112e8c80fa1e91ac6a11f04222f1decd68c807
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:683a7437c7f0604ea322504e86506451404d6c8697853dcf78dd8e2a6439f011
+// source-hash: sha256:e3c53951a513ec397294ab0d08b5c253817b7e0fa6993d5a1a459875652d94e0
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f570d030eb4ebe47cb1a722583a8b5deb2b91d1f1b8f3a8c64d80fbb5baa71a4
+// source-hash: sha256:81e35432dd33d712d9e7673ab0bc3ecdec1a81ee624dcfe7f7807e30ace46502
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e7c03c771db0dd0f83769b1d3a5d8306df4c5ba55ba0f9b7b2919324b162c6b3
+// source-hash: sha256:03eb81bd7a0c14b732b80166787cd0f37979f8785772cb3df35b337aca0a9287
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

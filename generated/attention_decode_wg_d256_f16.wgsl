@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e51462556ad21ad05ccabb32a5ffaf29ca4a03ceb48d4e757d999da65e11e781
+// source-hash: sha256:5fbee96d9a85cd3e47eb1c67da23ccfa4c6503c58fcbfd565a42623074c9589f
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:daff5b4e6e53ae57716ebc1cae690264e4c6a3ca41ec99b0d57e0d84f845743f
+// source-hash: sha256:8c10aad98da884694764c7d8f16498fae6dfb7d1ada3f861a507d36358912fd2
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

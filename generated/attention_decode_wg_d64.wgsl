@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4d900d4e7cb3dfd751c289d0b1b1ba796e421622ce096d6363eae6cf482b2a22
+// source-hash: sha256:9baa1e2f3845ad179a79af46be10e6891286bc5d02c530a0b6ff68bf41f95312
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f1e780c2256712c79854ef37b68ef340bad90d808f72c1e469c6df23d2b67f4c
+// source-hash: sha256:7448587a6b9cdcac42b38ab56c719a3c9d00cb088923e897f2508d23a2e0ce73
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode.wgsl.j2 for variant attention_decode_wg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6c794a404b6bb4a4b717daa868943460e66a8bfc6effe8197aea406f00d838f7
+// source-hash: sha256:09531d2056628ca4aa50a08e0ca18990f2919fc8b67d513b9594d7fd0dc5be73
 
 // Decode attention, one workgroup per query head, parallel over keys (workgroup-memory reductions)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f93378a91cf2a5974eb194c75363f8f2d62a33efa9ffac41b1caa05c9ec4bc8c
+// source-hash: sha256:8a029353e0468a233a50f82bee468f3f01b770df1b32046caf522792e12ce214
 
 // Fused Multi-Head Attention Kernel (f16 QKV + f16 output)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:db1660f7019bf9587cea6c397e62da23696e6e80d0282720d5879ad13f0771c8
+// source-hash: sha256:1df5366d2ad2693a36a5eb4d2e951a6dd14f6a64f7be5254acd683020e23afa7
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:85930fdcf4a058f92042e4262cd4d277834b8894377211f59508c79fb367510d
+// source-hash: sha256:b93e6df042a5ddf8c2cf441b210ee8228845d684f841bc6a38b81bf42a250f4a
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

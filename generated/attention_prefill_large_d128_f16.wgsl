@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:dc247cd73adf347287324aec429350b3c0cb9bc30399685e501219e81343dbce
+// source-hash: sha256:ca02e897b9e69c17c2f98f60efbeb68efa6461ea2d9edb1270bdb53ba90e3b35
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

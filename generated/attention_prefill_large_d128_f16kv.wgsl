@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:d893b075feb8a80a7f940f0a95df873c33da5bf00c50d8e4d65b8edab19444f9
+// source-hash: sha256:211872cb9585d54a397c86d3e1972d4da01a46c0a19b4feda90fb3ae19b6f4af
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

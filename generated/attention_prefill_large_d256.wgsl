@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2f817ee85fd1dde28504c548c682b97e71b5034fa78d2065f128713f9cd34ceb
+// source-hash: sha256:b784934ed5871dd353539a3e2665e4c382878964000aae650508733488d4d8cc
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

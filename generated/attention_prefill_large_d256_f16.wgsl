@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2a32eae1655b7f8201956785f74785764bc171b5fc9e98665bc16b75bf27eb34
+// source-hash: sha256:873984dcd94ad2d4d7fb8dfee18aa7538af637a3faa64564911df01b5d156bc5
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:123e9fa7df8e991db113309aef08bf2f131875c3c9e2e2fae58e7286ea516ec3
+// source-hash: sha256:99b51d2693713f7dff9de5428c9aff88df894d951f02d0b0ed8fec1221214256
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:45bd40f14994320059ec30954720155ea8a468604aeb7418956cccaae2cadf3e
+// source-hash: sha256:c000a1fe37d941333bd579628224d390d94773a1b3465fc642257aab84273996
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fa29db152838ca4ea588fe2d5f04c322a321fed68e18e1541c4f4b84ee2c9763
+// source-hash: sha256:d7ff2e50bf693d550274e4c3b16579190f05aca8863ccd22a7905ca938b47ed6
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:944672489c5385300efe8d1d497ecc3ab1d26cdd5ad530edc0cf0528602310f4
+// source-hash: sha256:860adf245de470e5fecb102d6afff502261196f7bd710092951b7ac34ff1b0ed
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:3b14df9b992334b0c44f25540d9e6fb5bb101697bd0613d35715aa3477de7e7e
+// source-hash: sha256:3fce35ee9dbee52ab0ff50970e0a37b10a12e8be1d47a164e5e803f7c050459c
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

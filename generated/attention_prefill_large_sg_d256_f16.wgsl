@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:1fffc80109cc20a3fc2ab9a7282afc6886cf514c2739f5b20f3ef979d0819202
+// source-hash: sha256:67b284c66de09288028b55a38ff3c1b71c041c0efd6e9f12b0a9b03721b86e86
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_large_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:4513a7ab9c9b2abaa6f693cadedf527159141c5f37cc56ceea21eeba41478b5d
+// source-hash: sha256:192776071a8ca1ccfe97d3a0f26b7b65b727f65942b6d5b4f2f5c19c0a9bcc17
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:aebda8392746b769d946b5a26f76bcafb50b109b5713a65f8b24a3890a3951e3
+// source-hash: sha256:473aa7cd23cccc9d94a1bf126399c0f6b34039c835f4c959c28e7ad722112fc9
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

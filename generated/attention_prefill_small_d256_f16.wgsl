@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:9628d36558189138e109f0310d51d3c34a3d88ec4e7faff08827a98fdd58eb82
+// source-hash: sha256:3b93ad6a474af7ce950f7f21ed64b0f6ce1a00412325f2d68ba5a3d1c370a396
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

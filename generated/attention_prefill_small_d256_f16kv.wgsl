@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d256_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:49481944a392f66201834969b5284eaabcc5c3a7568d5ea270033629d249d1d3
+// source-hash: sha256:14a8055b2dda116e24370e253a1028cc550224779f024316158ed0022025f664
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

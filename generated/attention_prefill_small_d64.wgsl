@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:a6a20d27dbd58e3a2d3e96832513b3fc08735392c1aadae416f0bdfecd085a59
+// source-hash: sha256:f72041e4e52aebff046b0f511e37a7bbe00016e07f973318cd7a15e7d4b67381
 
 // Flash-attention style prefill: Q f32, K/V f32, output f32
 //

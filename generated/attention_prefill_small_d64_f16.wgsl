@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:0f1f20644322398692cd88d5ca57642c8cb2fa9ea0827ab0b38ef398ef0196ec
+// source-hash: sha256:abe3f4f73883404c0099d815d96f739458d507814db956047b2fd1aefb0a242b
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

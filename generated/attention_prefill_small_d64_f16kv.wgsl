@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:46da33535c59e90e7e081b9e409d200e14c4ffbff0c7f55174afba18775d33e9
+// source-hash: sha256:103f72fc9a8c8c4bd72546a9f8e94a32845299905a5b96643cdc28044b0be7c3
 
 // Flash-attention style prefill: Q f32, K/V f16, output f32
 //

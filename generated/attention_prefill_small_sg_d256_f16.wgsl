@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d256_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8bce1b2f9c209a81da7714f510f307345ceed8400d608a0644144d62a19018e5
+// source-hash: sha256:568b587d8faab937436ea3940cd8598087dc5a9f998ac89bce0d8d4180ecd4b5
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

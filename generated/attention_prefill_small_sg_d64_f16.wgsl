@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_prefill.wgsl.j2 for variant attention_prefill_small_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:aa6e429627607e92baa6506b15d167e7c88256c558af78bf773d54a31024f649
+// source-hash: sha256:c581f0fe3904984ea70e9837c6cc25b9cc62fffeb751929e2bb3f1d8a88572b0
 
 // Flash-attention style prefill: Q f16, K/V f16, output f16
 //

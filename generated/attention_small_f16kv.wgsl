@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention.wgsl.j2 for variant attention_small_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:6b02f0caa8604f23a2590ee0df1236bc1d2aa9d309b4fcfc1e2a3e3750f887c3
+// source-hash: sha256:ecfaec4bc010b6102bfce54c7d1eee9ff050c482e114ad4a117c4da9a59ed45d
 
 // Fused Multi-Head Attention Kernel (f16 KV)
 //

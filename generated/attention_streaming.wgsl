@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:2b9602b5dcd4d970a254af89e2d6504e3e0e0bfaa690ac71e800f6a7237e1a55
+// source-hash: sha256:eb716450de9f2d0c9b845e35387d4ab8197c7d0dc43629e4cab9440bb9b9b15d
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

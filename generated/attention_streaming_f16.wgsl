@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f5443cc3b9ec38c6419c04b9a11545dbf3bb37324390f8d298b70f2b19ac97c3
+// source-hash: sha256:7d2edbd65ffe2e93e33d9d705634c8aba5c818f6ddc90847a94e52878e72e571
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:48d7521310bae4d324e487b12488ac9c0dfb8e5e0e42cece6af9f865524ff29c
+// source-hash: sha256:1c9cd2cbd0a7c2a5fd050e4b0b00228057f5bd0206fad716aeab037418a740fc
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:64499b5af22def4f83da5499d0eb224ad56fe4f9c6c8084e8e30db44d23f793e
+// source-hash: sha256:39eea356a7db3f61d1f11c6b2c9b47b7a9d92861fa57235e1a383b9d8e9c9d7f
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

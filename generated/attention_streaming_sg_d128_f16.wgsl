@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:c51a7ffd9e0d8a5948dbb0cab4c92ede2b5138c1965f6ac5c27eebc37487e4e7
+// source-hash: sha256:84e3f2e8bac2cab53c43b9b78595e9413fa663834847e3c46829c40dda8cf7e1
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d128_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:e491dd364f7b96f0747e7bbb0227207a718c6832513a12b3704e4b4dce6f8d3f
+// source-hash: sha256:73f474f4426950789e66bf4e0d145356a37f996966334f5d98da597ac5a979ab
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:14020bde6a0a62ad209121b88951b9f857c346504b2767b5437a3d60a65b2e3a
+// source-hash: sha256:87c4c87613d477fb7cb59eeb8877b5e4771eb932722681fc6841194db5b3d93d
 
 // Streaming attention (no workgroup storage): Q f32, K/V f32, output f32
 //

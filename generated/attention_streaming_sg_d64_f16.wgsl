@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16 by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:fc8ea0f1265e1c94e72b3a75fab8e597d351939e6f77e52ba4eb66138a0e7502
+// source-hash: sha256:dd32a5ff4d88bfd20c08d7aca191f9b0625fc43090b8313f911335a847a4f5fa
 
 // Streaming attention (no workgroup storage): Q f16, K/V f16, output f16
 //

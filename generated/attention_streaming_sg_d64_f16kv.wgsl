@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_streaming.wgsl.j2 for variant attention_streaming_sg_d64_f16kv by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:f40c30085a25bd02c93b3bff6c0d7fef55eb567c967795ca3e3bbeb09ff62486
+// source-hash: sha256:6cb499ac2036c143c3e90a0e94fe18fcb80ee489fec8519f46ec807b5560d04b
 
 // Streaming attention (no workgroup storage): Q f32, K/V f16, output f32
 //

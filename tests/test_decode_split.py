@@ -154,6 +154,47 @@ def test_every_reduce_scan_passes_over_many_splits(device: Device, name: str, ex
         )
 
 
+UNWRITTEN_SUM_CASE = CaseSpec(
+    "split 0 leaves its sum unwritten", num_heads=8, num_kv_heads=2, head_dim=64, kv_len=300
+)
+
+
+@pytest.mark.parametrize("scan", ["tree", "flat", "merge"])
+def test_a_partial_left_unwritten_makes_the_row_nan_not_a_wrong_answer(
+    device: Device, project_copy: Path, scan: str
+) -> None:
+    """The partials pass of split 0 is made to skip its sum (l), so the reduce pass reads the
+    scratch's NaN poison there. By arithmetic alone the row would come out a finite, wrong 0
+    (a NaN sum fails l > 0, and the total is scaled by 0); the reduce pass tests what it reads
+    for NaN by its bits and stores NaN. Removing that test must give the finite wrong answer,
+    or this test proves nothing."""
+    name, params = "attention_decode_split_d64_f16", {"reduce_scan": scan}
+    usual = KernelRunner(device, *render_variant(REPO_ROOT, name, params), MANY_SPLITS)
+    assert usual.run_case(UNWRITTEN_SUM_CASE).passed
+    edit(
+        project_copy / "templates/attention_decode_split_partials.wgsl.j2",
+        'partial_ml[2u * slot_out + 1u] = {{ decode.poisoned("l_h") }};',
+        'if (split != 0u) { partial_ml[2u * slot_out + 1u] = {{ decode.poisoned("l_h") }}; }',
+    )
+    kernel, entry = render_variant(project_copy, name, params)
+    checked = KernelRunner(device, kernel, entry, MANY_SPLITS).run_case(
+        UNWRITTEN_SUM_CASE, keep_output=True
+    )
+    assert checked.output is not None and np.isnan(checked.output).all()
+    assert not checked.passed
+    edit(
+        project_copy / "templates/attention_decode_split_reduce.wgsl.j2",
+        "let spoiled = atomicLoad(&read_nan_any) != 0u;",
+        "let spoiled = false;",
+    )
+    kernel, entry = render_variant(project_copy, name, params)
+    unchecked = KernelRunner(device, kernel, entry, MANY_SPLITS).run_case(
+        UNWRITTEN_SUM_CASE, keep_output=True
+    )
+    assert unchecked.output is not None and np.isfinite(unchecked.output).all()
+    assert not unchecked.passed, "the unwritten sum must matter, or this test proves nothing"
+
+
 @pytest.mark.parametrize(
     ("name", "heads", "extra"),
     [
