@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8a7536cfa742417b2947a785e33f6d273c6d716d4451a5fa06afc45612221735
+// source-hash: sha256:49abfeb99f2630ab00f1a403cf84e669894bdc596cabf2d85fb5082d5cfbf6b2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -76,6 +76,16 @@ fn main(
     var read_nan = false;  // whether this invocation read a NaN partial
     if (lid == 0u) {
         atomicStore(&read_nan_any, 0u);
+    }
+    // A row wider than the workgroup is combined a chunk of elements at a time, each chunk
+    // stored before the next is read: test the whole row's accumulators first, so that a NaN
+    // in a later chunk spoils the elements stored before it too
+    if (head_dim > REDUCE_WORKGROUP_SIZE) {
+        for (var i: u32 = lid; i < num_splits * head_dim; i = i + REDUCE_WORKGROUP_SIZE) {
+            let s = i / head_dim;
+            let v = partial_acc[(s * slots + slot) * head_dim + i - s * head_dim];
+            read_nan = read_nan | ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u);
+        }
     }
     // Invocation lid takes element d0 + lid % width of splits part, part + parts, ... (part =
     // lid / width), four splits a batch: every load of a batch is issued before any is used

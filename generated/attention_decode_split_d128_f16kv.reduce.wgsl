@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128_f16kv pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:96fcf4ecf510a031cfd0451f6b1627ba79b5214389c23b9d5d6adef85d7835c0
+// source-hash: sha256:7004cd0a2b6083802366366d5dc900779fc8d0d03d1fb1e9151184059d56da15
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -74,6 +74,16 @@ fn main(
     var read_nan = false;  // whether this invocation read a NaN partial
     if (lid == 0u) {
         atomicStore(&read_nan_any, 0u);
+    }
+    // A row wider than the workgroup is combined a chunk of elements at a time, each chunk
+    // stored before the next is read: test the whole row's accumulators first, so that a NaN
+    // in a later chunk spoils the elements stored before it too
+    if (head_dim > REDUCE_WORKGROUP_SIZE) {
+        for (var i: u32 = lid; i < num_splits * head_dim; i = i + REDUCE_WORKGROUP_SIZE) {
+            let s = i / head_dim;
+            let v = partial_acc[(s * slots + slot) * head_dim + i - s * head_dim];
+            read_nan = read_nan | ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u);
+        }
     }
     // Invocation lid takes element d0 + lid % width of splits part, part + parts, ... (part =
     // lid / width), four splits a batch: every load of a batch is issued before any is used

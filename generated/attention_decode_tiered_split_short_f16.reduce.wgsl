@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_tiered_split_short_f16 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:8c26018a311bde0330718706aa588fb7795160c9cf8342e35dbda816ccacfff0
+// source-hash: sha256:cf8d89d531681fd7f2b506b2dbd82750fff2d6a96d74e41cc96cf61cab57dc93
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -78,6 +78,16 @@ fn main(
     var read_nan = false;  // whether this invocation read a NaN partial
     if (lid == 0u) {
         atomicStore(&read_nan_any, 0u);
+    }
+    // A row wider than the workgroup is combined a chunk of elements at a time, each chunk
+    // stored before the next is read: test the whole row's accumulators first, so that a NaN
+    // in a later chunk spoils the elements stored before it too
+    if (head_dim > REDUCE_WORKGROUP_SIZE) {
+        for (var i: u32 = lid; i < num_splits * head_dim; i = i + REDUCE_WORKGROUP_SIZE) {
+            let s = i / head_dim;
+            let v = partial_acc[(s * slots + slot) * head_dim + i - s * head_dim];
+            read_nan = read_nan | ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u);
+        }
     }
     // Invocation lid takes element d0 + lid % width of splits part, part + parts, ... (part =
     // lid / width), four splits a batch: every load of a batch is issued before any is used

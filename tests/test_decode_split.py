@@ -154,45 +154,135 @@ def test_every_reduce_scan_passes_over_many_splits(device: Device, name: str, ex
         )
 
 
-UNWRITTEN_SUM_CASE = CaseSpec(
-    "split 0 leaves its sum unwritten", num_heads=8, num_kv_heads=2, head_dim=64, kv_len=300
+UNWRITTEN_CASE = CaseSpec(
+    "a partial left unwritten", num_heads=8, num_kv_heads=2, head_dim=64, kv_len=300
 )
+# 300 keys in splits of ceil(300 / 7) = 43: 7 used splits, not a multiple of 4, so the flat
+# scan's scalar tail runs too
+SEVEN_SPLITS = {"KV_SPLITS": 7, "MIN_SPLIT_KEYS": 1}
+HEAD = 3  # the query head whose partial is left unwritten
 
 
+def _rows(output: np.ndarray) -> np.ndarray:
+    """The decode output as (head, element) rows."""
+    return np.asarray(output, dtype=np.float32).reshape(UNWRITTEN_CASE.num_heads, -1)
+
+
+def _run_unwritten(device: Device, root: Path, name: str, params: dict) -> np.ndarray:
+    kernel, entry = render_variant(root, name, params)
+    result = KernelRunner(device, kernel, entry, SEVEN_SPLITS).run_case(
+        UNWRITTEN_CASE, keep_output=True
+    )
+    assert result.output is not None
+    return _rows(result.output)
+
+
+def _assert_only_head_spoiled(spoiled: np.ndarray, usual: np.ndarray) -> None:
+    """Every element of HEAD's row NaN; every other row bit-identical to the usual run."""
+    assert np.isnan(spoiled[HEAD]).all(), spoiled[HEAD]
+    others = [h for h in range(len(usual)) if h != HEAD]
+    assert np.array_equal(spoiled[others], usual[others])
+
+
+@pytest.mark.parametrize("split", [0, 6])
 @pytest.mark.parametrize("scan", ["tree", "flat", "merge"])
 def test_a_partial_left_unwritten_makes_the_row_nan_not_a_wrong_answer(
-    device: Device, project_copy: Path, scan: str
+    device: Device, project_copy: Path, scan: str, split: int
 ) -> None:
-    """The partials pass of split 0 is made to skip its sum (l), so the reduce pass reads the
-    scratch's NaN poison there. By arithmetic alone the row would come out a finite, wrong 0
-    (a NaN sum fails l > 0, and the total is scaled by 0); the reduce pass tests what it reads
-    for NaN by its bits and stores NaN. Removing that test must give the finite wrong answer,
-    or this test proves nothing."""
+    """The partials pass is made to skip the sum (l) of one head in the first or the last of 7
+    splits, so the reduce pass reads the scratch's NaN poison there. By arithmetic alone that
+    row would come out a finite, wrong 0 (a NaN sum fails l > 0, and the total is scaled by
+    0); the reduce pass tests what it reads for NaN by its bits and stores NaN in that row,
+    and only there. Removing that test must give the finite wrong answer, or this test proves
+    nothing."""
     name, params = "attention_decode_split_d64_f16", {"reduce_scan": scan}
-    usual = KernelRunner(device, *render_variant(REPO_ROOT, name, params), MANY_SPLITS)
-    assert usual.run_case(UNWRITTEN_SUM_CASE).passed
+    usual = KernelRunner(device, *render_variant(REPO_ROOT, name, params), SEVEN_SPLITS)
+    assert usual.run_case(UNWRITTEN_CASE).passed
+    usual_rows = _run_unwritten(device, REPO_ROOT, name, params)
+    slot = split * UNWRITTEN_CASE.num_heads + HEAD  # decode: one query
     edit(
         project_copy / "templates/attention_decode_split_partials.wgsl.j2",
         'partial_ml[2u * slot_out + 1u] = {{ decode.poisoned("l_h") }};',
-        'if (split != 0u) { partial_ml[2u * slot_out + 1u] = {{ decode.poisoned("l_h") }}; }',
+        f"if (slot_out != {slot}u) "
+        '{ partial_ml[2u * slot_out + 1u] = {{ decode.poisoned("l_h") }}; }',
     )
-    kernel, entry = render_variant(project_copy, name, params)
-    checked = KernelRunner(device, kernel, entry, MANY_SPLITS).run_case(
-        UNWRITTEN_SUM_CASE, keep_output=True
-    )
-    assert checked.output is not None and np.isnan(checked.output).all()
-    assert not checked.passed
+    _assert_only_head_spoiled(_run_unwritten(device, project_copy, name, params), usual_rows)
     edit(
         project_copy / "templates/attention_decode_split_reduce.wgsl.j2",
         "let spoiled = atomicLoad(&read_nan_any) != 0u;",
         "let spoiled = false;",
     )
-    kernel, entry = render_variant(project_copy, name, params)
-    unchecked = KernelRunner(device, kernel, entry, MANY_SPLITS).run_case(
-        UNWRITTEN_SUM_CASE, keep_output=True
+    unchecked = _run_unwritten(device, project_copy, name, params)
+    assert np.isfinite(unchecked).all()
+    assert not np.allclose(unchecked[HEAD], usual_rows[HEAD], atol=1e-2), (
+        "the unwritten sum must matter, or this test proves nothing"
     )
-    assert unchecked.output is not None and np.isfinite(unchecked.output).all()
-    assert not unchecked.passed, "the unwritten sum must matter, or this test proves nothing"
+
+
+@pytest.mark.parametrize("scan", ["tree", "flat", "merge"])
+def test_a_nan_accumulator_in_a_later_chunk_spoils_the_chunks_stored_before_it(
+    device: Device, project_copy: Path, scan: str
+) -> None:
+    """With 32 reduce invocations a head_dim 64 row is combined in two chunks, the first
+    stored before the second is read. One accumulator element of the second chunk (element
+    40) is left unwritten: the whole row, the first chunk included, must be NaN. Without the
+    up-front test of the row's accumulators the first chunk comes out finite."""
+    name = "attention_decode_split_d64_f16"
+    params = {"reduce_scan": scan, "reduce_workgroup_size": 32}
+    usual_rows = _run_unwritten(device, REPO_ROOT, name, params)
+    assert np.isfinite(usual_rows).all()
+    edit(
+        project_copy / "templates/attention_decode_split_partials.wgsl.j2",
+        'partial_acc[slot_out * head_dim + d] = {{ decode.poisoned("total") }};',
+        f"if (slot_out * head_dim + d != {HEAD * 64 + 40}u) "
+        '{ partial_acc[slot_out * head_dim + d] = {{ decode.poisoned("total") }}; }',
+    )
+    _assert_only_head_spoiled(_run_unwritten(device, project_copy, name, params), usual_rows)
+    edit(
+        project_copy / "templates/attention_decode_split_reduce.wgsl.j2",
+        "if (head_dim > REDUCE_WORKGROUP_SIZE) {",
+        "if (false) {",
+    )
+    unscanned = _run_unwritten(device, project_copy, name, params)
+    assert np.isfinite(unscanned[HEAD, :32]).all(), "the first chunk must be stored first"
+    assert np.isnan(unscanned[HEAD, 32:]).all()
+
+
+TIERED_UNWRITTEN_CASE = CaseSpec(
+    "a tiered partial left unwritten",
+    num_heads=8,
+    num_kv_heads=2,
+    cold_len=300,
+    hot_len=20,
+    hot_start=300,
+    hot_window=32,
+    start_pos=319,
+    head_dim=64,
+)
+
+
+@pytest.mark.parametrize("scan", ["flat", "merge"])
+def test_a_tiered_split_partial_left_unwritten_makes_the_row_nan(
+    device: Device, project_copy: Path, scan: str
+) -> None:
+    """The tiered split variants share the reduce pass: one head's sum left unwritten in
+    split 0 makes that head's row NaN and leaves the others as they were."""
+    name, params = "attention_decode_tiered_split_f16", {"reduce_scan": scan}
+    kernel, entry = render_variant(REPO_ROOT, name, params)
+    runner = KernelRunner(device, kernel, entry, MANY_SPLITS)
+    usual = runner.run_case(TIERED_UNWRITTEN_CASE, keep_output=True)
+    assert usual.passed and usual.output is not None
+    edit(
+        project_copy / "templates/lib/tiered_decode.wgsl.j2",
+        "partial_ml[2u * partial_slot + 1u] = row_sum;",
+        f"if (partial_slot != {HEAD}u) {{ partial_ml[2u * partial_slot + 1u] = row_sum; }}",
+    )
+    kernel, entry = render_variant(project_copy, name, params)
+    spoiled = KernelRunner(device, kernel, entry, MANY_SPLITS).run_case(
+        TIERED_UNWRITTEN_CASE, keep_output=True
+    )
+    assert spoiled.output is not None and not spoiled.passed
+    _assert_only_head_spoiled(_rows(spoiled.output), _rows(usual.output))
 
 
 @pytest.mark.parametrize(
