@@ -9,6 +9,7 @@ needs torch with CUDA and skips otherwise.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -878,3 +879,131 @@ def test_a_copy_timed_at_0_ns_gives_no_copy_percentage_and_no_traceback() -> Non
     assert "%BW is of: measured copy 0.0 GB/s" in text
     row = run.as_dict()["rows"][0]
     assert row["pct_copy_bw"] is None and row["pct_peak_bw"] is None and row["gbps"] > 0
+
+
+# -- --against: an A/B of two projects in one run -----------------------------------------------
+
+AB_ARGS = ("rmsnorm", "--warmup-ms", "0", "--copy-mib", "0", "--shape", "rmsnorm:rows=8,size=256")
+# every element's square is also fed through 4000 dependent FMAs whose result never counts
+SLOW_RMSNORM = (
+    "        sum_sq = sum_sq + v * v;",
+    "        var waste = v;\n"
+    "        for (var r = 0u; r < 4000u; r = r + 1u) { waste = fma(waste, 1.0000001, 1e-7); }\n"
+    "        sum_sq = sum_sq + v * v + select(0.0, waste, waste < -1e30);",
+)
+
+
+def _project_copy(source: Path, destination: Path) -> Path:
+    return Path(shutil.copytree(source, destination))
+
+
+@needs_cpu_adapter
+def test_against_times_both_projects_in_rounds_and_calls_a_clear_difference(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """The other project's rmsnorm burns thousands of FMAs per element: over 4 rounds this
+    project's kernel is faster in every one, and the verdict says so with the chance of that
+    under no difference (2 / C(8, 4), 2.9 %). The main table keeps this project's row."""
+    other = _project_copy(fresh_project, tmp_path / "slow")
+    edit(other / "templates/rmsnorm.wgsl.j2", *SLOW_RMSNORM)
+    result = _bench_on_lavapipe(fresh_project, *AB_ARGS, "--against", str(other), "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [(r["variant"], r["status"]) for r in document["rows"]] == [("rmsnorm", "ok")]
+    comparison = document["comparison"]
+    assert comparison["rounds"] == 4 and comparison["against"] == str(other)
+    (row,) = comparison["rows"]
+    assert len(row["this_round_medians_us"]) == len(row["against_round_medians_us"]) == 4
+    assert max(row["this_round_medians_us"]) < min(row["against_round_medians_us"])
+    assert row["ratio"] < 0.5
+    assert row["verdict"] == "faster: every round (2.9 % likely if they were equal)"
+    # the text report: the A/B table after the main one
+    text = _bench_on_lavapipe(fresh_project, *AB_ARGS, "--against", str(other), "--rounds", "3")
+    assert text.exit_code == 0, text.output
+    assert "A/B against" in text.stdout and "3 round(s)" in text.stdout
+    assert "faster: every round (10.0 % likely if they were equal)" in text.stdout
+
+
+@needs_cpu_adapter
+def test_against_itself_gives_no_verdict_from_one_round(fresh_project: Path) -> None:
+    """One round a side cannot tell anything apart (either order is as likely)."""
+    result = _bench_on_lavapipe(
+        fresh_project, *AB_ARGS, "--against", str(fresh_project), "--rounds", "1", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["comparison"]["rows"]
+    assert row["verdict"] == "too few rounds for a verdict"
+
+
+@needs_cpu_adapter
+def test_a_wrong_kernel_on_the_against_side_fails_the_run(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """The other side's outputs are judged as this side's: a kernel that skips outputs
+    already written is FAIL there, the verdict names the side, and the exit status is 1."""
+    other = _project_copy(fresh_project, tmp_path / "wrong")
+    edit(
+        other / "templates/rmsnorm.wgsl.j2",
+        "    if (row >= u.num_rows) {",
+        "    if (row >= u.num_rows || bitcast<u32>(output[row * u.size]) != 0x7fc00000u) {",
+    )
+    result = _bench_on_lavapipe(
+        fresh_project, *AB_ARGS, "--against", str(other), "--rounds", "2", "--json"
+    )
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert document["ok"] is False and document["rows"][0]["status"] == "ok"
+    (row,) = document["comparison"]["rows"]
+    assert row["verdict"].startswith("FAIL (against): a run as timed")
+    assert row["against_round_medians_us"] == [] and row["ratio"] is None
+
+
+def test_rounds_without_against_is_a_usage_error() -> None:
+    result = run_cli(REPO_ROOT, "bench", "--rounds", "3")
+    assert result.exit_code == 2
+    assert "--rounds is the number of --against A/B rounds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_against_a_directory_without_a_project_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = run_cli(REPO_ROOT, "bench", "rmsnorm", "--against", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert f"--against {tmp_path}" in line and "variants.toml" in line
+
+
+def test_against_a_project_without_the_variant_names_it(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    blocks = (REPO_ROOT / "variants.toml").read_text(encoding="utf-8").split("\n[[variant]]\n")
+    kept = [b for b in blocks if 'name = "attention_decode_split_d64_f16"\n' not in b]
+    assert len(kept) == len(blocks) - 1
+    (other / "variants.toml").write_text("\n[[variant]]\n".join(kept), encoding="utf-8")
+    shutil.copytree(REPO_ROOT / "templates", other / "templates")
+    result = run_cli(REPO_ROOT, "bench", "attention_decode_split_d64_f16", "--against", str(other))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert "no variant attention_decode_split_d64_f16 in its variants.toml" in line
+
+
+def test_ab_rounds_alternate_which_side_runs_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 1 this project first, round 2 the other first, and so on, so that a position
+    effect (the first measurement of a run is often slow) cannot favour one side."""
+    import doppler_gen.bench as bench_module
+
+    order: list[str] = []
+
+    def fake_rows(opener, kernel, entry, request, progress, estimate=None):
+        order.append(kernel)
+        timing = Timing((1000.0 + len(order),) * 20)
+        return [BenchRow("v", "rmsnorm:rows=8,size=256", "ok", timing=timing)]
+
+    monkeypatch.setattr(bench_module, "_variant_rows", fake_rows)
+    request = bench_module.BenchRequest(against=Path("elsewhere"), rounds=3)
+    comparison = bench_module._ab_rounds(
+        lambda: None, (["this"], [{}]), (["other"], [{}]), request, None
+    )
+    assert order == ["this", "other", "other", "this", "this", "other"]
+    key = ("v", "rmsnorm:rows=8,size=256")
+    assert comparison.pairs() == [key]
+    assert len(comparison.this[key]) == len(comparison.other[key]) == 3

@@ -28,6 +28,12 @@ Definitions (also in the JSON under ``methodology``):
 
 A CPU adapter (lavapipe) is refused unless ``--allow-cpu``; its timings say nothing about GPUs,
 so with ``--allow-cpu`` every row is labelled CPU.
+
+``--against DIR`` is an A/B in one run: the same variants, rendered fresh from another project
+directory (an older checkout, a copy with one knob changed), are timed in rounds alternating
+with this project's, so that neither side always runs first; each output on both sides is
+judged as above. The report adds one line per (variant, shape) with both sides' per-round
+medians and a verdict that calls a difference only where the rounds do not overlap.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from doppler_gen.backends import Device, get_backend
-from doppler_gen.config import Project
+from doppler_gen.config import Project, load_project
 from doppler_gen.errors import DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
@@ -209,6 +215,7 @@ class BenchRun:
     copy_note: str = ""
     baseline_status: str = BASELINE_UNAVAILABLE
     baselines: dict[tuple[str, str], BaselineResult] = field(default_factory=dict)
+    comparison: Comparison | None = None
 
     @property
     def peak_gbps(self) -> float | None:
@@ -231,6 +238,8 @@ class BenchRun:
         variant selected runs any shape asked for) measured nothing, as `validate` with no
         case run checked nothing."""
         statuses = [row.status for row in self.rows]
+        if self.comparison is not None:  # a wrong output on the other side fails the run too
+            statuses += [row.status for row in self.comparison.rows]
         return "FAIL" not in statuses and "ok" in statuses
 
     def baseline_for(self, row: BenchRow) -> BaselineResult | None:
@@ -291,6 +300,7 @@ class BenchRun:
             "ok": self.ok,
             "methodology": methodology(),
             "rows": [self.row_dict(row) for row in self.rows],
+            "comparison": self.comparison.as_dict() if self.comparison else None,
         }
 
     def row_dict(self, row: BenchRow) -> dict[str, Any]:
@@ -314,6 +324,83 @@ class BenchRun:
             "baseline": ref.as_dict() if ref else None,
             "ratio_to_baseline": _round(ratio, 4),
         }
+
+
+@dataclass
+class Comparison:
+    """``--against``: each (variant, shape) timed in this project and in another, in rounds
+    that alternate which side runs first (a measurement's position in a run moved it by up to
+    2x on the H200; see ``measure_on_fresh_device``)."""
+
+    against: str  # the other project's directory, as given
+    rounds: int
+    this: dict[tuple[str, str], list[BenchRow]] = field(default_factory=dict)
+    other: dict[tuple[str, str], list[BenchRow]] = field(default_factory=dict)
+
+    def add(self, side: str, row: BenchRow) -> None:
+        rows = self.this if side == "this" else self.other
+        rows.setdefault((row.variant, row.shape), []).append(row)
+
+    @property
+    def rows(self) -> list[BenchRow]:
+        return [row for side in (self.this, self.other) for rows in side.values() for row in rows]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(self.this)
+
+    def verdict(self, key: tuple[str, str]) -> tuple[float | None, str]:
+        """This side's median of round medians over the other's, and what the rounds say: a
+        side is faster only if its slowest round beat the other's fastest, and the verdict says
+        how likely that is by chance alone (10 % with 3 rounds a side, 2.9 % with 4)."""
+        mine, theirs = _medians_us(self.this.get(key, [])), _medians_us(self.other.get(key, []))
+        for side, rows in (("this", self.this.get(key, [])), ("against", self.other.get(key, []))):
+            failed = [row for row in rows if row.status == "FAIL"]
+            if failed:
+                return None, f"FAIL ({side}): {failed[0].reason}"
+        if not mine or not theirs:
+            return None, "not timed on both sides"
+        ratio = float(np.median(mine)) / float(np.median(theirs))
+        # with no real difference, one side's rounds all come first with this probability
+        chance = 2 / math.comb(len(mine) + len(theirs), len(mine))
+        if chance >= 0.5:
+            return ratio, "too few rounds for a verdict"
+        odds = f"every round ({100 * chance:.1f} % likely if they were equal)"
+        if max(mine) < min(theirs):
+            return ratio, f"faster: {odds}"
+        if min(mine) > max(theirs):
+            return ratio, f"slower: {odds}"
+        return ratio, "no clear difference: the rounds overlap"
+
+    def as_dict(self) -> dict[str, Any]:
+        entries = []
+        for key in self.pairs():
+            ratio, verdict = self.verdict(key)
+            entries.append(
+                {
+                    "variant": key[0],
+                    "shape": key[1],
+                    "this_round_medians_us": _medians_us(self.this[key]),
+                    "against_round_medians_us": _medians_us(self.other.get(key, [])),
+                    "ratio": _round(ratio, 4),
+                    "verdict": verdict,
+                }
+            )
+        return {"against": self.against, "rounds": self.rounds, "rows": entries}
+
+
+def _medians_us(rows: list[BenchRow]) -> list[float]:
+    """The timed rounds' medians, µs, in round order."""
+    return [row.timing.median_ns / 1e3 for row in rows if row.status == "ok" and row.timing]
+
+
+def _representative(rows: list[BenchRow]) -> BenchRow:
+    """The row the main table shows for several rounds: a FAIL if any, else the round with
+    the median median (the lower middle one for an even count)."""
+    failed = [row for row in rows if row.status == "FAIL"]
+    if failed:
+        return failed[0]
+    timed = sorted((row for row in rows if row.timing), key=lambda row: row.timing.median_ns)
+    return timed[(len(timed) - 1) // 2] if timed else rows[0]
 
 
 def _round(value: float | None, digits: int = 6) -> float | None:
@@ -382,6 +469,8 @@ class BenchRequest:
     settings: Settings = field(default_factory=Settings)
     from_templates: bool = False  # time a fresh render instead of the committed kernels
     shapes_given: bool = False  # the shapes are the user's (--shape), not every family's defaults
+    against: Path | None = None  # --against: another project directory, timed in alternation
+    rounds: int = 1  # rounds of the A/B (with against)
 
 
 def run_bench(
@@ -393,11 +482,14 @@ def run_bench(
     )
     if request.shapes_given:
         _refuse_unused_shapes(request.shapes, {entry["family"] for entry in entries})
+    # the other project's kernels too are rendered (or refused) before any device opens
+    other = _against_kernels(request, kernels) if request.against is not None else None
     named = _named_profile(request.profile)  # an unknown name: one line, before any device
     backend = get_backend(request.backend)
     adapter = choose_adapter(backend, request.adapter, request.allow_cpu, "bench")
     profile = match_profile(adapter.name) if request.profile is None else named
-    requires = {f for k in kernels for f in k.variant.requires}
+    everything = kernels + (other[0] if other else [])
+    requires = {f for k in everything for f in k.variant.requires}
     device = open_device(backend, adapter, requires, request.limits, timing=True)
     run = BenchRun(
         request.backend,
@@ -418,8 +510,12 @@ def run_bench(
         def opener() -> Device:
             return open_device(backend, adapter, requires, request.limits, timing=True)
 
-        for kernel, entry in zip(kernels, entries, strict=True):
-            run.rows.extend(_variant_rows(opener, kernel, entry, request, progress, estimate))
+        if other is None:
+            for kernel, entry in zip(kernels, entries, strict=True):
+                run.rows.extend(_variant_rows(opener, kernel, entry, request, progress, estimate))
+        else:
+            run.comparison = _ab_rounds(opener, (kernels, entries), other, request, progress)
+            run.rows.extend(_representative(rows) for rows in run.comparison.this.values())
     finally:
         device.close()
     if request.baseline:
@@ -427,6 +523,59 @@ def run_bench(
     else:
         run.baseline_status = f"{BASELINE_UNAVAILABLE} (--no-baseline)"
     return run
+
+
+def _against_kernels(
+    request: BenchRequest, kernels: list[RenderedKernel]
+) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
+    """The selected variants, by name, rendered fresh from the --against project (whatever its
+    generated/ holds: an older checkout's may be stale or absent)."""
+    assert request.against is not None
+    where = f"--against {request.against}"
+    try:
+        project = load_project(request.against)
+    except DopplerGenError as error:
+        raise DopplerGenError(f"{where}: {error}") from None
+    known = {variant.name for variant in project.variants}
+    missing = [k.variant.name for k in kernels if k.variant.name not in known]
+    if missing:
+        raise DopplerGenError(
+            f"{where}: no variant {', '.join(missing)} in its variants.toml (an A/B times the "
+            "same variant names on both sides)"
+        )
+    try:
+        return load_kernels(project, tuple(k.variant.name for k in kernels), from_templates=True)
+    except DopplerGenError as error:
+        raise DopplerGenError(f"{where}: {error}") from None
+
+
+def _ab_rounds(
+    opener: Callable[[], Device],
+    this: tuple[list[RenderedKernel], list[dict[str, Any]]],
+    other: tuple[list[RenderedKernel], list[dict[str, Any]]],
+    request: BenchRequest,
+    progress: Progress | None,
+) -> Comparison:
+    """Every round times both sides, this project first in odd rounds and the other first in
+    even ones; each measurement on its own device, each output judged."""
+    assert request.against is not None
+    comparison = Comparison(str(request.against), request.rounds)
+    sides = [("this", this), ("other", other)]
+    for index in range(request.rounds):
+        for side, (kernels, entries) in sides if index % 2 == 0 else sides[::-1]:
+            prefix = f"round {index + 1}/{request.rounds}{'' if side == 'this' else ' (--against)'}"
+            step = _prefixed(progress, prefix)
+            for kernel, entry in zip(kernels, entries, strict=True):
+                for row in _variant_rows(opener, kernel, entry, request, step):
+                    comparison.add(side, row)
+    return comparison
+
+
+def _prefixed(progress: Progress | None, prefix: str) -> Progress | None:
+    """``progress`` with every message prefixed (which A/B round and side is running)."""
+    if progress is None:
+        return None
+    return lambda text, value: progress(f"{prefix}: {text}", value)
 
 
 def _refuse_unused_shapes(shapes: Sequence[Shape], families: set[str]) -> None:
@@ -642,8 +791,37 @@ def format_report(run: BenchRun) -> str:
         "",
         _summary(run, baseline_ok),
     ]
+    if run.comparison is not None:
+        lines += ["", *_comparison_lines(run.comparison)]
     lines.extend(_banner(run))
     return "\n".join(lines)
+
+
+def _comparison_lines(comparison: Comparison) -> list[str]:
+    """The A/B table: both sides' round medians, their ratio and the verdict."""
+    headers = ["variant", "shape", "this µs (rounds)", "against µs (rounds)", "this ÷ against"]
+    headers.append("verdict")
+    rows = []
+    for key in comparison.pairs():
+        ratio, verdict = comparison.verdict(key)
+        mine = _medians_us(comparison.this[key])
+        theirs = _medians_us(comparison.other.get(key, []))
+        rows.append(
+            [
+                *key,
+                ", ".join(f"{v:.1f}" for v in mine) or "-",
+                ", ".join(f"{v:.1f}" for v in theirs) or "-",
+                f"{ratio:.3f}" if ratio is not None else "-",
+                verdict,
+            ]
+        )
+    return [
+        f"A/B against {comparison.against}: {comparison.rounds} round(s), this project first in "
+        "odd rounds and the other first in even ones, each measurement on a fresh device and "
+        "each output judged; the table above shows this project's median round",
+        "",
+        format_table(headers, rows),
+    ]
 
 
 def _banner(run: BenchRun) -> list[str]:
