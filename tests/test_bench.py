@@ -916,23 +916,29 @@ def test_against_times_both_projects_in_rounds_and_calls_a_clear_difference(
     assert len(row["this_round_medians_us"]) == len(row["against_round_medians_us"]) == 4
     assert max(row["this_round_medians_us"]) < min(row["against_round_medians_us"])
     assert row["ratio"] < 0.5
-    assert row["verdict"] == "faster: every round (2.9 % likely if they were equal)"
+    assert row["verdict"] == (
+        "faster in every round (2.9 % chance of a clean split either way if equal)"
+    )
     # the text report: the A/B table after the main one
     text = _bench_on_lavapipe(fresh_project, *AB_ARGS, "--against", str(other), "--rounds", "3")
     assert text.exit_code == 0, text.output
     assert "A/B against" in text.stdout and "3 round(s)" in text.stdout
-    assert "faster: every round (10.0 % likely if they were equal)" in text.stdout
+    assert "faster in every round (10.0 % chance of a clean split" in text.stdout
 
 
 @needs_cpu_adapter
-def test_against_itself_gives_no_verdict_from_one_round(fresh_project: Path) -> None:
-    """One round a side cannot tell anything apart (either order is as likely)."""
+@pytest.mark.parametrize("rounds", ["1", "2"])
+def test_against_itself_gives_no_verdict_from_too_few_rounds(
+    fresh_project: Path, rounds: str
+) -> None:
+    """One round a side cannot tell anything apart, and two split cleanly one way or the
+    other a third of the time by chance alone: no verdict below three."""
     result = _bench_on_lavapipe(
-        fresh_project, *AB_ARGS, "--against", str(fresh_project), "--rounds", "1", "--json"
+        fresh_project, *AB_ARGS, "--against", str(fresh_project), "--rounds", rounds, "--json"
     )
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)["comparison"]["rows"]
-    assert row["verdict"] == "too few rounds for a verdict"
+    assert row["verdict"] == "too few rounds for a verdict (3 a side at least)"
 
 
 @needs_cpu_adapter
@@ -1007,3 +1013,46 @@ def test_ab_rounds_alternate_which_side_runs_first(monkeypatch: pytest.MonkeyPat
     key = ("v", "rmsnorm:rows=8,size=256")
     assert comparison.pairs() == [key]
     assert len(comparison.this[key]) == len(comparison.other[key]) == 3
+
+
+@needs_cpu_adapter
+def test_an_ab_that_timed_nothing_on_the_other_side_exits_1(
+    fresh_project: Path, tmp_path: Path
+) -> None:
+    """The other project's rmsnorm asks for 1024 invocations, beyond WebGPU's default limits:
+    n/a there. This side is timed, but nothing was compared, so the run is not a success."""
+    other = _project_copy(fresh_project, tmp_path / "wide")
+    edit(
+        other / "variants.toml",
+        'description = "input, weight and output f32"\n',
+        'description = "input, weight and output f32"\nparams = { workgroup_size = 1024 }\n',
+    )
+    result = _bench_on_lavapipe(
+        fresh_project,
+        *AB_ARGS,
+        "--against",
+        str(other),
+        "--rounds",
+        "3",
+        "--limits",
+        "webgpu-default",
+    )
+    assert result.exit_code == 1, result.output
+    assert "not timed on both sides" in result.stdout
+    assert "No pair was timed on both sides (exit 1)." in result.stdout
+
+
+def test_against_a_variant_of_another_family_is_refused(tmp_path: Path) -> None:
+    """Names are matched across the projects; a name that is another family's kernel there
+    would be timed on other shapes and compare nothing."""
+    other = _project_copy(REPO_ROOT / "templates", tmp_path / "other" / "templates").parent
+    text = (REPO_ROOT / "variants.toml").read_text(encoding="utf-8")
+    text = text.replace('name = "rmsnorm"\n', 'name = "rmsnorm_renamed"\n')
+    text = text.replace('name = "attention_small_f16kv"\n', 'name = "rmsnorm"\n')
+    text = text.replace('"generated/rmsnorm.wgsl"', '"generated/rmsnorm_renamed.wgsl"')
+    text = text.replace('"generated/attention_small_f16kv.wgsl"', '"generated/rmsnorm.wgsl"')
+    (other / "variants.toml").write_text(text, encoding="utf-8")
+    result = run_cli(REPO_ROOT, "bench", "rmsnorm", "--against", str(other))
+    assert result.exit_code == 2, result.output
+    line = assert_one_line_error(result.stderr)
+    assert f"--against {other}: variant rmsnorm is a rmsnorm kernel here and a" in line

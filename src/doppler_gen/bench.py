@@ -49,7 +49,7 @@ import numpy as np
 
 from doppler_gen.backends import Device, get_backend
 from doppler_gen.config import Project, load_project
-from doppler_gen.errors import DopplerGenError
+from doppler_gen.errors import ConfigError, DopplerGenError
 from doppler_gen.families import get_family
 from doppler_gen.families.base import Shape
 from doppler_gen.render import RenderedKernel
@@ -238,9 +238,11 @@ class BenchRun:
         variant selected runs any shape asked for) measured nothing, as `validate` with no
         case run checked nothing."""
         statuses = [row.status for row in self.rows]
-        if self.comparison is not None:  # a wrong output on the other side fails the run too
-            statuses += [row.status for row in self.comparison.rows]
-        return "FAIL" not in statuses and "ok" in statuses
+        if self.comparison is None:
+            return "FAIL" not in statuses and "ok" in statuses
+        # an A/B: a wrong output on either side fails it, and so does comparing nothing
+        other = [row.status for row in self.comparison.rows]
+        return "FAIL" not in statuses + other and self.comparison.compared > 0
 
     def baseline_for(self, row: BenchRow) -> BaselineResult | None:
         return self.baselines.get((row.shape, row.baseline_dtype or ""))
@@ -326,6 +328,11 @@ class BenchRun:
         }
 
 
+# The A/B calls a difference only where a clean split of the rounds is this unlikely by chance
+# (3 rounds a side: 10 %; 2 rounds, 33 %, get no verdict)
+MAX_VERDICT_CHANCE = 0.1
+
+
 @dataclass
 class Comparison:
     """``--against``: each (variant, shape) timed in this project and in another, in rounds
@@ -346,12 +353,22 @@ class Comparison:
         return [row for side in (self.this, self.other) for rows in side.values() for row in rows]
 
     def pairs(self) -> list[tuple[str, str]]:
-        return list(self.this)
+        """Every (variant, shape) either side has a row for, this side's first."""
+        return list(dict.fromkeys([*self.this, *self.other]))
+
+    @property
+    def compared(self) -> int:
+        """How many (variant, shape) pairs were timed on both sides."""
+        return sum(
+            bool(_medians_us(self.this.get(key, [])) and _medians_us(self.other.get(key, [])))
+            for key in self.pairs()
+        )
 
     def verdict(self, key: tuple[str, str]) -> tuple[float | None, str]:
         """This side's median of round medians over the other's, and what the rounds say: a
         side is faster only if its slowest round beat the other's fastest, and the verdict says
-        how likely that is by chance alone (10 % with 3 rounds a side, 2.9 % with 4)."""
+        how likely a split that clean is by chance alone, either way (10 % with 3 rounds a
+        side, 2.9 % with 4)."""
         mine, theirs = _medians_us(self.this.get(key, [])), _medians_us(self.other.get(key, []))
         for side, rows in (("this", self.this.get(key, [])), ("against", self.other.get(key, []))):
             failed = [row for row in rows if row.status == "FAIL"]
@@ -362,13 +379,13 @@ class Comparison:
         ratio = float(np.median(mine)) / float(np.median(theirs))
         # with no real difference, one side's rounds all come first with this probability
         chance = 2 / math.comb(len(mine) + len(theirs), len(mine))
-        if chance >= 0.5:
-            return ratio, "too few rounds for a verdict"
-        odds = f"every round ({100 * chance:.1f} % likely if they were equal)"
+        if chance > MAX_VERDICT_CHANCE:
+            return ratio, "too few rounds for a verdict (3 a side at least)"
+        odds = f"in every round ({100 * chance:.1f} % chance of a clean split either way if equal)"
         if max(mine) < min(theirs):
-            return ratio, f"faster: {odds}"
+            return ratio, f"faster {odds}"
         if min(mine) > max(theirs):
-            return ratio, f"slower: {odds}"
+            return ratio, f"slower {odds}"
         return ratio, "no clear difference: the rounds overlap"
 
     def as_dict(self) -> dict[str, Any]:
@@ -379,7 +396,7 @@ class Comparison:
                 {
                     "variant": key[0],
                     "shape": key[1],
-                    "this_round_medians_us": _medians_us(self.this[key]),
+                    "this_round_medians_us": _medians_us(self.this.get(key, [])),
                     "against_round_medians_us": _medians_us(self.other.get(key, [])),
                     "ratio": _round(ratio, 4),
                     "verdict": verdict,
@@ -501,7 +518,10 @@ def run_bench(
         [],
         profile=profile,
     )
-    estimate = CpuEstimate(kernels, request, progress) if adapter.is_cpu and progress else None
+    copies = 2 * request.rounds if other else 1  # an A/B times every pair on both sides, each round
+    estimate = (
+        CpuEstimate(kernels, request, progress, copies) if adapter.is_cpu and progress else None
+    )
     try:
         run.timestamp_period = timestamp_period(device)
         run.copy, run.copy_note = _copy(device, request, progress)
@@ -514,7 +534,9 @@ def run_bench(
             for kernel, entry in zip(kernels, entries, strict=True):
                 run.rows.extend(_variant_rows(opener, kernel, entry, request, progress, estimate))
         else:
-            run.comparison = _ab_rounds(opener, (kernels, entries), other, request, progress)
+            run.comparison = _ab_rounds(
+                opener, (kernels, entries), other, request, progress, estimate
+            )
             run.rows.extend(_representative(rows) for rows in run.comparison.this.values())
     finally:
         device.close()
@@ -529,24 +551,32 @@ def _against_kernels(
     request: BenchRequest, kernels: list[RenderedKernel]
 ) -> tuple[list[RenderedKernel], list[dict[str, Any]]]:
     """The selected variants, by name, rendered fresh from the --against project (whatever its
-    generated/ holds: an older checkout's may be stale or absent)."""
+    generated/ holds: an older checkout's may be stale or absent). Only its variants.toml and
+    templates come from there; the families (inputs, references, judging) are this checkout's.
+    """
     assert request.against is not None
     where = f"--against {request.against}"
     try:
         project = load_project(request.against)
-    except DopplerGenError as error:
-        raise DopplerGenError(f"{where}: {error}") from None
-    known = {variant.name for variant in project.variants}
-    missing = [k.variant.name for k in kernels if k.variant.name not in known]
-    if missing:
-        raise DopplerGenError(
-            f"{where}: no variant {', '.join(missing)} in its variants.toml (an A/B times the "
-            "same variant names on both sides)"
-        )
-    try:
+        known = {variant.name: variant for variant in project.variants}
+        missing = [k.variant.name for k in kernels if k.variant.name not in known]
+        if missing:
+            raise ConfigError(
+                f"no variant {', '.join(missing)} in its variants.toml (an A/B times the same "
+                "variant names on both sides)"
+            )
+        for kernel in kernels:
+            here, there = kernel.variant.template.family, known[kernel.variant.name].template.family
+            if here != there:
+                raise ConfigError(
+                    f"variant {kernel.variant.name} is a {here} kernel here and a {there} "
+                    "kernel there: an A/B compares like with like"
+                )
         return load_kernels(project, tuple(k.variant.name for k in kernels), from_templates=True)
-    except DopplerGenError as error:
-        raise DopplerGenError(f"{where}: {error}") from None
+    except DopplerGenError as error:  # its own type and location, the option named first
+        error.message = f"{where}: {error.message}"
+        error.args = (error.message,)
+        raise
 
 
 def _ab_rounds(
@@ -555,18 +585,19 @@ def _ab_rounds(
     other: tuple[list[RenderedKernel], list[dict[str, Any]]],
     request: BenchRequest,
     progress: Progress | None,
+    estimate: CpuEstimate | None = None,
 ) -> Comparison:
     """Every round times both sides, this project first in odd rounds and the other first in
     even ones; each measurement on its own device, each output judged."""
     assert request.against is not None
-    comparison = Comparison(str(request.against), request.rounds)
+    comparison = Comparison(str(request.against.resolve()), request.rounds)
     sides = [("this", this), ("other", other)]
     for index in range(request.rounds):
         for side, (kernels, entries) in sides if index % 2 == 0 else sides[::-1]:
             prefix = f"round {index + 1}/{request.rounds}{'' if side == 'this' else ' (--against)'}"
             step = _prefixed(progress, prefix)
             for kernel, entry in zip(kernels, entries, strict=True):
-                for row in _variant_rows(opener, kernel, entry, request, step):
+                for row in _variant_rows(opener, kernel, entry, request, step, estimate):
                     comparison.add(side, row)
     return comparison
 
@@ -643,16 +674,24 @@ class CpuEstimate:
     """
 
     def __init__(
-        self, kernels: Sequence[RenderedKernel], request: BenchRequest, progress: Progress
+        self,
+        kernels: Sequence[RenderedKernel],
+        request: BenchRequest,
+        progress: Progress,
+        copies: int = 1,
     ) -> None:
+        """``copies``: how many times each (variant, shape) is measured (an A/B: both sides,
+        every round)."""
         self.progress = progress
         self.settings = request.settings
         family = {k.variant.name: k.variant.template.family for k in kernels}
-        self.total_flops = sum(
+        self.total_flops = copies * sum(
             s.flops() for name in family for s in request.shapes if s.family == family[name]
         )
         self.announced = False
-        measurements = sum(1 for name in family for s in request.shapes if s.family == family[name])
+        measurements = copies * sum(
+            1 for name in family for s in request.shapes if s.family == family[name]
+        )
         progress(
             f"CPU adapter: {measurements} measurement(s) of {self.settings.dispatches} dispatches "
             f"each (1 check + {self.settings.warmup} warm-up + {self.settings.repeats} timed); "
@@ -804,7 +843,7 @@ def _comparison_lines(comparison: Comparison) -> list[str]:
     rows = []
     for key in comparison.pairs():
         ratio, verdict = comparison.verdict(key)
-        mine = _medians_us(comparison.this[key])
+        mine = _medians_us(comparison.this.get(key, []))
         theirs = _medians_us(comparison.other.get(key, []))
         rows.append(
             [
@@ -815,12 +854,14 @@ def _comparison_lines(comparison: Comparison) -> list[str]:
                 verdict,
             ]
         )
+    nothing = [] if comparison.compared else ["", "No pair was timed on both sides (exit 1)."]
     return [
         f"A/B against {comparison.against}: {comparison.rounds} round(s), this project first in "
         "odd rounds and the other first in even ones, each measurement on a fresh device and "
         "each output judged; the table above shows this project's median round",
         "",
         format_table(headers, rows),
+        *nothing,
     ]
 
 

@@ -1088,8 +1088,9 @@ class OneShapeCommand(ShapesCommand):
     "--rounds",
     type=click.IntRange(1, 20),
     default=None,
-    help="Rounds of the --against A/B (each times both sides; a side faster in all of 4 "
-    "rounds happens by chance 2.9 % of the time, of 3 rounds 10 %).  [default: 4]",
+    help="Rounds of the --against A/B, each timing both sides. A verdict needs every round of "
+    "one side to beat every round of the other: by chance alone 2.9 % of the time with 4 "
+    "rounds, 10 % with 3; fewer get none.  [default: 4]",
 )
 @_timing_options
 @common_options
