@@ -1,6 +1,6 @@
 // AUTO-GENERATED from templates/attention_decode_split_reduce.wgsl.j2 for variant attention_decode_split_d128 pass reduce by doppler-gen - do not edit.
 // Edit the template and variants.toml, then run `doppler-gen generate`.
-// source-hash: sha256:40395a1f3e04fde70edc5e13cb00e5f49243d066a4799f82be959f86e8032070
+// source-hash: sha256:4bd32e6597a2a697b4daae1fcb1e3033c5137704d99422073702d6f5cfef50c2
 
 // Split-KV decode attention, pass 2: combine the per-split partials into the output
 //
@@ -106,7 +106,9 @@ fn main(
             let m4 = vec4<f32>(partial_ml[ml + 2u * s * slots], partial_ml[ml + 2u * s1 * slots], partial_ml[ml + 2u * s2 * slots], partial_ml[ml + 2u * s3 * slots]);
             let l4 = vec4<f32>(partial_ml[ml + 2u * s * slots + 1u], partial_ml[ml + 2u * s1 * slots + 1u], partial_ml[ml + 2u * s2 * slots + 1u], partial_ml[ml + 2u * s3 * slots + 1u]);
             let a4 = vec4<f32>(partial_acc[(s * slots + slot) * head_dim + dd], partial_acc[(s1 * slots + slot) * head_dim + dd], partial_acc[(s2 * slots + slot) * head_dim + dd], partial_acc[(s3 * slots + slot) * head_dim + dd]);
-            read_nan = read_nan | any((bitcast<vec4<u32>>(m4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)) | any((bitcast<vec4<u32>>(l4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)) | any((bitcast<vec4<u32>>(a4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
+            read_nan = read_nan | any((bitcast<vec4<u32>>(m4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
+            read_nan = read_nan | any((bitcast<vec4<u32>>(l4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
+            read_nan = read_nan | any((bitcast<vec4<u32>>(a4) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u));
             let real = vec4<bool>(true, s + parts < num_splits, s + 2u * parts < num_splits, s + 3u * parts < num_splits);
             let m_new = max(m_p, max(max(m4.x, m4.y), max(m4.z, m4.w)));
             let weight = select(vec4<f32>(0.0), exp(m4 - m_new), real);

@@ -339,7 +339,7 @@ class Comparison:
     that alternate which side runs first (a measurement's position in a run moved it by up to
     2x on the H200; see ``measure_on_fresh_device``)."""
 
-    against: str  # the other project's directory, as given
+    against: str  # the other project's directory, resolved
     rounds: int
     this: dict[tuple[str, str], list[BenchRow]] = field(default_factory=dict)
     other: dict[tuple[str, str], list[BenchRow]] = field(default_factory=dict)
@@ -356,20 +356,21 @@ class Comparison:
         """Every (variant, shape) either side has a row for, this side's first."""
         return list(dict.fromkeys([*self.this, *self.other]))
 
+    def medians(self, key: tuple[str, str]) -> tuple[list[float], list[float]]:
+        """Both sides' timed round medians (µs, in round order) for one (variant, shape)."""
+        return _medians_us(self.this.get(key, [])), _medians_us(self.other.get(key, []))
+
     @property
     def compared(self) -> int:
         """How many (variant, shape) pairs were timed on both sides."""
-        return sum(
-            bool(_medians_us(self.this.get(key, [])) and _medians_us(self.other.get(key, [])))
-            for key in self.pairs()
-        )
+        return sum(all(self.medians(key)) for key in self.pairs())
 
     def verdict(self, key: tuple[str, str]) -> tuple[float | None, str]:
         """This side's median of round medians over the other's, and what the rounds say: a
         side is faster only if its slowest round beat the other's fastest, and the verdict says
         how likely a split that clean is by chance alone, either way (10 % with 3 rounds a
         side, 2.9 % with 4)."""
-        mine, theirs = _medians_us(self.this.get(key, [])), _medians_us(self.other.get(key, []))
+        mine, theirs = self.medians(key)
         for side, rows in (("this", self.this.get(key, [])), ("against", self.other.get(key, []))):
             failed = [row for row in rows if row.status == "FAIL"]
             if failed:
@@ -392,12 +393,13 @@ class Comparison:
         entries = []
         for key in self.pairs():
             ratio, verdict = self.verdict(key)
+            mine, theirs = self.medians(key)
             entries.append(
                 {
                     "variant": key[0],
                     "shape": key[1],
-                    "this_round_medians_us": _medians_us(self.this.get(key, [])),
-                    "against_round_medians_us": _medians_us(self.other.get(key, [])),
+                    "this_round_medians_us": mine,
+                    "against_round_medians_us": theirs,
                     "ratio": _round(ratio, 4),
                     "verdict": verdict,
                 }
@@ -839,12 +841,11 @@ def format_report(run: BenchRun) -> str:
 def _comparison_lines(comparison: Comparison) -> list[str]:
     """The A/B table: both sides' round medians, their ratio and the verdict."""
     headers = ["variant", "shape", "this µs (rounds)", "against µs (rounds)", "this ÷ against"]
-    headers.append("verdict")
+    headers += ["verdict"]
     rows = []
     for key in comparison.pairs():
         ratio, verdict = comparison.verdict(key)
-        mine = _medians_us(comparison.this.get(key, []))
-        theirs = _medians_us(comparison.other.get(key, []))
+        mine, theirs = comparison.medians(key)
         rows.append(
             [
                 *key,
